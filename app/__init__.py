@@ -1,0 +1,1 @@
+"""The bedside command line and the Streamlit dashboard."""

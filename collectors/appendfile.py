@@ -1,0 +1,49 @@
+"""An append-only JSONL file that one process owns: tail repair and line numbering."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_COUNT_CHUNK = 1 << 20
+
+
+class AppendFile:
+    """Appends complete lines to ``path`` with O_APPEND writes.
+
+    Opening an existing file ends a torn last line (left by a killed writer) with a
+    newline, so the fragment becomes one malformed line for the collector to reject
+    rather than a prefix glued onto the next record. ``next_seq`` continues the
+    file's line count, so ``seq`` is the 0-based line number of each record.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.next_seq = _count_lines_and_repair(path, self._fd)
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` (whole lines) to the OS; a short write is completed."""
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _count_lines_and_repair(path: Path, fd: int) -> int:
+    """Count complete lines; terminate a torn last line first (it then counts too)."""
+    lines = 0
+    last = b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_COUNT_CHUNK):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    if last != b"\n":
+        os.write(fd, b"\n")
+        lines += 1
+    return lines

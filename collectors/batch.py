@@ -1,0 +1,118 @@
+"""Raw telemetry bytes to an Arrow table of lines, without a Python loop per line."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+_NEWLINE = 10
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Complete lines read from one source file, starting at byte ``start``."""
+
+    source_id: int
+    file_rank: int | None
+    start: int
+    data: bytes
+
+    @property
+    def line_count(self) -> int:
+        return self.data.count(b"\n")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    source_id: int
+    line_offset: int
+    line: bytes | str
+    reason: str
+
+
+LINES_SCHEMA = pa.schema(
+    [("source_id", pa.int32()), ("file_rank", pa.int32()), ("line_offset", pa.int64()), ("line", pa.string())]
+)
+
+
+def complete_prefix(data: bytes) -> bytes:
+    """The part of ``data`` up to and including its last newline (a torn tail waits)."""
+    end = data.rfind(b"\n")
+    return data[: end + 1]
+
+
+def lines_table(chunks: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
+    """One Arrow table of every line in ``chunks``; lines that are not UTF-8 are rejected."""
+    tables, rejected = [], []
+    for chunk in chunks:
+        table, bad = _chunk_table(chunk)
+        tables.append(table)
+        rejected.extend(bad)
+    if not tables:
+        return LINES_SCHEMA.empty_table(), rejected
+    return pa.concat_tables(tables), rejected
+
+
+def _chunk_table(chunk: Chunk) -> tuple[pa.Table, list[Rejection]]:
+    ends = np.flatnonzero(np.frombuffer(chunk.data, dtype=np.uint8) == _NEWLINE)
+    bounds = np.empty(len(ends) + 1, dtype=np.int32)
+    bounds[0] = 0
+    bounds[1:] = ends + 1
+    lines = pa.StringArray.from_buffers(len(ends), pa.py_buffer(bounds), pa.py_buffer(chunk.data))
+    offsets = chunk.start + bounds[:-1].astype(np.int64)
+    try:
+        lines.validate(full=True)
+        rejected: list[Rejection] = []
+    except pa.ArrowInvalid:
+        lines, offsets, rejected = _split_invalid_utf8(chunk, bounds)
+    count = len(lines)
+    columns = {
+        "source_id": pa.array(np.full(count, chunk.source_id, dtype=np.int32)),
+        "file_rank": pa.array([chunk.file_rank] * count, type=pa.int32()),
+        "line_offset": pa.array(offsets, type=pa.int64()),
+        "line": lines,
+    }
+    return pa.table(columns, schema=LINES_SCHEMA), rejected
+
+
+def _split_invalid_utf8(chunk: Chunk, bounds: np.ndarray) -> tuple[pa.Array, np.ndarray, list[Rejection]]:
+    """The slow path for a chunk with invalid UTF-8: decode line by line."""
+    good, offsets, rejected = [], [], []
+    for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        raw = chunk.data[begin:end]
+        try:
+            good.append(raw.decode("utf-8"))
+            offsets.append(chunk.start + begin)
+        except UnicodeDecodeError as exc:
+            rejected.append(Rejection(chunk.source_id, chunk.start + begin, raw, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
+    return pa.array(good, type=pa.string()), np.array(offsets, dtype=np.int64), rejected
+
+
+def explain_invalid_json(line: str) -> str:
+    """A precise reason for a line DuckDB found not to be JSON."""
+    if not line.strip():
+        return "empty line"
+    try:
+        json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON: {exc.msg} at column {exc.colno}"
+    except RecursionError:
+        return "not valid JSON: nested too deeply"
+    return "not valid JSON"
+
+
+def rejections_table(rejected: list[Rejection], now: float) -> pa.Table:
+    """Rejected lines as the Arrow table the store's insert_rejected query reads."""
+    texts = [r.line if isinstance(r.line, str) else r.line.decode("utf-8", "replace") for r in rejected]
+    return pa.table(
+        {
+            "source_id": pa.array([r.source_id for r in rejected], pa.int32()),
+            "line_offset": pa.array([r.line_offset for r in rejected], pa.int64()),
+            "length": pa.array([len(r.line if isinstance(r.line, bytes) else r.line.encode()) for r in rejected], pa.int64()),
+            "reason": pa.array([r.reason for r in rejected], pa.string()),
+            "line": pa.array([t.rstrip("\n") for t in texts], pa.string()),
+            "ingested_at": pa.array([now] * len(rejected), pa.float64()),
+        }
+    )

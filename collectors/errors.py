@@ -1,0 +1,25 @@
+"""Named exceptions of the collectors package."""
+
+
+class BedsideError(Exception):
+    """Base of every error bedside reports to a user."""
+
+
+class RunInfoError(BedsideError):
+    """run.json is missing a field, has a wrong value or is not JSON."""
+
+
+class StoreError(BedsideError):
+    """The store cannot be opened, migrated or queried."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store for writing."""
+
+
+class QueryError(StoreError):
+    """A user query is not valid SQL, not read-only, or failed."""
+
+
+class ImportFormatError(BedsideError):
+    """A foreign file to import does not have the documented shape."""

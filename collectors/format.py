@@ -1,0 +1,79 @@
+"""Telemetry format v1: the record kinds, their fields and canonical metric names.
+
+The prose specification is ``docs/telemetry-format.md``; the machine-readable
+one is ``telemetry.schema.json`` beside this module. Both describe the same
+format; ``tests/test_format.py`` keeps them in step.
+"""
+from __future__ import annotations
+
+import math
+from enum import Enum
+from importlib import resources
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+ENVELOPE_FIELDS = ("kind", "time", "rank", "step", "timeline", "seq")
+"""Fields every record carries."""
+
+NON_FINITE_ENCODINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How NaN and infinities travel in strict JSON (bare tokens are accepted too)."""
+
+
+class Kind(str, Enum):
+    """Record kinds of format v1. Readers keep records of any other kind as events."""
+
+    RANK_INFO = "rank_info"
+    STEP = "step"
+    RANK_STEP = "rank_step"
+    EVAL = "eval"
+    CHECKPOINT = "checkpoint"
+    ACTION = "action"
+    HEARTBEAT = "heartbeat"
+    LOG = "log"
+    RUN_END = "run_end"
+    FAULT_INJECTED = "fault_injected"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STEP_METRICS = ("loss", "grad_norm", "lr", "tokens", "flops")
+"""Canonical job-level metrics of a ``step`` record (``tokens`` and ``flops`` per step)."""
+
+RANK_STEP_METRICS = (
+    "step_time",
+    "data_time",
+    "compute_time",
+    "comm_time",
+    "optimizer_time",
+    "local_grad_norm",
+)
+"""Canonical per-rank metrics of a ``rank_step`` record (seconds, and the norm before all-reduce)."""
+
+CHECKPOINT_EVENTS = ("save_started", "saved", "save_failed", "verified", "corrupt", "loaded", "deleted")
+ACTION_TYPES = ("rewind", "skip", "quarantine", "pause", "resume", "checkpoint")
+ACTION_STATUSES = ("requested", "applied", "rejected")
+RUN_END_STATUSES = ("finished", "failed", "aborted")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def encode_number(value: float) -> float | str:
+    """Return ``value`` as strict JSON can carry it: non-finite floats become strings."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def schema_text() -> str:
+    """The JSON Schema of one telemetry line, as shipped in the package."""
+    return resources.files(__package__).joinpath("telemetry.schema.json").read_text()
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of one telemetry line, parsed."""
+    import json
+
+    return json.loads(schema_text())

@@ -1,0 +1,301 @@
+"""Exactly-once ingestion of a run directory into its store.
+
+Each pass reads, for every source file, the complete lines after the offset the
+store has committed for it, parses them in DuckDB, and commits the rows, the
+rejected lines and the new offsets in one transaction. A process killed at any
+moment leaves the store at the previous commit; the next pass resumes there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import pyarrow as pa
+
+from .batch import Chunk, Rejection, complete_prefix, explain_invalid_json, lines_table, rejections_table
+from .errors import RunInfoError
+from .layout import RunLayout, rank_of_file
+from .runinfo import RunInfo, read_run_info
+from .store import Store, sql
+
+DEFAULT_BATCH_BYTES = 64 << 20
+HEAD_BYTES = 64
+
+TOPOLOGY_SCHEMA = pa.schema(
+    [("rank", pa.int32()), ("host", pa.string()), ("local_rank", pa.int32()),
+     ("dp", pa.int32()), ("tp", pa.int32()), ("pp", pa.int32())]
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A telemetry file as the store knows it."""
+
+    source_id: int
+    path: str
+    file_rank: int | None
+    device: int | None = None
+    inode: int | None = None
+    head: bytes = b""
+    committed_offset: int = 0
+    state: str = "ok"
+
+
+@dataclass
+class PassResult:
+    """What one ingest pass did."""
+
+    lines: int = 0
+    rejected: int = 0
+    bytes: int = 0
+    incidents: list[str] = field(default_factory=list)
+
+    def add(self, other: "PassResult") -> None:
+        self.lines += other.lines
+        self.rejected += other.rejected
+        self.bytes += other.bytes
+        self.incidents.extend(other.incidents)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What a pass read from one file: the source's next state and the complete lines."""
+
+    source: Source
+    chunk: Chunk | None
+    incident: str | None = None
+
+
+class Collector:
+    """Ingests one run directory into one store (the store's single writer)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        store: Store,
+        *,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        warn: Callable[[str], None] = lambda message: None,
+    ) -> None:
+        self.layout = RunLayout(Path(run_dir))
+        self.store = store
+        self.batch_bytes = batch_bytes
+        self.warn = warn
+        self._con = store.connection()
+        self._sources = {s.path: s for s in self._load_sources()}
+        self._run_info_stamp: tuple[int, int] | None = None
+        self.world_size: int | None = None
+
+    def ingest_available(self) -> PassResult:
+        """Run passes until every complete line present now is ingested."""
+        total = PassResult()
+        while True:
+            result = self.run_pass()
+            total.add(result)
+            if result.bytes == 0:
+                return total
+
+    def run_pass(self) -> PassResult:
+        """Ingest up to ``batch_bytes`` of new complete lines in one transaction."""
+        run_info = self._changed_run_info()
+        reads = self._read_sources()
+        chunks = [r.chunk for r in reads if r.chunk is not None]
+        table, rejected = lines_table(chunks)
+        rejected += self._stage(table)
+        now = time.time()
+        with self.store.transaction() as con:
+            if run_info is not None:
+                _replace_run_info(con, run_info)
+            if table.num_rows:
+                con.execute(sql("insert_staged"))
+            if rejected:
+                con.register("rejected_batch", rejections_table(rejected, now))
+                con.execute(sql("insert_rejected"))
+                con.unregister("rejected_batch")
+            for read in reads:
+                _commit_source(con, read, rejected, now)
+        for read in reads:
+            self._sources[read.source.path] = read.source
+            if read.incident:
+                self.warn(read.incident)
+        return PassResult(
+            lines=sum(c.line_count for c in chunks) - len(rejected),
+            rejected=len(rejected),
+            bytes=sum(len(c.data) for c in chunks),
+            incidents=[r.incident for r in reads if r.incident],
+        )
+
+    # -- reading files ------------------------------------------------------
+    def _load_sources(self) -> list[Source]:
+        rows = self._con.execute(sql("sources")).fetchall()
+        return [
+            Source(source_id=r[0], path=r[1], file_rank=r[2], device=r[3], inode=r[4],
+                   head=bytes(r[5] or b""), committed_offset=r[6], state=r[7])
+            for r in rows
+        ]
+
+    def _read_sources(self) -> list[_Read]:
+        reads, budget = [], self.batch_bytes
+        for path in self.layout.source_files():
+            if budget <= 0:
+                break
+            read = self._read_source(path, budget)
+            if read is not None:
+                reads.append(read)
+                budget -= len(read.chunk.data) if read.chunk else 0
+        return reads
+
+    def _source_for(self, path: Path) -> Source:
+        key = self.layout.relative(path)
+        if key not in self._sources:
+            next_id = max((s.source_id for s in self._sources.values()), default=0) + 1
+            self._sources[key] = Source(source_id=next_id, path=key, file_rank=rank_of_file(path))
+        return self._sources[key]
+
+    def _read_source(self, path: Path, budget: int) -> _Read | None:
+        source = self._source_for(path)
+        if source.state != "ok":
+            return None
+        try:
+            with open(path, "rb") as fh:
+                stat = os.fstat(fh.fileno())
+                if stat.st_size == source.committed_offset and source.inode == stat.st_ino:
+                    return None
+                head = fh.read(HEAD_BYTES)
+                problem = _identity_problem(source, stat, head)
+                if problem:
+                    state, detail = problem
+                    return _Read(replace(source, state=state), None, f"{source.path}: {detail}")
+                fh.seek(source.committed_offset)
+                data = _read_complete_lines(fh, budget)
+        except FileNotFoundError:
+            return None
+        updated = replace(
+            source, device=stat.st_dev, inode=stat.st_ino,
+            head=head if len(head) > len(source.head) else source.head,
+            committed_offset=source.committed_offset + len(data),
+        )
+        chunk = Chunk(source.source_id, source.file_rank, source.committed_offset, data) if data else None
+        return _Read(updated, chunk)
+
+    # -- run.json -----------------------------------------------------------
+    def _changed_run_info(self) -> RunInfo | None:
+        try:
+            stat = self.layout.run_info.stat()
+        except FileNotFoundError:
+            return None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._run_info_stamp:
+            return None
+        try:
+            info = read_run_info(self.layout)
+        except RunInfoError as exc:
+            self.warn(f"run.json ignored: {exc}")
+            info = None
+        self._run_info_stamp = stamp
+        if info is not None:
+            self.world_size = info.world_size
+        return info
+
+    # -- parsing ------------------------------------------------------------
+    def _stage(self, table: pa.Table) -> list[Rejection]:
+        """Parse ``table`` into the temp table staged; return the lines it rejects."""
+        if table.num_rows == 0:
+            return []
+        broken = self._isolate_unparseable(table)
+        if broken:
+            keep = sorted(set(range(table.num_rows)) - {i for i, _ in broken})
+            rejected = [_rejection(table, i, f"unreadable record: {error}") for i, error in broken]
+            table = table.take(keep)
+            self._try_stage(table)
+        else:
+            rejected = []
+        for source_id, offset, line, reason in self._con.execute(sql("staged_rejections")).fetchall():
+            if reason == "not valid JSON":
+                reason = explain_invalid_json(line)
+            rejected.append(Rejection(source_id, offset, line, reason))
+        return rejected
+
+    def _try_stage(self, table: pa.Table) -> None:
+        self._con.register("batch_lines", table)
+        try:
+            self._con.execute(sql("stage_lines"), {"world_size": self.world_size})
+        finally:
+            self._con.unregister("batch_lines")
+
+    def _isolate_unparseable(self, table: pa.Table, base: int = 0) -> list[tuple[int, str]]:
+        """Stage ``table``; when DuckDB refuses it, bisect to the lines it cannot read."""
+        try:
+            self._try_stage(table)
+            return []
+        except duckdb.Error as exc:
+            if table.num_rows == 1:
+                return [(base, str(exc).splitlines()[0])]
+        half = table.num_rows // 2
+        return (self._isolate_unparseable(table.slice(0, half), base)
+                + self._isolate_unparseable(table.slice(half), base + half))
+
+
+def _read_complete_lines(fh, budget: int) -> bytes:
+    """Complete lines from the current position: about ``budget`` bytes, more for one long line."""
+    data = fh.read(budget)
+    prefix = complete_prefix(data)
+    while not prefix and len(data) >= budget:
+        more = fh.read(budget)
+        if not more:
+            break
+        data += more
+        prefix = complete_prefix(data)
+    return prefix
+
+
+def _rejection(table: pa.Table, index: int, reason: str) -> Rejection:
+    row = table.slice(index, 1).to_pylist()[0]
+    return Rejection(row["source_id"], row["line_offset"], row["line"], reason)
+
+
+def _identity_problem(source: Source, stat: os.stat_result, head: bytes) -> tuple[str, str] | None:
+    """('shrunk'|'replaced', detail) when the file is no longer the one ingested so far."""
+    if source.committed_offset == 0:
+        return None
+    if stat.st_size < source.committed_offset:
+        return "shrunk", f"file shrank to {stat.st_size} bytes below the {source.committed_offset} already ingested; not re-read"
+    if (source.inode is not None and stat.st_ino != source.inode) or not head.startswith(source.head):
+        return "replaced", "file was replaced (new inode or different first bytes); not re-read"
+    return None
+
+
+def _commit_source(con: duckdb.DuckDBPyConnection, read: _Read, rejected: list[Rejection], now: float) -> None:
+    source = read.source
+    lines = read.chunk.line_count if read.chunk else 0
+    bad = sum(1 for r in rejected if r.source_id == source.source_id)
+    con.execute(sql("upsert_source"), {
+        "source_id": source.source_id, "path": source.path, "file_rank": source.file_rank,
+        "device": source.device, "inode": source.inode, "head": source.head,
+        "committed_offset": source.committed_offset, "lines": lines - bad, "rejected": bad,
+        "state": source.state, "state_detail": read.incident, "updated_at": now,
+    })
+    if read.incident:
+        con.execute(sql("insert_source_incident"), [source.source_id, now, source.state, read.incident])
+
+
+def _replace_run_info(con: duckdb.DuckDBPyConnection, info: RunInfo) -> None:
+    topology = pa.Table.from_pylist(
+        [{"rank": p.rank, "host": p.host, "local_rank": p.local_rank, "dp": p.dp, "tp": p.tp, "pp": p.pp}
+         for p in info.topology],
+        schema=TOPOLOGY_SCHEMA,
+    )
+    con.execute(sql("clear_run_info"))
+    con.register("run_topology", topology)
+    con.execute(sql("insert_topology"))
+    con.unregister("run_topology")
+    con.execute(sql("insert_run_info"), {
+        "run_id": info.run_id, "name": info.name, "created": info.created,
+        "schema_version": info.schema_version, "world_size": info.world_size,
+        "config": json.dumps(info.config), "raw": json.dumps(info.to_json()),
+    })

@@ -1,0 +1,89 @@
+"""The run directory: where each file of a run lives.
+
+```
+RUN/
+  run.json                      run metadata (id, name, world size, topology, config)
+  telemetry/rank-00000.jsonl    one append-only telemetry file per rank
+  ground_truth/rank-00000.jsonl fault_injected records (labels for scoring, not for detectors)
+  control/                      action requests for the trainer
+  checkpoints/                  checkpoints and their manifests
+  bedside.duckdb                the store (written by the collector only)
+```
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+STORE_NAME = "bedside.duckdb"
+RUN_INFO_NAME = "run.json"
+SOURCE_DIRS = ("telemetry", "ground_truth")
+_RANK_FILE = re.compile(r"^rank-(\d{5,})\.jsonl$")
+
+
+def rank_file_name(rank: int) -> str:
+    """``rank-00003.jsonl`` for rank 3 (five digits, more when needed)."""
+    return f"rank-{rank:05d}.jsonl"
+
+
+def rank_of_file(path: Path) -> int | None:
+    """The rank a telemetry file name declares, or None for a name outside the format."""
+    match = _RANK_FILE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths inside one run directory."""
+
+    root: Path
+
+    @property
+    def run_info(self) -> Path:
+        return self.root / RUN_INFO_NAME
+
+    @property
+    def telemetry(self) -> Path:
+        return self.root / "telemetry"
+
+    @property
+    def ground_truth(self) -> Path:
+        return self.root / "ground_truth"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def store(self) -> Path:
+        return self.root / STORE_NAME
+
+    def rank_file(self, rank: int) -> Path:
+        return self.telemetry / rank_file_name(rank)
+
+    def ground_truth_file(self, rank: int) -> Path:
+        return self.ground_truth / rank_file_name(rank)
+
+    def source_files(self) -> list[Path]:
+        """Every telemetry and ground-truth file present now, in a stable order."""
+        found = []
+        for name in SOURCE_DIRS:
+            folder = self.root / name
+            if folder.is_dir():
+                found.extend(sorted(p for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file()))
+        return found
+
+    def relative(self, path: Path) -> str:
+        """``path`` relative to the run root, with forward slashes (the store's source key)."""
+        return path.relative_to(self.root).as_posix()
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when ``path`` looks like a run: it has run.json or a telemetry folder."""
+    layout = RunLayout(path)
+    return layout.run_info.is_file() or layout.telemetry.is_dir()

@@ -1,0 +1,144 @@
+"""The DuckDB store of one run: the only module that opens a database connection.
+
+Schema and migrations are numbered ``.sql`` files in ``migrations/``; named
+queries live in ``queries/``. One process writes a store (the collector);
+others open it read-only, or, while it is held, rebuild it in memory from the
+raw telemetry through the same schema (see ``collectors.query``).
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import duckdb
+import pandas as pd
+
+from ..errors import QueryError, StoreError, StoreLockedError
+
+_READ_ONLY_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+DEFAULT_QUERY_TIMEOUT_S = 30.0
+
+
+@cache
+def sql(name: str) -> str:
+    """The text of the named query ``queries/<name>.sql``."""
+    return resources.files(__package__).joinpath("queries", f"{name}.sql").read_text()
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every migration file, in order."""
+    folder = resources.files(__package__).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name, entry.read_text()))
+    return sorted(found)
+
+
+class Store:
+    """One DuckDB database (a run's ``bedside.duckdb``, or in memory)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path | None, read_only: bool) -> None:
+        self._con = con
+        self.path = path
+        self.read_only = read_only
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path | None = None, *, read_only: bool = False) -> "Store":
+        """Open (and, when writable, migrate) the store at ``path``; None means in memory."""
+        if read_only and (path is None or not path.exists()):
+            raise StoreError(f"no store at {path}")
+        try:
+            con = duckdb.connect(str(path) if path else ":memory:", read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise StoreLockedError(f"{path} is held by another process ({exc})") from exc
+            raise StoreError(f"cannot open {path}: {exc}") from exc
+        store = cls(con, path, read_only)
+        if not read_only:
+            store.migrate()
+        return store
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor for the calling thread (DuckDB connections are not shared across threads)."""
+        return self._con.cursor()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A write transaction on this store's connection: committed whole or not at all."""
+        with self._lock:
+            con = self._con
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The writer's own connection (temp tables live here); one thread uses it."""
+        return self._con
+
+    def schema_version(self) -> int:
+        """The newest migration applied, 0 for an empty database."""
+        if not self._has_table("schema_migrations"):
+            return 0
+        return int(self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0])
+
+    def migrate(self) -> None:
+        """Apply every migration newer than the store, each in its own transaction."""
+        self._con.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)"
+        )
+        current = self.schema_version()
+        for version, name, text in migrations():
+            if version > current:
+                with self.transaction() as con:
+                    con.execute(text)
+                    con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
+
+    def _has_table(self, name: str) -> bool:
+        return bool(self._con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+
+    def fetch_df(self, query: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+        """Run one of our own queries with bound parameters and return a DataFrame."""
+        return self.cursor().execute(query, list(params)).df()
+
+    def run_user_query(self, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> pd.DataFrame:
+        """Run a user's read-only SQL (one SELECT) with a time limit; errors name the problem."""
+        cur = self.cursor()
+        try:
+            statements = cur.extract_statements(query)
+        except duckdb.Error as exc:
+            raise QueryError(f"SQL error: {exc}") from exc
+        if len(statements) != 1:
+            raise QueryError(f"expected exactly one SQL statement, got {len(statements)}")
+        if statements[0].type not in _READ_ONLY_STATEMENTS:
+            raise QueryError(f"only SELECT queries are allowed here, got {statements[0].type.name}")
+        timer = threading.Timer(timeout_s, cur.interrupt)
+        timer.start()
+        try:
+            return cur.execute(query).df()
+        except duckdb.InterruptException as exc:
+            raise QueryError(f"query stopped after {timeout_s:g} s") from exc
+        except duckdb.Error as exc:
+            raise QueryError(f"SQL error: {exc}") from exc
+        finally:
+            timer.cancel()

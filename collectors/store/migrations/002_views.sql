@@ -1,0 +1,124 @@
+-- Documented views (docs/schema.md). Queries, the dashboard and post-mortems
+-- read these, not the tables, so that tables can change under a migration.
+
+CREATE OR REPLACE VIEW ranks AS
+WITH declared AS (
+    SELECT rank, host, local_rank, dp, tp, pp, 'run.json' AS declared_by FROM rank_topology
+), reported AS (
+    SELECT rank,
+           arg_max(payload ->> 'host', time)                      AS host,
+           arg_max(CAST(payload ->> 'local_rank' AS INTEGER), time) AS local_rank,
+           arg_max(CAST(payload ->> '$.mesh.dp' AS INTEGER), time)  AS dp,
+           arg_max(CAST(payload ->> '$.mesh.tp' AS INTEGER), time)  AS tp,
+           arg_max(CAST(payload ->> '$.mesh.pp' AS INTEGER), time)  AS pp,
+           'rank_info' AS declared_by
+    FROM events WHERE kind = 'rank_info' GROUP BY rank
+)
+SELECT * FROM declared
+UNION ALL
+SELECT * FROM reported WHERE rank NOT IN (SELECT rank FROM declared);
+
+CREATE OR REPLACE VIEW step_metrics AS
+SELECT timeline, step, to_timestamp(time) AS ts, time, rank,
+       loss, grad_norm, lr, tokens, flops,
+       sum(coalesce(tokens, 0)) OVER spent AS spent_tokens,
+       sum(coalesce(flops, 0)) OVER spent  AS spent_flops,
+       shards, extra
+FROM steps
+WINDOW spent AS (ORDER BY time, source_id, line_offset ROWS UNBOUNDED PRECEDING);
+
+CREATE OR REPLACE VIEW rank_step_metrics AS
+SELECT s.timeline, s.step, to_timestamp(s.time) AS ts, s.time, s.rank,
+       r.host, r.local_rank, r.dp, r.tp, r.pp,
+       s.step_time, s.data_time, s.compute_time, s.comm_time, s.optimizer_time,
+       s.local_grad_norm, s.param_checksum, s.extra
+FROM rank_steps s LEFT JOIN ranks r USING (rank);
+
+CREATE OR REPLACE VIEW eval_scores AS
+SELECT timeline, step, to_timestamp(time) AS ts, time, split,
+       e.key AS name, e.value AS value, cum_tokens, cum_flops
+FROM evals, unnest(map_entries(scores)) AS u(e);
+
+CREATE OR REPLACE VIEW metrics AS
+WITH job AS (
+    UNPIVOT (SELECT timeline, step, time, rank, loss, grad_norm, lr, tokens, flops FROM steps)
+    ON loss, grad_norm, lr, tokens, flops INTO NAME name VALUE value
+), per_rank AS (
+    UNPIVOT (SELECT timeline, step, time, rank, step_time, data_time, compute_time, comm_time,
+                    optimizer_time, local_grad_norm FROM rank_steps)
+    ON step_time, data_time, compute_time, comm_time, optimizer_time, local_grad_norm
+    INTO NAME name VALUE value
+), user_job AS (
+    SELECT timeline, step, time, rank, e.key AS name, e.value AS value
+    FROM steps, unnest(map_entries(extra)) AS u(e) WHERE extra IS NOT NULL
+), user_rank AS (
+    SELECT timeline, step, time, rank, e.key AS name, e.value AS value
+    FROM rank_steps, unnest(map_entries(extra)) AS u(e) WHERE extra IS NOT NULL
+)
+SELECT 'step' AS kind, timeline, step, time, rank, name, value FROM job
+UNION ALL SELECT 'step', timeline, step, time, rank, name, value FROM user_job
+UNION ALL SELECT 'rank_step', timeline, step, time, rank, name, value FROM per_rank
+UNION ALL SELECT 'rank_step', timeline, step, time, rank, name, value FROM user_rank
+UNION ALL SELECT 'eval', timeline, step, time, NULL, 'eval/' || name, value FROM eval_scores;
+
+CREATE OR REPLACE VIEW checkpoint_events AS
+SELECT timeline, step, to_timestamp(time) AS ts, time, rank, event, path, duration_s, bytes, message
+FROM checkpoints;
+
+CREATE OR REPLACE VIEW action_events AS
+SELECT timeline, step, to_timestamp(time) AS ts, time, rank, request_id, action, status,
+       operator, reason, message, args
+FROM actions;
+
+CREATE OR REPLACE VIEW event_log AS
+SELECT timeline, step, to_timestamp(time) AS ts, time, rank, kind,
+       payload ->> 'level' AS level,
+       coalesce(payload ->> 'message', payload ->> 'status') AS message,
+       payload
+FROM events;
+
+CREATE OR REPLACE VIEW fault_labels AS
+SELECT timeline, step, to_timestamp(time) AS ts, time, rank, fault, target_ranks, args
+FROM faults;
+
+CREATE OR REPLACE VIEW rejected AS
+SELECT s.path, r.line_offset, r.length, r.reason, r.line, to_timestamp(r.ingested_at) AS ingested_at
+FROM rejected_lines r JOIN sources s USING (source_id);
+
+CREATE OR REPLACE VIEW ingest_status AS
+SELECT path, file_rank, committed_offset, lines, rejected, state, state_detail,
+       to_timestamp(updated_at) AS updated_at
+FROM sources;
+
+CREATE OR REPLACE VIEW timelines AS
+SELECT timeline, min(step) AS first_step, max(step) AS last_step,
+       to_timestamp(min(time)) AS started, to_timestamp(max(time)) AS last_seen, count(*) AS steps
+FROM steps GROUP BY timeline;
+
+CREATE OR REPLACE VIEW run AS
+WITH last_seen AS (
+    SELECT max(time) AS t FROM (
+        SELECT max(time) AS time FROM steps UNION ALL SELECT max(time) FROM rank_steps
+        UNION ALL SELECT max(time) FROM events)
+), ends AS (
+    SELECT count(DISTINCT rank) AS ranks_ended,
+           bool_or(payload ->> 'status' = 'failed')  AS any_failed,
+           bool_or(payload ->> 'status' = 'aborted') AS any_aborted
+    FROM events WHERE kind = 'run_end'
+), progress AS (
+    SELECT max(step) AS last_step, max(timeline) AS timeline FROM steps
+)
+SELECT i.run_id, i.name, to_timestamp(i.created) AS created, i.schema_version,
+       coalesce(i.world_size, (SELECT count(*) FROM ranks)) AS world_size,
+       p.last_step, p.timeline, to_timestamp(l.t) AS last_seen,
+       CASE
+           WHEN e.any_failed THEN 'failed'
+           WHEN e.any_aborted THEN 'aborted'
+           WHEN e.ranks_ended > 0 AND e.ranks_ended >= coalesce(i.world_size, 1) THEN 'finished'
+           WHEN l.t IS NULL THEN 'empty'
+           WHEN epoch(current_timestamp) - l.t <= 120 THEN 'live'
+           ELSE 'stalled'
+       END AS status,
+       i.config
+FROM last_seen l CROSS JOIN ends e CROSS JOIN progress p
+LEFT JOIN run_info i ON true;

@@ -1,0 +1,262 @@
+"""RunLogger: the telemetry writer for any PyTorch (or plain Python) training loop.
+
+The calling thread only captures values and appends a tuple to a deque; a
+background thread encodes the records and appends them to the rank's file, so a
+record reaches the OS (and survives ``kill -9`` of the process) within
+``flush_every_s`` plus the time to encode the backlog. ``close()`` flushes.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .appendfile import AppendFile
+from .format import Kind, encode_number
+from .layout import RunLayout
+from .runinfo import RankPlacement, RunInfo, default_placement, read_run_info, write_run_info
+
+DEFAULT_FLUSH_EVERY_S = 0.2
+_EARLY_FLUSH_BACKLOG = 4096
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def capture(value: Any) -> Any:
+    """A value safe to keep until the writer thread encodes it, without a device sync.
+
+    Python numbers pass through; CPU tensors and numpy scalars are read now
+    (no device is involved); accelerator tensors are kept (detached) and read by
+    the writer thread, so the caller never waits for the device.
+    """
+    if value is None or type(value) in (float, int):
+        return value
+    device = getattr(value, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        return value.detach()
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (int, float)):
+        return value
+    raise TypeError(f"metric values must be numbers or 0-d tensors, got {type(value).__name__}")
+
+
+def _resolve(value: Any) -> Any:
+    """The JSON form of a captured value (reads deferred device tensors here)."""
+    if value is None:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    return encode_number(float(value))
+
+
+def _capture_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: capture(v) for name, v in metrics.items() if v is not None}
+
+
+class RunLogger:
+    """Writes one rank's telemetry for a run directory (format v1)."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        local_rank: int | None = None,
+        placement: RankPlacement | None = None,
+        topology: Iterable[RankPlacement] = (),
+        timeline: int = 0,
+        flush_every_s: float = DEFAULT_FLUSH_EVERY_S,
+    ) -> None:
+        self.layout = RunLayout(Path(run_dir))
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.local_rank = _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        self.timeline = timeline
+        self._last_step = 0
+        self.flush_every_s = flush_every_s
+        self.placement = placement or default_placement(self.rank, self.local_rank)
+        if self.rank == 0:
+            self._ensure_run_info(name, config, tuple(topology))
+        self._files = {Kind.FAULT_INJECTED: AppendFile(self.layout.ground_truth_file(self.rank))}
+        self._telemetry = AppendFile(self.layout.rank_file(self.rank))
+        self._queue: deque[tuple] = deque()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"bedside-writer-{self.rank}", daemon=True)
+        self._thread.start()
+        atexit.register(self.flush)
+        self._put(Kind.RANK_INFO, 0, None, self._rank_info_fields())
+
+    # -- public API -------------------------------------------------------
+    def step(self, step: int, *, shards: Iterable[int | str] | None = None, **metrics: Any) -> None:
+        """Job-level metrics of ``step`` (loss, grad_norm, lr, tokens, flops, any other)."""
+        fields = {"shards": list(shards)} if shards is not None else None
+        self._put(Kind.STEP, step, _capture_metrics(metrics), fields)
+
+    def rank_step(self, step: int, *, param_checksum: str | None = None, **metrics: Any) -> None:
+        """This rank's metrics of ``step`` (step_time and phases, local_grad_norm, any other)."""
+        fields = {"param_checksum": param_checksum} if param_checksum is not None else None
+        self._put(Kind.RANK_STEP, step, _capture_metrics(metrics), fields)
+
+    def eval(
+        self,
+        step: int,
+        scores: Mapping[str, Any],
+        *,
+        cum_tokens: Any = None,
+        cum_flops: Any = None,
+        split: str = "heldout",
+    ) -> None:
+        """Held-out scores at ``step`` with the cumulative tokens and FLOPs spent so far."""
+        fields = {"split": split, "cum_tokens": capture(cum_tokens), "cum_flops": capture(cum_flops)}
+        self._put(Kind.EVAL, step, _capture_metrics(scores), fields)
+
+    def checkpoint(
+        self,
+        step: int,
+        event: str,
+        *,
+        path: str | None = None,
+        duration_s: float | None = None,
+        bytes: int | None = None,
+        message: str | None = None,
+    ) -> None:
+        """A checkpoint lifecycle event (save_started, saved, verified, corrupt, loaded...)."""
+        metrics = _capture_metrics({"duration_s": duration_s, "bytes": bytes})
+        self._put(Kind.CHECKPOINT, step, metrics, {"event": event, "path": path, "message": message})
+
+    def event(self, kind: str, step: int, *, metrics: Mapping[str, Any] | None = None, **fields: Any) -> None:
+        """Any other record: action, heartbeat, log, fault_injected, or a kind of your own."""
+        self._put(str(kind), step, _capture_metrics(metrics or {}), fields)
+
+    def log(self, step: int, message: str, level: str = "info") -> None:
+        """A human-readable line for the run's event log."""
+        self._put(Kind.LOG, step, None, {"level": level, "message": message})
+
+    def heartbeat(self, step: int) -> None:
+        """Proof of life between steps (long evals, checkpoints, data stalls)."""
+        self._put(Kind.HEARTBEAT, step, None, None)
+
+    def flush(self) -> None:
+        """Block until every record handed over so far is in the OS."""
+        if self._thread.is_alive():
+            done = threading.Event()
+            self._queue.append(done)
+            self._wake.set()
+            done.wait()
+
+    def close(self, status: str = "finished", message: str | None = None) -> None:
+        """Write ``run_end``, flush and stop the writer thread. Idempotent."""
+        if self._closed:
+            return
+        self._put(Kind.RUN_END, self._last_step, None, {"status": status, "message": message})
+        self._closed = True
+        self._wake.set()
+        self._thread.join()
+        for channel in (self._telemetry, *self._files.values()):
+            channel.close()
+        atexit.unregister(self.flush)
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close("finished" if exc_type is None else "failed", None if exc is None else repr(exc))
+
+    # -- internals --------------------------------------------------------
+    def _put(self, kind: str, step: int, metrics: dict | None, fields: dict | None) -> None:
+        if self._closed:
+            raise RuntimeError("RunLogger is closed")
+        self._last_step = step
+        self._queue.append((kind, time.time(), step, self.timeline, metrics, fields))
+        if len(self._queue) > _EARLY_FLUSH_BACKLOG:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.flush_every_s)
+            self._wake.clear()
+            stop = self._closed
+            self._drain()
+            if stop:
+                return
+
+    def _drain(self) -> None:
+        pending: dict[int, list[str]] = {}
+        channels: dict[int, AppendFile] = {}
+        waiters = []
+        while self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, threading.Event):
+                waiters.append(item)
+                continue
+            channel = self._files.get(item[0], self._telemetry)
+            channels[id(channel)] = channel
+            pending.setdefault(id(channel), []).append(self._encode(channel, item))
+        for key, lines in pending.items():
+            channels[key].write("".join(lines).encode("utf-8"))
+        for waiter in waiters:
+            waiter.set()
+
+    def _encode(self, channel: AppendFile, item: tuple) -> str:
+        kind, when, step, timeline, metrics, fields = item
+        record: dict[str, Any] = {
+            "kind": str(kind),
+            "time": when,
+            "rank": self.rank,
+            "step": int(step),
+            "timeline": timeline,
+            "seq": channel.next_seq,
+        }
+        if metrics:
+            record["metrics"] = {name: _resolve(v) for name, v in metrics.items()}
+        if fields:
+            record.update((k, _resolve_field(v)) for k, v in fields.items() if v is not None)
+        channel.next_seq += 1
+        return json.dumps(record, separators=(",", ":")) + "\n"
+
+    def _rank_info_fields(self) -> dict[str, Any]:
+        p = self.placement
+        return {
+            "host": p.host,
+            "local_rank": p.local_rank,
+            "world_size": self.world_size,
+            "pid": os.getpid(),
+            "mesh": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
+        }
+
+    def _ensure_run_info(self, name: str | None, config: Mapping[str, Any] | None, topology: tuple) -> None:
+        if read_run_info(self.layout) is not None:
+            return
+        info = RunInfo(
+            name=name or self.layout.root.name,
+            world_size=self.world_size,
+            topology=topology,
+            config=dict(config or {}),
+        )
+        write_run_info(self.layout, info)
+
+
+def _resolve_field(value: Any) -> Any:
+    """Top-level fields: captured numbers are resolved, everything else is kept as given."""
+    if isinstance(value, (str, bool, list, dict)):
+        return value
+    return _resolve(value)

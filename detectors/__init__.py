@@ -1,0 +1,1 @@
+"""Statistical detectors over run telemetry (numpy, pandas and scipy only)."""

@@ -1,0 +1,1 @@
+"""The instrumented parallel trainer; it imports only the telemetry writer from collectors."""
