@@ -6,6 +6,7 @@ format; ``tests/test_format.py`` keeps them in step.
 """
 from __future__ import annotations
 
+import json
 import math
 from enum import Enum
 from importlib import resources
@@ -67,6 +68,11 @@ def encode_number(value: float) -> float | str:
     return "Infinity" if value > 0 else "-Infinity"
 
 
+def encode_line(record: dict[str, Any]) -> str:
+    """One record as one telemetry line (compact JSON, newline-terminated)."""
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
 def schema_text() -> str:
     """The JSON Schema of one telemetry line, as shipped in the package."""
     return resources.files(__package__).joinpath("telemetry.schema.json").read_text()
@@ -74,6 +80,4 @@ def schema_text() -> str:
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of one telemetry line, parsed."""
-    import json
-
     return json.loads(schema_text())

@@ -91,7 +91,7 @@ class Collector:
         self._run_info_stamp: tuple[int, int] | None = None
         self.world_size: int | None = None
 
-    def ingest_available(self) -> PassResult:
+    def ingest_available(self, on_pass: Callable[[PassResult], None] = lambda result: None) -> PassResult:
         """Run passes until every complete line present now is ingested."""
         total = PassResult()
         while True:
@@ -99,6 +99,7 @@ class Collector:
             total.add(result)
             if result.bytes == 0:
                 return total
+            on_pass(result)
 
     def run_pass(self) -> PassResult:
         """Ingest up to ``batch_bytes`` of new complete lines in one transaction."""
@@ -211,8 +212,7 @@ class Collector:
         if broken:
             keep = sorted(set(range(table.num_rows)) - {i for i, _ in broken})
             rejected = [_rejection(table, i, f"unreadable record: {error}") for i, error in broken]
-            table = table.take(keep)
-            self._try_stage(table)
+            self._try_stage(table.take(pa.array(keep, pa.int64())))
         else:
             rejected = []
         for source_id, offset, line, reason in self._con.execute(sql("staged_rejections")).fetchall():

@@ -8,7 +8,6 @@ record reaches the OS (and survives ``kill -9`` of the process) within
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import threading
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .appendfile import AppendFile
-from .format import Kind, encode_number
+from .format import Kind, encode_line, encode_number
 from .layout import RunLayout
 from .runinfo import RankPlacement, RunInfo, default_placement, read_run_info, write_run_info
 
@@ -231,7 +230,7 @@ class RunLogger:
         if fields:
             record.update((k, _resolve_field(v)) for k, v in fields.items() if v is not None)
         channel.next_seq += 1
-        return json.dumps(record, separators=(",", ":")) + "\n"
+        return encode_line(record)
 
     def _rank_info_fields(self) -> dict[str, Any]:
         p = self.placement

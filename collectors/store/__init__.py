@@ -99,7 +99,7 @@ class Store:
         """The newest migration applied, 0 for an empty database."""
         if not self._has_table("schema_migrations"):
             return 0
-        return int(self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0])
+        return int(self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0])
 
     def migrate(self) -> None:
         """Apply every migration newer than the store, each in its own transaction."""
@@ -114,8 +114,14 @@ class Store:
                     con.execute(text)
                     con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
 
+    def lock_down(self) -> None:
+        """Forbid SQL from reaching files or the network (for connections that run user queries)."""
+        self._con.execute("SET enable_external_access = false")
+        self._con.execute("SET lock_configuration = true")
+
     def _has_table(self, name: str) -> bool:
-        return bool(self._con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+        rows = self._con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()
+        return bool(rows[0][0])
 
     def fetch_df(self, query: str, params: Sequence[Any] = ()) -> pd.DataFrame:
         """Run one of our own queries with bound parameters and return a DataFrame."""

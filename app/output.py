@@ -1,0 +1,54 @@
+"""Printing results: tables, CSV and JSON for query results; progress lines for ingests."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+import pandas as pd
+
+from bedside.collectors.ingest import PassResult
+
+FORMATS = ("table", "csv", "json")
+
+
+def print_frame(frame: pd.DataFrame, fmt: str, out: TextIO = sys.stdout) -> None:
+    """Write ``frame`` as an aligned table, CSV, or JSON records (one array)."""
+    if fmt == "csv":
+        frame.to_csv(out, index=False)
+    elif fmt == "json":
+        out.write(frame.to_json(orient="records", date_format="iso", indent=1) + "\n")
+    elif frame.empty:
+        out.write("(no rows) columns: " + ", ".join(map(str, frame.columns)) + "\n")
+    else:
+        with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200):
+            out.write(frame.to_string(index=False) + "\n")
+
+
+class Progress:
+    """Prints a progress line at most every ``every_s`` while a long ingest runs."""
+
+    def __init__(self, quiet: bool = False, every_s: float = 1.0, out: TextIO = sys.stderr) -> None:
+        self.quiet = quiet
+        self.every_s = every_s
+        self.out = out
+        self.total = PassResult()
+        self._started = time.monotonic()
+        self._printed = 0.0
+
+    def update(self, result: PassResult) -> None:
+        self.total.add(result)
+        if time.monotonic() - self._printed >= self.every_s:
+            self.report()
+
+    def report(self, prefix: str = "ingested") -> None:
+        if self.quiet:
+            return
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        t = self.total
+        self.out.write(
+            f"{prefix} {t.lines:,} lines ({t.bytes / 1e6:,.1f} MB, {t.lines / elapsed:,.0f} lines/s), "
+            f"{t.rejected:,} rejected\n"
+        )
+        self.out.flush()
+        self._printed = time.monotonic()

@@ -1,0 +1,81 @@
+"""Follow a live run: watchdog file events, with a periodic rescan as a safety net.
+
+Network filesystems drop inotify events (or never send them), so the follower
+also rescans every ``rescan_every_s``; events only make ingestion prompt.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from .ingest import Collector, PassResult
+from .layout import SOURCE_DIRS, STORE_NAME
+from .store import sql
+
+DEFAULT_RESCAN_EVERY_S = 2.0
+ENDED_STATUSES = ("finished", "failed", "aborted")
+
+
+class _Wake(FileSystemEventHandler):
+    """Sets an event when a telemetry file or run.json changes."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        path = str(event.src_path)
+        if STORE_NAME not in path:
+            self._wake.set()
+
+
+class Follower:
+    """Keeps a store caught up with a run directory until stopped (or the run ends)."""
+
+    def __init__(
+        self,
+        collector: Collector,
+        *,
+        rescan_every_s: float = DEFAULT_RESCAN_EVERY_S,
+        on_pass: Callable[[PassResult], None] = lambda result: None,
+    ) -> None:
+        self.collector = collector
+        self.rescan_every_s = rescan_every_s
+        self.on_pass = on_pass
+        self._wake = threading.Event()
+        self._observer = Observer()
+        self._watched: set[str] = set()
+
+    def run(self, stop: threading.Event, *, until_finished: bool = False) -> None:
+        """Ingest on every file event and every rescan until ``stop`` is set."""
+        self._observer.start()
+        try:
+            while not stop.is_set():
+                self._watch_new_dirs()
+                self._wake.clear()
+                result = self.collector.ingest_available(on_pass=self.on_pass)
+                if until_finished and result.bytes == 0 and self.run_ended():
+                    return
+                self._wake.wait(self.rescan_every_s)
+        finally:
+            self._observer.stop()
+            self._observer.join()
+
+    def wake(self) -> None:
+        """Ask for a pass now (used by stop handlers)."""
+        self._wake.set()
+
+    def run_ended(self) -> bool:
+        """True once every rank has written run_end (or one reported failure)."""
+        rows = self.collector.store.connection().execute(sql("run_status")).fetchall()
+        return bool(rows) and rows[0][0] in ENDED_STATUSES
+
+    def _watch_new_dirs(self) -> None:
+        root = self.collector.layout.root
+        folders = [root] + [root / name for name in SOURCE_DIRS]
+        for folder in folders:
+            if folder.is_dir() and str(folder) not in self._watched:
+                self._observer.schedule(_Wake(self._wake), str(folder), recursive=False)
+                self._watched.add(str(folder))

@@ -1,0 +1,55 @@
+"""Read-only access to a run's store, even while another process holds it.
+
+DuckDB lets one process write a database file. When the collector (or
+``bedside serve``/``watch``) holds the store, a reader rebuilds the same tables
+and views in memory from the raw telemetry files instead, so every query works
+the same on a live run and in a post-mortem.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import StoreError, StoreLockedError
+from .ingest import Collector
+from .layout import RunLayout
+from .store import DEFAULT_QUERY_TIMEOUT_S, Store
+
+
+@dataclass
+class ReadView:
+    """A store open for reading, and where its rows came from."""
+
+    store: Store
+    source: str  # "store" or "raw telemetry"
+    note: str = ""
+
+
+def open_for_reading(run_dir: Path) -> ReadView:
+    """The run's store read-only, or an in-memory copy built from its telemetry files."""
+    layout = RunLayout(run_dir)
+    if not layout.root.is_dir():
+        raise StoreError(f"no run directory at {run_dir}")
+    note = "no store yet"
+    if layout.store.exists():
+        try:
+            store = Store.open(layout.store, read_only=True)
+            store.lock_down()
+            return ReadView(store, "store")
+        except StoreLockedError:
+            note = "the store is held by another process"
+    memory = Store.open(None)
+    result = Collector(layout.root, memory).ingest_available()
+    memory.lock_down()
+    return ReadView(memory, "raw telemetry", f"{note}; read {result.lines} lines from the raw telemetry")
+
+
+def run_query(run_dir: Path, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> tuple[pd.DataFrame, ReadView]:
+    """Run a user's read-only SQL against a run."""
+    view = open_for_reading(run_dir)
+    try:
+        return view.store.run_user_query(query, timeout_s), view
+    finally:
+        view.store.close()
