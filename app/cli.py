@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
+from bedside.collectors.importers import import_csv, import_jsonl
 
 from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector
 from bedside.collectors.layout import RunLayout
@@ -111,7 +112,9 @@ def _follow(collector: Collector, progress: Progress, args: argparse.Namespace) 
 def cmd_import(args: argparse.Namespace) -> int:
     importer = import_csv if args.format == "csv" else import_jsonl
     summary = importer(args.file, args.out, topology=args.topology, name=args.name)
-    print(f"imported {args.file} into {args.out}: {summary}", file=sys.stderr)
+    kinds = ", ".join(f"{n} {kind}" for kind, n in summary.records.items())
+    print(f"imported {summary.rows} rows of {args.file} ({summary.format}) into {args.out}: {kinds} records, "
+          f"{summary.ranks} ranks, {summary.steps} steps", file=sys.stderr)
     progress = Progress(quiet=args.quiet)
     with Store.open(RunLayout(args.out).store) as store:
         Collector(args.out, store, warn=_warn).ingest_available(on_pass=progress.update)

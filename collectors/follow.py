@@ -5,10 +5,11 @@ also rescans every ``rescan_every_s``; events only make ingestion prompt.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from .ingest import Collector, PassResult
@@ -16,18 +17,23 @@ from .layout import SOURCE_DIRS, STORE_NAME
 from .store import sql
 
 DEFAULT_RESCAN_EVERY_S = 2.0
+
+# Stopping an observer while an event is in flight makes watchdog's inotify
+# emitter log a spurious error; the periodic rescan covers any event it drops.
+logging.getLogger("watchdog.observers.inotify").setLevel(logging.CRITICAL)
 ENDED_STATUSES = ("finished", "failed", "aborted")
+_READ_ONLY_EVENTS = (EVENT_TYPE_OPENED, EVENT_TYPE_CLOSED_NO_WRITE)
+"""Events our own reads cause: waking on them would make the follower spin."""
 
 
 class _Wake(FileSystemEventHandler):
-    """Sets an event when a telemetry file or run.json changes."""
+    """Sets an event when a telemetry file or run.json changes (not when it is merely read)."""
 
     def __init__(self, wake: threading.Event) -> None:
         self._wake = wake
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        path = str(event.src_path)
-        if STORE_NAME not in path:
+        if event.event_type not in _READ_ONLY_EVENTS and STORE_NAME not in str(event.src_path):
             self._wake.set()
 
 

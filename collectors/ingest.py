@@ -26,6 +26,11 @@ from .store import Store, sql
 DEFAULT_BATCH_BYTES = 64 << 20
 HEAD_BYTES = 64
 
+SOURCE_SCHEMA = pa.schema(
+    [("source_id", pa.int32()), ("path", pa.string()), ("file_rank", pa.int32()), ("device", pa.uint64()),
+     ("inode", pa.uint64()), ("head", pa.binary()), ("committed_offset", pa.int64()), ("lines", pa.int64()),
+     ("rejected", pa.int64()), ("state", pa.string()), ("state_detail", pa.string()), ("updated_at", pa.float64())]
+)
 TOPOLOGY_SCHEMA = pa.schema(
     [("rank", pa.int32()), ("host", pa.string()), ("local_rank", pa.int32()),
      ("dp", pa.int32()), ("tp", pa.int32()), ("pp", pa.int32())]
@@ -118,8 +123,7 @@ class Collector:
                 con.register("rejected_batch", rejections_table(rejected, now))
                 con.execute(sql("insert_rejected"))
                 con.unregister("rejected_batch")
-            for read in reads:
-                _commit_source(con, read, rejected, now)
+            _commit_sources(con, reads, rejected, now)
         for read in reads:
             self._sources[read.source.path] = read.source
             if read.incident:
@@ -270,18 +274,31 @@ def _identity_problem(source: Source, stat: os.stat_result, head: bytes) -> tupl
     return None
 
 
-def _commit_source(con: duckdb.DuckDBPyConnection, read: _Read, rejected: list[Rejection], now: float) -> None:
+def _commit_sources(con: duckdb.DuckDBPyConnection, reads: list[_Read], rejected: list[Rejection], now: float) -> None:
+    """Commit every file's new offset and counts in one statement, then any incidents."""
+    if not reads:
+        return
+    bad: dict[int, int] = {}
+    for r in rejected:
+        bad[r.source_id] = bad.get(r.source_id, 0) + 1
+    rows = [_source_row(read, bad.get(read.source.source_id, 0), now) for read in reads]
+    con.register("source_updates", pa.Table.from_pylist(rows, schema=SOURCE_SCHEMA))
+    con.execute(sql("upsert_sources"))
+    con.unregister("source_updates")
+    for read in reads:
+        if read.incident:
+            con.execute(sql("insert_source_incident"), [read.source.source_id, now, read.source.state, read.incident])
+
+
+def _source_row(read: _Read, rejected: int, now: float) -> dict:
     source = read.source
     lines = read.chunk.line_count if read.chunk else 0
-    bad = sum(1 for r in rejected if r.source_id == source.source_id)
-    con.execute(sql("upsert_source"), {
+    return {
         "source_id": source.source_id, "path": source.path, "file_rank": source.file_rank,
         "device": source.device, "inode": source.inode, "head": source.head,
-        "committed_offset": source.committed_offset, "lines": lines - bad, "rejected": bad,
+        "committed_offset": source.committed_offset, "lines": lines - rejected, "rejected": rejected,
         "state": source.state, "state_detail": read.incident, "updated_at": now,
-    })
-    if read.incident:
-        con.execute(sql("insert_source_incident"), [source.source_id, now, source.state, read.incident])
+    }
 
 
 def _replace_run_info(con: duckdb.DuckDBPyConnection, info: RunInfo) -> None:

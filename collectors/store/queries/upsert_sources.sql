@@ -1,6 +1,8 @@
--- Record a file's identity and committed offset (called inside the ingest transaction).
+-- Record each file's identity and committed offset (the registered Arrow table
+-- source_updates; run inside the ingest transaction, with the rows).
 INSERT INTO sources (source_id, path, file_rank, device, inode, head, committed_offset, lines, rejected, state, state_detail, updated_at)
-VALUES ($source_id, $path, $file_rank, $device, $inode, $head, $committed_offset, $lines, $rejected, $state, $state_detail, $updated_at)
+SELECT source_id, path, file_rank, device, inode, head, committed_offset, lines, rejected, state, state_detail, updated_at
+FROM source_updates
 ON CONFLICT (source_id) DO UPDATE SET
     device = excluded.device, inode = excluded.inode, head = excluded.head,
     committed_offset = excluded.committed_offset,

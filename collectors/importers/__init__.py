@@ -1,0 +1,248 @@
+"""Importers: a foreign CSV or JSONL metrics file becomes a bedside run directory.
+
+The accepted shapes are specified in ``docs/import.md``. An import reads and
+checks the whole input first and writes nothing when any row is wrong; it
+writes ``run.json`` and one ``telemetry/rank-NNNNN.jsonl`` per rank (format v1)
+and leaves ingestion to the collector.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..appendfile import AppendFile
+from ..errors import ImportFormatError
+from ..format import Kind, encode_line, encode_number
+from ..layout import RunLayout
+from ..runinfo import RankPlacement, RunInfo, write_run_info
+from .csv_import import read_csv
+from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
+
+__all__ = ["ImportSummary", "import_csv", "import_jsonl", "read_topology"]
+
+EVAL_FIELDS = ("cum_tokens", "cum_flops")
+PLACEMENT_NUMBERS = ("rank", "local_rank", "dp", "tp", "pp")
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What an import wrote."""
+
+    out: Path
+    format: str
+    records: dict[str, int]
+    ranks: int
+    steps: int
+    rows: int
+    skipped: int = 0
+
+
+@dataclass
+class _Group:
+    """The rows of one (timeline, step, rank), merged."""
+
+    where: str
+    time: float | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    shards: list[int] = field(default_factory=list)
+
+
+def import_csv(path: Path, out: Path, *, topology: Path | None = None, name: str | None = None) -> ImportSummary:
+    """Import a long (step,rank,name,value) or wide (one column per metric) CSV file."""
+    return _import(Path(path), Path(out), read_csv, topology, name)
+
+
+def import_jsonl(path: Path, out: Path, *, topology: Path | None = None, name: str | None = None) -> ImportSummary:
+    """Import a JSONL file of wide rows, bedside records (copied), or both."""
+    return _import(Path(path), Path(out), read_jsonl, topology, name)
+
+
+def read_topology(path: Path) -> tuple[RankPlacement, ...]:
+    """Rank placements from ``{"ranks": [...]}`` or a bare list of placement objects."""
+    data = _load_json(Path(path))
+    entries = data.get("ranks") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise ImportFormatError(f"{path}: expected {{\"ranks\": [...]}} or a list of rank placements")
+    if not entries:
+        raise ImportFormatError(f"{path}: lists no ranks")
+    placements = tuple(_placement(entry, f"{path}, ranks[{i}]") for i, entry in enumerate(entries))
+    ranks = Counter(p.rank for p in placements)
+    if twice := sorted(r for r, n in ranks.items() if n > 1):
+        raise ImportFormatError(f"{path}: rank {twice[0]} is placed more than once")
+    return placements
+
+
+# -- the pipeline -------------------------------------------------------------
+def _import(path: Path, out: Path, read: Callable[[Path], Parsed], topology: Path | None,
+            name: str | None) -> ImportSummary:
+    layout = RunLayout(out)
+    if layout.run_info.exists() or layout.source_files():
+        raise ImportFormatError(f"{out}: already holds a run (run.json or telemetry); import into a new directory")
+    placements = read_topology(topology) if topology else ()
+    parsed = read(path)
+    records = _data_records(parsed.rows) + parsed.records
+    world_size = 1 + max([0, *(r["rank"] for r in records), *(p.rank for p in placements)])
+    _check_placed(placements, world_size, topology)
+    files = _run_files(layout, records, placements, world_size)
+    write_run_info(layout, RunInfo(name=name or out.name, world_size=world_size, topology=placements,
+                                   config={"import": {"source": str(path), "format": parsed.format}}))
+    for file, items in files.items():
+        _write_file(file, items)
+    return _summary(out, parsed, files, world_size)
+
+
+def _data_records(rows: list[Row]) -> list[dict[str, Any]]:
+    """The step, rank_step and eval records of the data rows, grouped by (timeline, step, rank)."""
+    _check_times(rows)
+    groups: dict[tuple[int, int, int | None], _Group] = {}
+    for row in rows:
+        _merge(groups.setdefault((row.timeline, row.step, row.rank), _Group(row.where)), row)
+    clock = {key: float(i) for i, key in enumerate(sorted({(t, s) for t, s, _ in groups}))}
+    records = []
+    for (timeline, step, rank), group in groups.items():
+        time = clock[timeline, step] if group.time is None else group.time
+        envelope = {"time": time, "rank": 0 if rank is None else rank, "step": step, "timeline": timeline}
+        records.extend(_job_records(envelope, group) if rank is None else [_rank_step_record(envelope, group)])
+    return records
+
+
+def _check_times(rows: list[Row]) -> None:
+    """``time`` is given on every data row or on none (then the clock is synthetic)."""
+    missing = [row for row in rows if row.time is None]
+    if missing and len(missing) < len(rows):
+        raise ImportFormatError(f"{missing[0].where}: time is empty; give time on every row or on none")
+
+
+def _merge(group: _Group, row: Row) -> None:
+    if row.time is not None:
+        group.time = row.time if group.time is None else max(group.time, row.time)
+    for name, value in row.values.items():
+        if name == "shard":
+            group.shards.append(value)
+        elif name in group.values:
+            level = "job level" if row.rank is None else f"rank {row.rank}"
+            raise ImportFormatError(f"{row.where}: {name} given twice for timeline {row.timeline} step {row.step} "
+                                    f"({level}); first at {group.where}")
+        else:
+            group.values[name] = value
+
+
+def _job_records(envelope: dict[str, Any], group: _Group) -> list[dict[str, Any]]:
+    metrics = {n: v for n, v in group.values.items() if not n.startswith(EVAL_PREFIX)}
+    scores = {n[len(EVAL_PREFIX):]: v for n, v in group.values.items() if n.startswith(EVAL_PREFIX)}
+    records = []
+    if metrics or group.shards:
+        shards = {"shards": group.shards} if group.shards else {}
+        records.append({"kind": str(Kind.STEP), **envelope, "metrics": _encoded(metrics), **shards})
+    if scores:
+        records.append(_eval_record(envelope, scores, group.where))
+    return records
+
+
+def _eval_record(envelope: dict[str, Any], scores: dict[str, Any], where: str) -> dict[str, Any]:
+    spent = {name: encode_number(value) for name, value in scores.items() if name in EVAL_FIELDS}
+    scores = {name: value for name, value in scores.items() if name not in EVAL_FIELDS}
+    if not scores:
+        raise ImportFormatError(f"{where}: eval/{' and eval/'.join(spent)} without any eval score at this step")
+    return {"kind": str(Kind.EVAL), **envelope, "split": "heldout", "metrics": _encoded(scores), **spent}
+
+
+def _rank_step_record(envelope: dict[str, Any], group: _Group) -> dict[str, Any]:
+    metrics = {n: v for n, v in group.values.items() if n != "param_checksum"}
+    checksum = {"param_checksum": group.values["param_checksum"]} if "param_checksum" in group.values else {}
+    return {"kind": str(Kind.RANK_STEP), **envelope, "metrics": _encoded(metrics), **checksum}
+
+
+def _encoded(metrics: dict[str, Number]) -> dict[str, Number | str]:
+    return {name: value if isinstance(value, int) else encode_number(value) for name, value in metrics.items()}
+
+
+def _run_files(layout: RunLayout, records: list[dict[str, Any]], placements: tuple[RankPlacement, ...],
+               world_size: int) -> dict[Path, list[dict[str, Any]]]:
+    """The records of every file to write: telemetry per rank, fault_injected into ground_truth/."""
+    truth = [r for r in records if r["kind"] == Kind.FAULT_INJECTED]
+    telemetry = [r for r in records if r["kind"] != Kind.FAULT_INJECTED]
+    files = {layout.rank_file(rank): items
+             for rank, items in _telemetry_files(telemetry, placements, world_size).items()}
+    return files | {layout.ground_truth_file(rank): items for rank, items in _by_rank(truth).items()}
+
+
+def _telemetry_files(records: list[dict[str, Any]], placements: tuple[RankPlacement, ...],
+                     world_size: int) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's telemetry, led by a rank_info record (unless the input brought one)."""
+    start = min((r["time"] for r in records), default=0.0)
+    placed = {p.rank: p for p in placements}
+    reported = {r["rank"] for r in records if r["kind"] == Kind.RANK_INFO}
+    infos = [_rank_info(rank, placed.get(rank), world_size, start)
+             for rank in range(world_size) if rank not in reported]
+    return _by_rank(infos + records)
+
+
+def _by_rank(records: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Records per rank: rank_info first, then by (timeline, step), input order within."""
+    files: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        files.setdefault(record["rank"], []).append(record)
+    for items in files.values():
+        items.sort(key=lambda r: (r["kind"] != Kind.RANK_INFO, r["timeline"], r["step"]))
+    return files
+
+
+def _rank_info(rank: int, placement: RankPlacement | None, world_size: int, time: float) -> dict[str, Any]:
+    record = {"kind": str(Kind.RANK_INFO), "time": time, "rank": rank, "step": 0, "timeline": 0,
+              "host": placement.host if placement else "unknown", "world_size": world_size}
+    if placement:
+        record["local_rank"] = placement.local_rank
+        record["mesh"] = {"dp": placement.dp, "tp": placement.tp, "pp": placement.pp}
+    return record
+
+
+def _write_file(path: Path, records: list[dict[str, Any]]) -> None:
+    """Append ``records`` with ``seq`` = line number (the file is new, so from 0)."""
+    channel = AppendFile(path)
+    try:
+        lines = [encode_line({**r, "seq": channel.next_seq + i}) for i, r in enumerate(records)]
+        channel.write("".join(lines).encode("utf-8"))
+    finally:
+        channel.close()
+
+
+def _summary(out: Path, parsed: Parsed, files: dict[Path, list[dict[str, Any]]], world_size: int) -> ImportSummary:
+    written = [r for records in files.values() for r in records]
+    steps = {(r["timeline"], r["step"]) for r in written if r["kind"] in (Kind.STEP, Kind.RANK_STEP)}
+    return ImportSummary(out=out, format=parsed.format, records=dict(Counter(r["kind"] for r in written)),
+                         ranks=world_size, steps=len(steps), rows=len(parsed.rows) + len(parsed.records),
+                         skipped=parsed.skipped)
+
+
+def _check_placed(placements: tuple[RankPlacement, ...], world_size: int, topology: Path | None) -> None:
+    """A topology, when given, must place every rank the data has."""
+    unplaced = sorted(set(range(world_size)) - {p.rank for p in placements})
+    if placements and unplaced:
+        raise ImportFormatError(f"{topology}: no placement for rank {unplaced[0]} "
+                                f"(the data has ranks 0..{world_size - 1})")
+
+
+# -- topology -----------------------------------------------------------------
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ImportFormatError(f"{path}: cannot read ({exc.strerror})") from exc
+    except json.JSONDecodeError as exc:
+        raise ImportFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+
+
+def _placement(entry: Any, where: str) -> RankPlacement:
+    if not isinstance(entry, dict):
+        raise ImportFormatError(f"{where}: expected an object like {{\"rank\": 0, \"host\": \"node-a\"}}")
+    if unknown := sorted(set(entry) - {"host", *PLACEMENT_NUMBERS}):
+        raise ImportFormatError(f"{where}: unknown field {unknown[0]} (known: host, {', '.join(PLACEMENT_NUMBERS)})")
+    if not isinstance(entry.get("host"), str) or not entry["host"].strip():
+        raise ImportFormatError(f"{where}: host must be a non-empty string")
+    numbers = {name: integer(entry.get(name), where, name) for name in PLACEMENT_NUMBERS
+               if name == "rank" or name in entry}
+    return RankPlacement(host=entry["host"], **numbers)

@@ -1,0 +1,287 @@
+"""Importers: foreign CSV and JSONL files become runs that the real collector ingests."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from bedside.collectors import format as fmt
+from bedside.collectors.errors import ImportFormatError
+from bedside.collectors.importers import import_csv, import_jsonl, read_topology
+from bedside.collectors.ingest import Collector
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_runs" / "foreign-csv"
+TOPOLOGY = SAMPLES / "topology.json"
+VALIDATOR = jsonschema.Draft202012Validator(fmt.schema())
+
+
+def ingest(out: Path) -> Store:
+    """The run's store after the real collector has ingested everything."""
+    store = Store.open(out / "bedside.duckdb")
+    result = Collector(out, store).ingest_available()
+    assert result.rejected == 0 and not result.incidents
+    return store
+
+
+def written_lines(out: Path) -> list[dict]:
+    """Every record of the run, each checked against the schema and its seq."""
+    records = []
+    for path in RunLayout(out).source_files():
+        for seq, line in enumerate(path.read_text().splitlines()):
+            record = json.loads(line)
+            VALIDATOR.validate(record)
+            assert record["seq"] == seq
+            records.append(record)
+    return records
+
+
+def sample_values(name: str) -> list[float]:
+    """A metric of the long sample, by step (the reference both CSV shapes must reproduce)."""
+    with open(SAMPLES / "long.csv", newline="") as fh:
+        return [float(r["value"]) for r in csv.DictReader(fh) if r["name"] == name]
+
+
+@pytest.fixture(scope="module", params=["long", "wide"])
+def sample_run(request, tmp_path_factory) -> tuple[str, Path, Store]:
+    out = tmp_path_factory.mktemp(request.param) / "run"
+    summary = import_csv(SAMPLES / f"{request.param}.csv", out, topology=TOPOLOGY)
+    assert summary.records == {"rank_info": 2, "step": 20, "rank_step": 40, "eval": 4}
+    assert (summary.ranks, summary.steps, summary.skipped) == (2, 20, 0)
+    store = ingest(out)
+    yield request.param, out, store
+    store.close()
+
+
+def test_sample_step_metrics(sample_run):
+    _, _, store = sample_run
+    df = store.fetch_df("SELECT step, rank, loss, lr, tokens, extra FROM step_metrics ORDER BY step")
+    assert df["step"].tolist() == list(range(1, 21))
+    assert set(df["rank"]) == {0}
+    assert df["loss"].tolist() == pytest.approx(sample_values("loss"))
+    assert df["loss"].iloc[-1] < df["loss"].iloc[0] - 4
+    assert df["tokens"].tolist() == [65536.0] * 20
+
+
+def test_sample_rank_steps_and_topology(sample_run):
+    _, _, store = sample_run
+    df = store.fetch_df("SELECT step, rank, host, dp, step_time, comm_time FROM rank_step_metrics ORDER BY step, rank")
+    assert len(df) == 40
+    assert df[df["rank"] == 1]["host"].unique().tolist() == ["node-b"]
+    assert df[df["rank"] == 1]["dp"].unique().tolist() == [1]
+    assert df["step_time"].tolist() == pytest.approx(sample_values("step_time"))
+    ranks = store.fetch_df("SELECT rank, host, declared_by FROM ranks ORDER BY rank")
+    assert ranks.values.tolist() == [[0, "node-a", "run.json"], [1, "node-b", "run.json"]]
+
+
+def test_sample_evals_and_user_metric(sample_run):
+    _, _, store = sample_run
+    evals = store.fetch_df("SELECT step, name, value, cum_tokens, split FROM eval_scores ORDER BY step")
+    assert evals["step"].tolist() == [5, 10, 15, 20]
+    assert set(evals["name"]) == {"val_loss"} and set(evals["split"]) == {"heldout"}
+    assert evals["value"].tolist() == pytest.approx(sample_values("eval/val_loss"))
+    assert evals["cum_tokens"].tolist() == [65536.0 * s for s in (5, 10, 15, 20)]
+    aux = store.fetch_df("SELECT kind, value FROM metrics WHERE name = 'aux_loss' ORDER BY step")
+    assert set(aux["kind"]) == {"step"}
+    assert aux["value"].tolist() == pytest.approx(sample_values("aux_loss"))
+
+
+def test_sample_times(sample_run):
+    """long.csv has times; wide.csv has none, so its clock is 0, 1, 2... seconds per step."""
+    shape, _, store = sample_run
+    times = store.fetch_df("SELECT time FROM step_metrics ORDER BY step")["time"].tolist()
+    if shape == "wide":
+        assert times == [float(i) for i in range(20)]
+    else:
+        assert times == pytest.approx([1717000000.0 + 1.2 * s for s in range(1, 21)])
+
+
+def test_sample_lines_validate(sample_run):
+    _, out, _ = sample_run
+    records = written_lines(out)
+    assert len(records) == 66
+    for path in RunLayout(out).source_files():
+        first = json.loads(path.read_text().splitlines()[0])
+        assert first["kind"] == "rank_info" and first["host"] in ("node-a", "node-b")
+        keys = [(r["timeline"], r["step"]) for r in map(json.loads, path.read_text().splitlines())]
+        assert keys == sorted(keys)
+
+
+JSONL = """\
+{"step": 1, "loss": 2.5, "grad_norm": 1.0, "shard": 7, "custom": 3}
+{"step": 1, "rank": 0, "step_time": 0.5, "param_checksum": "ab12", "tok_per_s": 1000}
+{"step": 1, "rank": 1, "step_time": 0.6, "param_checksum": "ab12", "local_grad_norm": null}
+
+{"step": 2, "loss": "NaN", "grad_norm": Infinity, "eval/val_loss": 2.7, "eval/cum_flops": 1e15}
+{"step": 2, "rank": -1, "lr": 0.001}
+{"step": 2, "rank": 1, "step_time": "-Infinity"}
+{"kind": "log", "time": 5.0, "rank": 1, "step": 2, "timeline": 0, "seq": 41, "level": "warning", "message": "nan loss"}
+{"kind": "fault_injected", "time": 5.0, "rank": 1, "step": 2, "timeline": 0, "seq": 3, "fault": "nan_grad"}
+{"step": 1, "timeline": 1, "loss": 2.4}
+"""
+
+
+@pytest.fixture(scope="module")
+def jsonl_run(tmp_path_factory) -> tuple[Path, Store]:
+    src = tmp_path_factory.mktemp("jsonl") / "metrics.jsonl"
+    src.write_text(JSONL)
+    out = src.parent / "run"
+    summary = import_jsonl(src, out, name="foreign")
+    assert summary.records == {"rank_info": 2, "step": 3, "rank_step": 3, "eval": 1, "log": 1, "fault_injected": 1}
+    assert (summary.ranks, summary.steps, summary.rows, summary.skipped) == (2, 3, 9, 1)
+    store = ingest(out)
+    yield out, store
+    store.close()
+
+
+def test_jsonl_non_finite_and_fields(jsonl_run):
+    _, store = jsonl_run
+    df = store.fetch_df("SELECT timeline, step, loss, grad_norm, lr, shards, extra FROM step_metrics "
+                        "ORDER BY timeline, step")
+    assert math.isnan(df["loss"][1]) and df["grad_norm"][1] == math.inf and df["lr"][1] == 0.001
+    assert df["loss"][2] == 2.4 and df["timeline"][2] == 1
+    assert json.loads(df["shards"][0]) == [7]
+    ranks = store.fetch_df("SELECT step, rank, step_time, param_checksum FROM rank_step_metrics ORDER BY step, rank")
+    assert ranks["param_checksum"].tolist()[:2] == ["ab12", "ab12"]
+    assert ranks["step_time"].tolist()[2] == -math.inf
+    evals = store.fetch_df("SELECT step, name, value, cum_flops FROM eval_scores")
+    assert evals.values.tolist() == [[2, "val_loss", 2.7, 1e15]]
+
+
+def test_jsonl_user_metrics_and_copied_records(jsonl_run):
+    out, store = jsonl_run
+    user = store.fetch_df("SELECT kind, rank, name, value FROM metrics WHERE name IN ('custom', 'tok_per_s') "
+                          "ORDER BY name")
+    assert user.values.tolist() == [["step", 0, "custom", 3.0], ["rank_step", 0, "tok_per_s", 1000.0]]
+    log = store.fetch_df("SELECT rank, level, message FROM event_log WHERE kind = 'log'")
+    assert log.values.tolist() == [[1, "warning", "nan loss"]]
+    assert store.fetch_df("SELECT fault FROM fault_labels")["fault"].tolist() == ["nan_grad"]
+    assert store.fetch_df("SELECT host FROM ranks ORDER BY rank")["host"].tolist() == ["unknown", "unknown"]
+    assert (out / "ground_truth" / "rank-00001.jsonl").is_file()
+    assert store.fetch_df("SELECT name, world_size FROM run").values.tolist() == [["foreign", 2]]
+
+
+def test_jsonl_lines_validate_and_synthetic_clock(jsonl_run):
+    out, _ = jsonl_run
+    records = written_lines(out)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [(r["timeline"], r["step"], r["time"]) for r in steps] == [(0, 1, 0.0), (0, 2, 1.0), (1, 1, 2.0)]
+
+
+def test_topology_applied_from_bare_list(tmp_path):
+    topology = tmp_path / "topology.json"
+    topology.write_text(json.dumps([{"rank": 0, "host": "gpu-1", "local_rank": 0, "tp": 0},
+                                    {"rank": 1, "host": "gpu-1", "local_rank": 1, "tp": 1}]))
+    src = tmp_path / "m.csv"
+    src.write_text("step,rank,step_time\n1,0,0.5\n1,1,0.6\n")
+    import_csv(src, tmp_path / "run", topology=topology)
+    with ingest(tmp_path / "run") as store:
+        df = store.fetch_df("SELECT rank, host, local_rank, tp FROM ranks ORDER BY rank")
+    assert df.values.tolist() == [[0, "gpu-1", 0, 0], [1, "gpu-1", 1, 1]]
+    assert read_topology(topology)[1].tp == 1
+
+
+BAD_CSV = [
+    ("step,name,value\n1,loss,2\n", "line 1: missing column rank"),
+    ("rank,loss\n0,2\n", "line 1: missing column step"),
+    ("step,rank,name,value,host\n1,,loss,2,a\n", "line 1: unexpected column host"),
+    ("step,loss,loss\n1,2,3\n", "line 1: duplicate column loss"),
+    ("step,rank,name,value\n1,,loss,2\n2,,loss,abc\n", "line 3: loss must be a number, got 'abc'"),
+    ("step,loss\n1,2.5\n2.5,2.4\n", "line 3: step must be an integer >= 0, got '2.5'"),
+    ("step,rank,name,value\n1,,step_time,0.5\n", "line 2: step_time is a per-rank metric"),
+    ("step,rank,loss\n1,0,2.5\n", "line 2: loss is a job-level metric"),
+    ("step,rank,name,value\n1,0,eval/acc,0.5\n", "line 2: eval/acc is a job-level metric"),
+    ("step,rank,name,value\n1,,loss,2\n1,,loss,3\n", "line 3: loss given twice for timeline 0 step 1"),
+    ("step,time,loss\n1,10.0,2.5\n2,,2.4\n", "line 3: time is empty"),
+    ("step,loss\n1,2.5,7\n", "line 2: 3 cells, but the header has 2"),
+    ("step,rank,name,value\n1,,loss,\n", "line 2: value is empty"),
+    ("step,rank,name,value\n1,,eval/cum_tokens,100\n", "line 2: eval/cum_tokens without any eval score"),
+    ("step,rank,loss\n1,-2,2.5\n", "line 2: rank must be an integer >= -1"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_CSV, ids=[m for _, m in BAD_CSV])
+def test_bad_csv_is_refused(tmp_path, text, message):
+    src = tmp_path / "bad.csv"
+    src.write_text(text)
+    with pytest.raises(ImportFormatError, match=re.escape(f"{src}, {message}")):
+        import_csv(src, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+BAD_JSONL = [
+    ('{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', "line 2: not valid JSON"),
+    ('[1, 2]\n', "line 1: expected a JSON object, got list"),
+    ('{"step": 1, "loss": "low"}\n', "line 1: loss must be a number, got 'low'"),
+    ('{"step": 1, "loss": true}\n', "line 1: loss must be a number, got True"),
+    ('{"loss": 2}\n', "line 1: step is missing"),
+    ('{"step": 1, "comm_time": 0.1}\n', "line 1: comm_time is a per-rank metric"),
+    ('{"kind": "log", "rank": 0, "step": 1, "timeline": 0, "message": "x"}\n', "line 1: time is missing"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_JSONL, ids=[m for _, m in BAD_JSONL])
+def test_bad_jsonl_is_refused(tmp_path, text, message):
+    src = tmp_path / "bad.jsonl"
+    src.write_text(text)
+    with pytest.raises(ImportFormatError, match=re.escape(f"{src}, {message}")):
+        import_jsonl(src, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_refuses_out_dir_with_telemetry(tmp_path):
+    out = tmp_path / "run"
+    import_csv(SAMPLES / "wide.csv", out)
+    with pytest.raises(ImportFormatError, match="already holds a run"):
+        import_csv(SAMPLES / "long.csv", out)
+    (out / "run.json").unlink()
+    with pytest.raises(ImportFormatError, match="already holds a run"):
+        import_csv(SAMPLES / "long.csv", out)
+
+
+BAD_TOPOLOGY = [
+    ('{"ranks": [{"rank": 0, "host": "a"}, {"rank": 0, "host": "b"}]}', "rank 0 is placed more than once"),
+    ('[{"rank": 0}]', "ranks[0]: host must be a non-empty string"),
+    ('[{"rank": 0, "host": "a", "gpu": 3}]', "ranks[0]: unknown field gpu"),
+    ('[{"rank": 0, "host": "a", "dp": -1}]', "ranks[0]: dp must be an integer >= 0"),
+    ('[{"host": "a"}]', "ranks[0]: rank is missing"),
+    ('{"ranks": [{"rank": 0, "host": "a"}', "not valid JSON"),
+    ('{"hosts": []}', "expected {\"ranks\": [...]} or a list"),
+    ('[]', "lists no ranks"),
+    ('[{"rank": 0, "host": "a"}]', "no placement for rank 1"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_TOPOLOGY, ids=[m for _, m in BAD_TOPOLOGY])
+def test_bad_topology_is_refused(tmp_path, text, message):
+    topology = tmp_path / "topology.json"
+    topology.write_text(text)
+    with pytest.raises(ImportFormatError, match=re.escape(message)):
+        import_csv(SAMPLES / "wide.csv", tmp_path / "run", topology=topology)
+    assert not (tmp_path / "run").exists()
+
+
+def doc_blocks(language: str) -> list[str]:
+    text = (ROOT / "docs" / "import.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+@pytest.mark.parametrize("language, importer", [("csv", import_csv), ("jsonl", import_jsonl)])
+def test_documented_examples_import(tmp_path, language, importer):
+    (topology,) = doc_blocks("json")
+    (tmp_path / "topology.json").write_text(topology)
+    assert doc_blocks(language)
+    for i, block in enumerate(doc_blocks(language)):
+        src = tmp_path / f"example{i}.{language}"
+        src.write_text(block)
+        importer(src, tmp_path / f"run{i}", topology=tmp_path / "topology.json")
+        written_lines(tmp_path / f"run{i}")
+        with ingest(tmp_path / f"run{i}"):
+            pass
