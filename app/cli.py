@@ -147,12 +147,18 @@ def _warn(message: str) -> None:
     print(f"bedside: warning: {message}", file=sys.stderr)
 
 
+def _first_line(exc: BaseException) -> str:
+    """An error in one line (DuckDB appends a multi-line excerpt of the SQL with a caret)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except BedsideError as exc:
-        print(f"bedside: error: {exc}", file=sys.stderr)
+        print(f"bedside: error: {_first_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

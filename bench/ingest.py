@@ -1,6 +1,6 @@
 """Bulk ingest throughput and live (follow mode) latency of the collector.
 
-Run:  /work/venv/bin/python bench/ingest.py [--ranks 64] [--steps 20000] [--workdir DIR] [--trials 1]
+Run:  /work/venv/bin/python bench/ingest.py [--ranks 64] [--steps 20000] [--workdir DIR] [--trials 3]
 
 Bulk: a run of RANKS files of STEPS ``rank_step`` records each (format v1, written
 with encode_line; generated once and cached under --workdir) is ingested from an
@@ -220,7 +220,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20_000, help="rank_step records per rank")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bedside-bench-ingest",
                         help="where the generated run is cached")
-    parser.add_argument("--trials", type=int, default=1, help="bulk ingests from an empty store")
+    parser.add_argument("--trials", type=int, default=3, help="bulk ingests from an empty store")
     return parser.parse_args()
 
 

@@ -93,7 +93,10 @@ def bench_wandb(tmp: Path, pool: list[dict[str, Any]], iterations: int) -> Resul
     except ImportError as exc:
         return Result(name, note=f"not installed ({exc})")
     os.environ.setdefault("WANDB_SILENT", "true")
-    run = wandb.init(mode="offline", dir=str(tmp), project="bedside-bench")
+    try:
+        run = wandb.init(mode="offline", dir=str(tmp), project="bedside-bench")
+    except Exception as exc:  # wandb raises its own error types when its service cannot start
+        return Result(name, note=f"could not start ({type(exc).__name__}: {exc})")
     try:
         return Result(name, time_calls(lambda i, m: run.log(m, step=i), pool, iterations))
     finally:

@@ -26,8 +26,11 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Rejection:
+    """A line refused by the collector: where it starts, its length in bytes, its text and why."""
+
     source_id: int
     line_offset: int
+    length: int
     line: bytes | str
     reason: str
 
@@ -86,12 +89,24 @@ def _split_invalid_utf8(chunk: Chunk, bounds: np.ndarray) -> tuple[pa.Array, np.
             good.append(raw.decode("utf-8"))
             offsets.append(chunk.start + begin)
         except UnicodeDecodeError as exc:
-            rejected.append(Rejection(chunk.source_id, chunk.start + begin, raw, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
+            rejected.append(Rejection(chunk.source_id, chunk.start + begin, len(raw), raw, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
     return pa.array(good, type=pa.string()), np.array(offsets, dtype=np.int64), rejected
 
 
-def explain_invalid_json(line: str) -> str:
-    """A precise reason for a line DuckDB found not to be JSON."""
+def explain_rejection(line: str, reason: str) -> str:
+    """A precise reason for the cases the store's SQL can only name broadly."""
+    if reason == "not valid JSON":
+        return _explain_invalid_json(line)
+    if reason == "missing field: kind":
+        try:
+            if not isinstance(json.loads(line), dict):
+                return "not a JSON object"
+        except (ValueError, RecursionError):
+            return _explain_invalid_json(line)
+    return reason
+
+
+def _explain_invalid_json(line: str) -> str:
     if not line.strip():
         return "empty line"
     try:
@@ -110,7 +125,7 @@ def rejections_table(rejected: list[Rejection], now: float) -> pa.Table:
         {
             "source_id": pa.array([r.source_id for r in rejected], pa.int32()),
             "line_offset": pa.array([r.line_offset for r in rejected], pa.int64()),
-            "length": pa.array([len(r.line if isinstance(r.line, bytes) else r.line.encode()) for r in rejected], pa.int64()),
+            "length": pa.array([r.length for r in rejected], pa.int64()),
             "reason": pa.array([r.reason for r in rejected], pa.string()),
             "line": pa.array([t.rstrip("\n") for t in texts], pa.string()),
             "ingested_at": pa.array([now] * len(rejected), pa.float64()),

@@ -6,6 +6,7 @@ also rescans every ``rescan_every_s``; events only make ingestion prompt.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Callable
 
@@ -33,7 +34,8 @@ class _Wake(FileSystemEventHandler):
         self._wake = wake
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type not in _READ_ONLY_EVENTS and STORE_NAME not in str(event.src_path):
+        own_store = os.path.basename(os.fsdecode(event.src_path)).startswith(STORE_NAME)
+        if event.event_type not in _READ_ONLY_EVENTS and not own_store:
             self._wake.set()
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 import duckdb
 import pyarrow as pa
 
-from .batch import Chunk, Rejection, complete_prefix, explain_invalid_json, lines_table, rejections_table
+from .batch import Chunk, Rejection, complete_prefix, explain_rejection, lines_table, rejections_table
 from .errors import RunInfoError
 from .layout import RunLayout, rank_of_file
 from .runinfo import RunInfo, read_run_info
@@ -212,30 +212,29 @@ class Collector:
         """Parse ``table`` into the temp table staged; return the lines it rejects."""
         if table.num_rows == 0:
             return []
-        broken = self._isolate_unparseable(table)
-        if broken:
+        rejected = []
+        try:
+            self._try_stage(table, check_json=False)
+        except duckdb.Error:
+            broken = self._isolate_unparseable(table)
             keep = sorted(set(range(table.num_rows)) - {i for i, _ in broken})
             rejected = [_rejection(table, i, f"unreadable record: {error}") for i, error in broken]
-            self._try_stage(table.take(pa.array(keep, pa.int64())))
-        else:
-            rejected = []
-        for source_id, offset, line, reason in self._con.execute(sql("staged_rejections")).fetchall():
-            if reason == "not valid JSON":
-                reason = explain_invalid_json(line)
-            rejected.append(Rejection(source_id, offset, line, reason))
+            self._try_stage(table.take(pa.array(keep, pa.int64())), check_json=True)
+        for source_id, offset, length, line, reason in self._con.execute(sql("staged_rejections")).fetchall():
+            rejected.append(Rejection(source_id, offset, length, line, explain_rejection(line, reason)))
         return rejected
 
-    def _try_stage(self, table: pa.Table) -> None:
+    def _try_stage(self, table: pa.Table, *, check_json: bool) -> None:
         self._con.register("batch_lines", table)
         try:
-            self._con.execute(sql("stage_lines"), {"world_size": self.world_size})
+            self._con.execute(sql("stage_lines"), {"world_size": self.world_size, "check_json": check_json})
         finally:
             self._con.unregister("batch_lines")
 
     def _isolate_unparseable(self, table: pa.Table, base: int = 0) -> list[tuple[int, str]]:
-        """Stage ``table``; when DuckDB refuses it, bisect to the lines it cannot read."""
+        """Stage ``table`` checking JSON first; when DuckDB still refuses, bisect to the lines it cannot read."""
         try:
-            self._try_stage(table)
+            self._try_stage(table, check_json=True)
             return []
         except duckdb.Error as exc:
             if table.num_rows == 1:
@@ -260,7 +259,8 @@ def _read_complete_lines(fh, budget: int) -> bytes:
 
 def _rejection(table: pa.Table, index: int, reason: str) -> Rejection:
     row = table.slice(index, 1).to_pylist()[0]
-    return Rejection(row["source_id"], row["line_offset"], row["line"], reason)
+    line = row["line"]
+    return Rejection(row["source_id"], row["line_offset"], len(line.encode()), line, reason)
 
 
 def _identity_problem(source: Source, stat: os.stat_result, head: bytes) -> tuple[str, str] | None:

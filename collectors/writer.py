@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -41,11 +42,15 @@ def capture(value: Any) -> Any:
     device = getattr(value, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
         return value.detach()
+    kind = type(value).__name__
     if hasattr(value, "item"):
-        return value.item()
+        try:
+            value = value.item()
+        except (RuntimeError, ValueError) as exc:
+            raise TypeError(f"metric values must be numbers or 0-d tensors, got {kind} ({exc})") from exc
     if isinstance(value, (int, float)):
         return value
-    raise TypeError(f"metric values must be numbers or 0-d tensors, got {type(value).__name__}")
+    raise TypeError(f"metric values must be numbers or 0-d tensors, got {kind}")
 
 
 def _resolve(value: Any) -> Any:
@@ -144,7 +149,8 @@ class RunLogger:
 
     def event(self, kind: str, step: int, *, metrics: Mapping[str, Any] | None = None, **fields: Any) -> None:
         """Any other record: action, heartbeat, log, fault_injected, or a kind of your own."""
-        self._put(str(kind), step, _capture_metrics(metrics or {}), fields)
+        captured = {name: _capture_field(value) for name, value in fields.items()}
+        self._put(str(kind), step, _capture_metrics(metrics or {}), captured)
 
     def log(self, step: int, message: str, level: str = "info") -> None:
         """A human-readable line for the run's event log."""
@@ -199,8 +205,8 @@ class RunLogger:
                 return
 
     def _drain(self) -> None:
-        pending: dict[int, list[str]] = {}
-        channels: dict[int, AppendFile] = {}
+        """Encode and write everything queued. Never raises: the thread must outlive a bad record."""
+        pending: dict[AppendFile, list[str]] = {}
         waiters = []
         while self._queue:
             item = self._queue.popleft()
@@ -208,12 +214,21 @@ class RunLogger:
                 waiters.append(item)
                 continue
             channel = self._files.get(item[0], self._telemetry)
-            channels[id(channel)] = channel
-            pending.setdefault(id(channel), []).append(self._encode(channel, item))
-        for key, lines in pending.items():
-            channels[key].write("".join(lines).encode("utf-8"))
+            pending.setdefault(channel, []).append(self._encode_or_report(channel, item))
+        # Telemetry last: once a reader sees run_end, the rank's other files are complete too.
+        for channel in sorted(pending, key=lambda c: c is self._telemetry):
+            _write_lines(channel, pending[channel])
         for waiter in waiters:
             waiter.set()
+
+    def _encode_or_report(self, channel: AppendFile, item: tuple) -> str:
+        """The record's line, or an error log line saying which record could not be encoded."""
+        try:
+            return self._encode(channel, item)
+        except Exception as exc:  # noqa: BLE001 - any failure here would otherwise stop all telemetry
+            kind, when, step, timeline = item[:4]
+            message = f"bedside: dropped a {kind} record of step {step}: {exc!r}"
+            return self._encode(channel, (Kind.LOG, when, step, timeline, None, {"level": "error", "message": message}))
 
     def _encode(self, channel: AppendFile, item: tuple) -> str:
         kind, when, step, timeline, metrics, fields = item
@@ -229,8 +244,9 @@ class RunLogger:
             record["metrics"] = {name: _resolve(v) for name, v in metrics.items()}
         if fields:
             record.update((k, _resolve_field(v)) for k, v in fields.items() if v is not None)
+        line = encode_line(record)
         channel.next_seq += 1
-        return encode_line(record)
+        return line
 
     def _rank_info_fields(self) -> dict[str, Any]:
         p = self.placement
@@ -252,6 +268,22 @@ class RunLogger:
             config=dict(config or {}),
         )
         write_run_info(self.layout, info)
+
+
+def _write_lines(channel: AppendFile, lines: list[str]) -> None:
+    """Append ``lines``; an I/O error (disk full, lost mount) is reported, never raised."""
+    try:
+        channel.write("".join(lines).encode("utf-8"))
+    except OSError as exc:
+        print(f"bedside: could not write {len(lines)} telemetry lines to {channel.path}: {exc}", file=sys.stderr)
+
+
+def _capture_field(value: Any) -> Any:
+    """Top-level fields: JSON values are kept, anything else must be a number (TypeError now,
+    not in the writer thread, whose death would lose every later record and hang flush())."""
+    if value is None or isinstance(value, (str, bool, list, dict)):
+        return value
+    return capture(value)
 
 
 def _resolve_field(value: Any) -> Any:

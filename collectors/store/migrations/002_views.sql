@@ -107,18 +107,22 @@ WITH last_seen AS (
     FROM events WHERE kind = 'run_end'
 ), progress AS (
     SELECT max(step) AS last_step, max(timeline) AS timeline FROM steps
+), world AS (
+    -- run.json's world size, else the ranks that have written (a run without run.json)
+    SELECT coalesce((SELECT max(world_size) FROM run_info),
+                    (SELECT count(DISTINCT file_rank) FROM sources WHERE path LIKE 'telemetry/%')) AS size
 )
 SELECT i.run_id, i.name, to_timestamp(i.created) AS created, i.schema_version,
-       coalesce(i.world_size, (SELECT count(*) FROM ranks)) AS world_size,
+       w.size AS world_size,
        p.last_step, p.timeline, to_timestamp(l.t) AS last_seen,
        CASE
            WHEN e.any_failed THEN 'failed'
            WHEN e.any_aborted THEN 'aborted'
-           WHEN e.ranks_ended > 0 AND e.ranks_ended >= coalesce(i.world_size, 1) THEN 'finished'
+           WHEN e.ranks_ended > 0 AND e.ranks_ended >= w.size THEN 'finished'
            WHEN l.t IS NULL THEN 'empty'
            WHEN epoch(current_timestamp) - l.t <= 120 THEN 'live'
            ELSE 'stalled'
        END AS status,
        i.config
-FROM last_seen l CROSS JOIN ends e CROSS JOIN progress p
+FROM last_seen l CROSS JOIN ends e CROSS JOIN progress p CROSS JOIN world w
 LEFT JOIN run_info i ON true;

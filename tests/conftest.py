@@ -1,0 +1,125 @@
+"""Shared fixtures: a run directory, raw rank files, an ingested store, the real CLI."""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import pytest
+
+from bedside.collectors.ingest import Collector
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.store import Store
+
+CLI_TIMEOUT_S = 120
+REPORTED_LIBRARIES = ("duckdb", "pyarrow", "pandas", "torch", "watchdog")
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def pytest_report_header(config) -> str:
+    versions = [f"python {platform.python_version()}"] + [f"{n} {_version(n)}" for n in REPORTED_LIBRARIES]
+    return "bedside libraries: " + ", ".join(versions)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """Where a test's run lives (not created: writers and helpers create what they need)."""
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def write_lines(run_dir: Path) -> Callable[..., Path]:
+    """Append lines (bytes, str, or a dict as JSON; newline added) to a rank's telemetry file."""
+
+    def write(lines: Iterable[bytes | str | dict], rank: int = 0, end: bytes = b"\n") -> Path:
+        path = RunLayout(run_dir).rank_file(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        raw = [_raw(line) for line in lines]
+        with open(path, "ab") as fh:
+            fh.write(b"\n".join(raw) + end)
+        return path
+
+    return write
+
+
+def _raw(line: bytes | str | dict) -> bytes:
+    if isinstance(line, dict):
+        return json.dumps(line, separators=(",", ":")).encode()
+    return line.encode() if isinstance(line, str) else line
+
+
+@pytest.fixture
+def ingest() -> Iterator[Callable[..., Store]]:
+    """Ingest everything present in a run into RUN/bedside.duckdb with a new Collector (options passed
+    on); the store stays open for the test, and a second call ingests into the same store."""
+    stores: dict[Path, Store] = {}
+
+    def run(run_dir: Path, **collector_options) -> Store:
+        if run_dir not in stores:
+            stores[run_dir] = Store.open(RunLayout(run_dir).store)
+        Collector(run_dir, stores[run_dir], **collector_options).ingest_available()
+        return stores[run_dir]
+
+    yield run
+    for store in stores.values():
+        store.close()
+
+
+def _cli(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "bedside.app.cli", *map(str, args)]
+
+
+@pytest.fixture(scope="session")
+def bedside() -> Callable[..., subprocess.CompletedProcess]:
+    """Run the real ``bedside`` CLI in a new process and wait for it (text output captured)."""
+
+    def run(*args: str | Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+        return subprocess.run(_cli(*args), capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def start_bedside() -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start the real ``bedside`` CLI in the background (Popen options passed on); killed at teardown."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str | Path, **popen_options) -> subprocess.Popen:
+        started.append(subprocess.Popen(_cli(*args), **popen_options))
+        return started[-1]
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def record() -> Callable[..., dict]:
+    """A format v1 record with a valid envelope (rank 0, step 1, timeline 0, seq 0) and ``fields``."""
+
+    def build(kind: str, **fields) -> dict:
+        return {"kind": kind, "time": 1_700_000_000.0, "rank": 0, "step": 1, "timeline": 0, "seq": 0, **fields}
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def read_records() -> Callable[[Path], list[dict]]:
+    """Every line of a JSONL file, parsed."""
+
+    def read(path: Path) -> list[dict]:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    return read

@@ -1,0 +1,205 @@
+"""Boundaries you can test: walk the imports of every package and fail on a crossing.
+
+Rules (docs STYLE rule 1 and DESIGN "Folders"): collectors/ and detectors/ never
+import torch or streamlit; collectors/ knows nothing of detectors, app or trainer;
+detectors/ nothing of app or trainer; trainer/ uses only the telemetry writer of
+ours; ``duckdb.connect`` is called in collectors/store/__init__.py only.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("collectors", "detectors", "app", "trainer")
+HEAVY = ("torch", "streamlit")
+CONNECT_MODULE = "bedside.collectors.store"
+TRAINER_MAY_USE = ("bedside.collectors.writer",)
+TRAINER_MAY_TAKE_FROM_COLLECTORS = {"RunLogger"}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement (or importlib call) of a module, resolved to absolute names."""
+
+    module: str
+    names: tuple[str, ...]
+    line: int
+
+
+@dataclass(frozen=True)
+class Module:
+    """A source file of ours: its dotted name, whether it is a package, and its tree."""
+
+    name: str
+    path: Path
+    is_package: bool
+    tree: ast.Module
+
+    @property
+    def package(self) -> str:
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+
+def load_module(path: Path) -> Module:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    is_package = parts[-1] == "__init__"
+    name = ".".join(("bedside",) + (parts[:-1] if is_package else parts))
+    return Module(name, path, is_package, ast.parse(path.read_text(), filename=str(path)))
+
+
+def modules_of(package: str) -> list[Module]:
+    return [load_module(p) for p in sorted((ROOT / package).rglob("*.py"))]
+
+
+def resolve(module: Module, level: int, target: str | None) -> str:
+    """The absolute name of ``from <level dots><target> import ...`` inside ``module``."""
+    if level == 0:
+        return target or ""
+    base = module.package.split(".")
+    if level > 1:
+        base = base[: -(level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def imports_of(module: Module) -> list[Import]:
+    """Every import in ``module``, lazy ones inside functions and importlib calls included."""
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            found.extend(Import(alias.name, (), node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names)
+            found.append(Import(resolve(module, node.level, node.module), names, node.lineno))
+        elif isinstance(node, ast.Call) and _dynamic_import(node):
+            found.append(Import(node.args[0].value, (), node.lineno))
+    return found
+
+
+def _dynamic_import(node: ast.Call) -> bool:
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = node.args[0] if node.args else None
+    return called in ("import_module", "__import__") and isinstance(getattr(first, "value", None), str)
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def imported_names(imp: Import) -> list[str]:
+    """The module and, for ``from M import a, b``, ``M.a`` and ``M.b`` (submodules may hide there)."""
+    return [imp.module] + [f"{imp.module}.{n}" for n in imp.names]
+
+
+def crossings(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
+        f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
+        for m in modules_of(package)
+        for imp in imports_of(m)
+        if any(within(name, f) for name in imported_names(imp) for f in forbidden)
+    ]
+
+
+def trainer_allows(imp: Import) -> bool:
+    if not within(imp.module, "bedside") or within(imp.module, "bedside.trainer"):
+        return True
+    if any(within(imp.module, allowed) for allowed in TRAINER_MAY_USE):
+        return True
+    return imp.module == "bedside.collectors" and set(imp.names) <= TRAINER_MAY_TAKE_FROM_COLLECTORS and bool(imp.names)
+
+
+def duckdb_connect_calls(module: Module) -> list[int]:
+    """Lines where ``module`` calls duckdb.connect (under any alias) or imports connect itself."""
+    aliases = {a.asname or a.name for n in ast.walk(module.tree) if isinstance(n, ast.Import)
+               for a in n.names if a.name == "duckdb"}
+    lines = [n.lineno for n in ast.walk(module.tree)
+             if isinstance(n, ast.ImportFrom) and n.module == "duckdb" and any(a.name == "connect" for a in n.names)]
+    lines += [n.lineno for n in ast.walk(module.tree)
+              if isinstance(n, ast.Attribute) and n.attr == "connect"
+              and isinstance(n.value, ast.Name) and n.value.id in aliases]
+    return lines
+
+
+# -- the walker itself ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("module", "is_package", "level", "target", "expected"), [
+    ("bedside.collectors.ingest", False, 1, "store", "bedside.collectors.store"),
+    ("bedside.collectors.store", True, 2, "errors", "bedside.collectors.errors"),
+    ("bedside.collectors.store", True, 3, "detectors", "bedside.detectors"),
+    ("bedside.app.cli", False, 1, None, "bedside.app"),
+    ("bedside.app.cli", False, 2, "trainer.model", "bedside.trainer.model"),
+    ("bedside.app.cli", False, 0, "torch", "torch"),
+])
+def test_relative_imports_resolve_to_the_package(module, is_package, level, target, expected) -> None:
+    fake = Module(module, ROOT, is_package, ast.parse(""))
+    assert resolve(fake, level, target) == expected
+
+
+def test_walker_sees_lazy_relative_and_dynamic_imports() -> None:
+    source = ("import duckdb as db\n"
+              "def f():\n    from ...detectors import registry\n    import importlib\n"
+              "    importlib.import_module('streamlit')\n    return db.connect(':memory:')\n")
+    module = Module("bedside.collectors.store.x", ROOT, False, ast.parse(source))
+    modules = {imp.module for imp in imports_of(module)}
+    assert {"bedside.detectors", "streamlit", "duckdb"} <= modules
+    assert duckdb_connect_calls(module) == [6]
+
+
+def test_walker_finds_our_sources() -> None:
+    names = {m.name for m in modules_of("collectors")}
+    assert {"bedside.collectors", "bedside.collectors.ingest", "bedside.collectors.store"} <= names
+    assert all(modules_of(p) for p in PACKAGES)
+
+
+# -- the rules --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    ("collectors", HEAVY + ("bedside.detectors", "bedside.app", "bedside.trainer")),
+    ("detectors", HEAVY + ("bedside.app", "bedside.trainer")),
+])
+def test_package_does_not_cross_its_boundary(package: str, forbidden: tuple[str, ...]) -> None:
+    assert crossings(package, forbidden) == []
+
+
+def test_trainer_uses_only_the_telemetry_writer_of_ours() -> None:
+    bad = [f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module} {imp.names}"
+           for m in modules_of("trainer") for imp in imports_of(m) if not trainer_allows(imp)]
+    assert bad == []
+
+
+@pytest.mark.parametrize(("imp", "allowed"), [
+    (Import("bedside.collectors.writer", ("RunLogger",), 1), True),
+    (Import("bedside.collectors", ("RunLogger",), 1), True),
+    (Import("bedside.trainer.config", ("tiny_cpu",), 1), True),
+    (Import("torch.distributed", (), 1), True),
+    (Import("bedside.collectors", ("Kind",), 1), False),
+    (Import("bedside.collectors", (), 1), False),
+    (Import("bedside.collectors.store", ("Store",), 1), False),
+    (Import("bedside.detectors", (), 1), False),
+])
+def test_trainer_rule_tells_the_writer_from_the_rest(imp: Import, allowed: bool) -> None:
+    assert trainer_allows(imp) is allowed
+
+
+def test_duckdb_connect_is_called_in_the_store_module_only() -> None:
+    calls = {m.name: duckdb_connect_calls(m) for p in PACKAGES for m in modules_of(p)}
+    assert {name for name, lines in calls.items() if lines} == {CONNECT_MODULE}
+
+
+def test_importing_collectors_detectors_and_cli_loads_neither_torch_nor_streamlit() -> None:
+    code = ("import json, sys\n"
+            "import bedside.collectors, bedside.collectors.ingest, bedside.collectors.query\n"
+            "import bedside.detectors, bedside.app.cli\n"
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

@@ -1,0 +1,152 @@
+"""The ``bedside`` CLI as a user runs it: query output, refused SQL, a held store, runs, errors, help."""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from bedside.app.cli import build_parser
+from bedside.collectors.writer import RunLogger
+
+LOSSES = {1: 0.5, 2: 0.25, 3: 0.125}
+STEP_LOSS_SQL = "SELECT step, loss FROM step_metrics ORDER BY step"
+EVENTUALLY_S = 60.0
+
+
+def write_run(run: Path, *, end: bool = True) -> RunLogger:
+    """A one-rank run of three steps; with ``end=False`` the logger stays open (a live run)."""
+    logger = RunLogger(run, rank=0, world_size=1, name=run.name)
+    for step, loss in LOSSES.items():
+        logger.step(step, loss=loss)
+    if end:
+        logger.close()
+    else:
+        logger.flush()
+    return logger
+
+
+@pytest.fixture(scope="module")
+def collected_run(tmp_path_factory, bedside) -> Path:
+    run = tmp_path_factory.mktemp("cli") / "run"
+    write_run(run)
+    collected = bedside("collect", run, "--quiet")
+    assert collected.returncode == 0, collected.stderr
+    return run
+
+
+@pytest.fixture
+def uncollected_run(run_dir: Path) -> Path:
+    write_run(run_dir)
+    return run_dir
+
+
+def parse_table(out: str) -> list[tuple]:
+    header, *lines = out.splitlines()
+    assert header.split() == ["step", "loss"]
+    return [(int(step), float(loss)) for step, loss in map(str.split, lines)]
+
+
+def parse_csv(out: str) -> list[tuple]:
+    return [(int(r["step"]), float(r["loss"])) for r in csv.DictReader(io.StringIO(out))]
+
+
+def parse_json(out: str) -> list[tuple]:
+    return [(r["step"], r["loss"]) for r in json.loads(out)]
+
+
+@pytest.mark.parametrize(("fmt", "parse"), [("table", parse_table), ("csv", parse_csv), ("json", parse_json)],
+                         ids=["table", "csv", "json"])
+def test_query_prints_each_format(collected_run, bedside, fmt: str, parse: Callable[[str], list]) -> None:
+    done = bedside("query", collected_run, STEP_LOSS_SQL, "--format", fmt)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert parse(done.stdout) == list(LOSSES.items())
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, fragment: str) -> None:
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("bedside: error: ")
+    assert fragment in done.stderr
+
+
+@pytest.mark.parametrize(("sql", "fragment"), [
+    pytest.param("SELEC step FROM step_metrics", "SQL error: ", id="syntax error"),
+    pytest.param("SELECT no_such_column FROM step_metrics", "SQL error: ", id="unknown column"),
+    pytest.param("DELETE FROM steps", "only SELECT queries are allowed", id="delete"),
+    pytest.param("CREATE TABLE t (a INTEGER)", "only SELECT queries are allowed", id="create table"),
+    pytest.param("SELECT 1; SELECT 2", "exactly one SQL statement", id="two statements"),
+])
+def test_bad_or_writing_sql_is_refused_in_one_line(collected_run, bedside, sql: str, fragment: str) -> None:
+    assert_one_line_error(bedside("query", collected_run, sql), fragment)
+
+
+@pytest.mark.parametrize("run", ["collected_run", "uncollected_run"], ids=["from the store", "from raw telemetry"])
+def test_query_cannot_read_files(request, bedside, run: str) -> None:
+    done = bedside("query", request.getfixturevalue(run), "SELECT * FROM read_csv('/etc/passwd')")
+    assert_one_line_error(done, "SQL error: ")
+    assert "root:" not in done.stdout + done.stderr
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + EVENTUALLY_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_query_reads_the_raw_telemetry_while_a_collector_holds_the_store(
+        uncollected_run, bedside, start_bedside, tmp_path) -> None:
+    log = tmp_path / "collect.log"
+    with open(log, "w") as err:
+        collector = start_bedside("collect", uncollected_run, "--follow", stderr=err)
+    wait_for(lambda: "ingested" in log.read_text() or collector.poll() is not None)
+    assert collector.poll() is None, log.read_text()
+    done = bedside("query", uncollected_run, "SELECT count(*) AS steps, sum(loss) AS total FROM step_metrics",
+                   "--format", "csv")
+    collector.send_signal(signal.SIGTERM)
+    assert collector.wait(timeout=EVENTUALLY_S) == 0, log.read_text()
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["steps,total", "3,0.875"])
+    assert "held by another process" in done.stderr and "raw telemetry" in done.stderr
+
+
+def test_runs_lists_each_run_with_its_status(tmp_path, bedside) -> None:
+    write_run(tmp_path / "done")
+    live = write_run(tmp_path / "going", end=False)
+    try:
+        listed = bedside("runs", tmp_path, "--format", "csv")
+    finally:
+        live.close()
+    assert listed.returncode == 0, listed.stderr
+    runs = {r["name"]: (r["status"], r["last_step"], r["world_size"]) for r in csv.DictReader(io.StringIO(listed.stdout))}
+    assert runs == {"done": ("finished", "3", "1"), "going": ("live", "3", "1")}
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("collect",), "no run directory"),
+    (("query", STEP_LOSS_SQL), "no run directory"),
+    (("runs",), "no runs found"),
+], ids=["collect", "query", "runs"])
+def test_a_missing_directory_is_a_clean_error(tmp_path, bedside, args: tuple, fragment: str) -> None:
+    command, *rest = args
+    assert_one_line_error(bedside(command, tmp_path / "missing", *rest), fragment)
+
+
+def commands() -> list[str]:
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(subparsers.choices)
+
+
+@pytest.mark.parametrize("command", ["", *commands()], ids=lambda c: c or "bedside")
+def test_help_works_for_every_command(bedside, command: str) -> None:
+    done = bedside(*filter(None, [command]), "--help")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("usage: bedside")
