@@ -12,7 +12,7 @@ from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.importers import import_csv, import_jsonl
 
 from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector
-from bedside.collectors.layout import RunLayout
+from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DEFAULT_QUERY_TIMEOUT_S, Store
@@ -82,9 +82,7 @@ def _add_runs(commands) -> None:
 def cmd_collect(args: argparse.Namespace) -> int:
     if args.until_finished and not args.follow:
         raise BedsideError("--until-finished needs --follow")
-    layout = RunLayout(args.run)
-    if not layout.root.is_dir():
-        raise BedsideError(f"no run directory at {args.run}")
+    layout = RunLayout(require_run_dir(args.run))
     progress = Progress(quiet=args.quiet)
     with Store.open(layout.store) as store:
         collector = Collector(layout.root, store, batch_bytes=args.batch_mb << 20, warn=_warn)
@@ -133,11 +131,13 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    if not args.dir.is_dir():
+        raise BedsideError(f"no such directory: {args.dir}")
     runs = [summarize_run(path) for path in find_runs(args.dir)]
     if not runs:
         raise BedsideError(f"no runs found in {args.dir}")
     frame = pd.DataFrame([vars(r) for r in runs])
-    frame["last_update"] = pd.to_datetime(frame["last_update"], unit="s", utc=True).dt.floor("s")
+    frame["last_seen"] = pd.to_datetime(frame["last_seen"], unit="s", utc=True).dt.floor("s")
     frame["path"] = frame["path"].astype(str)
     print_frame(frame, args.format)
     return 0
@@ -147,18 +147,22 @@ def _warn(message: str) -> None:
     print(f"bedside: warning: {message}", file=sys.stderr)
 
 
-def _first_line(exc: BaseException) -> str:
-    """An error in one line (DuckDB appends a multi-line excerpt of the SQL with a caret)."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+def _one_line(exc: BaseException) -> str:
+    """An error in one line: DuckDB's message and hint, without its excerpt of the SQL and caret."""
+    kept = []
+    for line in str(exc).strip().splitlines():
+        if not line.strip() or line.startswith("LINE "):
+            break
+        kept.append(line.strip())
+    return " ".join(kept) or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except BedsideError as exc:
-        print(f"bedside: error: {_first_line(exc)}", file=sys.stderr)
+    except (BedsideError, OSError) as exc:
+        print(f"bedside: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import threading
 import time
 from pathlib import Path
 
+from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import Follower
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
@@ -15,16 +17,22 @@ from bedside.collectors.store import Store
 from .output import Progress, print_frame
 from .simulate import Scenario, start_ranks
 
-SUMMARY_QUERIES = {
-    "run": "SELECT name, world_size, last_step, status FROM run",
-    "loss around the spike": "SELECT step, round(loss, 3) AS loss, round(grad_norm, 2) AS grad_norm, shards "
-                             "FROM step_metrics WHERE step BETWEEN 198 AND 202 ORDER BY step",
-    "per-rank compute time after step 150": "SELECT rank, host, round(median(compute_time) * 1000, 1) AS compute_ms, "
-                                            "round(median(comm_time) * 1000, 1) AS comm_ms FROM rank_step_metrics "
-                                            "WHERE step >= 150 GROUP BY ALL ORDER BY rank",
-    "non-finite values": "SELECT rank, step, local_grad_norm FROM rank_step_metrics WHERE NOT isfinite(local_grad_norm)",
-    "held-out evals": "SELECT step, name, round(value, 3) AS value, cum_flops FROM eval_scores ORDER BY step, name",
-}
+def summary_queries(s: Scenario) -> dict[str, str]:
+    """What the demo prints from the store, aimed at the scenario's faults."""
+    return {
+        "run": "SELECT name, world_size, last_step, status FROM run",
+        f"loss around the bad shard at step {s.spike_step}":
+            "SELECT step, round(loss, 3) AS loss, round(grad_norm, 2) AS grad_norm, shards FROM step_metrics "
+            f"WHERE step BETWEEN {s.spike_step - 2} AND {s.spike_step + 2} ORDER BY step",
+        f"per-rank median times from step {s.straggler_from} (rank {s.straggler_rank} straggles)":
+            "SELECT rank, host, round(median(compute_time) * 1000, 1) AS compute_ms, "
+            "round(median(comm_time) * 1000, 1) AS comm_ms FROM rank_step_metrics "
+            f"WHERE step >= {s.straggler_from} GROUP BY ALL ORDER BY rank",
+        "non-finite values": "SELECT rank, step, local_grad_norm FROM rank_step_metrics "
+                             "WHERE NOT isfinite(local_grad_norm)",
+        "held-out evals": "SELECT step, name, round(value, 3) AS value, cum_flops FROM eval_scores "
+                          "ORDER BY step, name",
+    }
 
 
 def add_parser(commands) -> None:
@@ -37,9 +45,18 @@ def add_parser(commands) -> None:
     p.set_defaults(handler=cmd_demo)
 
 
+def _command_name() -> str:
+    """How the user can run bedside again: the full path when it is not on PATH."""
+    launched = Path(sys.argv[0])
+    return "bedside" if shutil.which("bedside") == str(launched) or not launched.is_absolute() else str(launched)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = args.out / time.strftime("run-%Y%m%d-%H%M%S")
-    scenario = Scenario(ranks=args.ranks, steps=args.steps)
+    try:
+        scenario = Scenario.scaled(args.ranks, args.steps)
+    except ValueError as exc:
+        raise BedsideError(str(exc)) from exc
     print(f"simulating {scenario.ranks} ranks x {scenario.steps} steps into {run_dir}", file=sys.stderr)
     run_dir.mkdir(parents=True)
     procs = start_ranks(run_dir, scenario)
@@ -50,8 +67,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         progress.report("done:")
         for proc in procs:
             proc.join()
-        for title, query in SUMMARY_QUERIES.items():
+        for title, query in summary_queries(scenario).items():
             print(f"\n== {title}")
             print_frame(store.fetch_df(query), "table")
-    print(f'\nexplore: bedside query {run_dir} "SELECT * FROM metrics LIMIT 20"')
+    print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
     return 0

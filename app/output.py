@@ -1,12 +1,14 @@
 """Printing results: tables, CSV and JSON for query results; progress lines for ingests."""
 from __future__ import annotations
 
+import json
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 import pandas as pd
 
+from bedside.collectors.format import encode_number
 from bedside.collectors.ingest import PassResult
 
 FORMATS = ("table", "csv", "json")
@@ -17,12 +19,24 @@ def print_frame(frame: pd.DataFrame, fmt: str, out: TextIO = sys.stdout) -> None
     if fmt == "csv":
         frame.to_csv(out, index=False)
     elif fmt == "json":
-        out.write(frame.to_json(orient="records", date_format="iso", indent=1) + "\n")
+        rows = [{k: _jsonable(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+        out.write(json.dumps(rows, indent=1, default=str) + "\n")
     elif frame.empty:
         out.write("(no rows) columns: " + ", ".join(map(str, frame.columns)) + "\n")
     else:
         with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200):
             out.write(frame.to_string(index=False) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    """A cell as JSON: NULL as null, NaN and infinities as the format's strings, times in ISO 8601."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, float):
+        return encode_number(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
 
 
 class Progress:

@@ -37,6 +37,15 @@ class Scenario:
     checkpoint_every: int = 100
     seed: int = 0
 
+    @classmethod
+    def scaled(cls, ranks: int, steps: int) -> "Scenario":
+        """The default scenario's faults placed at the same fractions of a run of ``steps``."""
+        if ranks < 3 or steps < 20:
+            raise ValueError("the demo needs at least 3 ranks and 20 steps")
+        return cls(ranks=ranks, steps=steps, spike_step=steps * 2 // 3, straggler_rank=2,
+                   straggler_from=steps // 2, nonfinite_step=steps * 5 // 6,
+                   eval_every=max(steps // 6, 1), checkpoint_every=max(steps // 3, 1))
+
 
 def heldout_loss(step: int) -> float:
     """Held-out loss of the simulated model: a power law toward 1.8 nats."""

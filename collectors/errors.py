@@ -5,6 +5,10 @@ class BedsideError(Exception):
     """Base of every error bedside reports to a user."""
 
 
+class RunDirError(BedsideError):
+    """A path given as a run directory is not one."""
+
+
 class RunInfoError(BedsideError):
     """run.json is missing a field, has a wrong value or is not JSON."""
 

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import RunDirError
+
 STORE_NAME = "bedside.duckdb"
 RUN_INFO_NAME = "run.json"
 SOURCE_DIRS = ("telemetry", "ground_truth")
@@ -87,3 +89,12 @@ def is_run_dir(path: Path) -> bool:
     """True when ``path`` looks like a run: it has run.json or a telemetry folder."""
     layout = RunLayout(path)
     return layout.run_info.is_file() or layout.telemetry.is_dir()
+
+
+def require_run_dir(path: Path) -> Path:
+    """``path`` when it is a run directory; otherwise RunDirError naming what is missing."""
+    if not path.is_dir():
+        raise RunDirError(f"no run directory at {path}")
+    if not is_run_dir(path):
+        raise RunDirError(f"{path} is not a run directory (it has neither run.json nor telemetry/)")
+    return path

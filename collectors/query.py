@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import StoreError, StoreLockedError
+from .errors import StoreLockedError
 from .ingest import Collector
-from .layout import RunLayout
+from .layout import RunLayout, require_run_dir
 from .store import DEFAULT_QUERY_TIMEOUT_S, Store
 
 
@@ -29,9 +29,7 @@ class ReadView:
 
 def open_for_reading(run_dir: Path) -> ReadView:
     """The run's store read-only, or an in-memory copy built from its telemetry files."""
-    layout = RunLayout(run_dir)
-    if not layout.root.is_dir():
-        raise StoreError(f"no run directory at {run_dir}")
+    layout = RunLayout(require_run_dir(run_dir))
     note = "no store yet"
     if layout.store.exists():
         try:

@@ -1,6 +1,7 @@
 """``run.json``: who the run is, how big, where each rank sits, and its config snapshot."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -95,4 +96,15 @@ def read_run_info(layout: RunLayout) -> RunInfo | None:
         raise RunInfoError(f"{layout.run_info}: not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise RunInfoError(f"{layout.run_info}: expected a JSON object")
-    return RunInfo.from_json(data)
+    if "world_size" not in data:
+        raise RunInfoError(f"{layout.run_info}: world_size is required")
+    return RunInfo.from_json({**_defaults(layout, text), **data})
+
+
+def _defaults(layout: RunLayout, text: str) -> dict[str, Any]:
+    """Stable values for the optional fields a hand-written run.json leaves out."""
+    return {
+        "run_id": hashlib.sha1(text.encode("utf-8")).hexdigest()[:12],
+        "name": layout.root.name,
+        "created": layout.run_info.stat().st_mtime,
+    }

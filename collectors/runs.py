@@ -24,7 +24,7 @@ class RunSummary:
     world_size: int | None
     status: str
     last_step: int | None
-    last_update: float | None
+    last_seen: float | None
     rank_files: int
 
 
@@ -38,7 +38,10 @@ def find_runs(root: Path) -> list[Path]:
 
 
 def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
-    """Status, last step and last update of a run, from run.json and the files' tails."""
+    """Status, last step and last record time of a run, from run.json and the files' tails.
+
+    The status follows the same rule as the store's ``run`` view.
+    """
     layout = RunLayout(run_dir)
     try:
         info = read_run_info(layout)
@@ -46,7 +49,8 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
         info = None
     files = sorted(layout.telemetry.glob("*.jsonl")) if layout.telemetry.is_dir() else []
     tails = [_tail_records(f) for f in files]
-    last_update = max((f.stat().st_mtime for f in files), default=None)
+    times = [r["time"] for tail in tails for r in tail if isinstance(r.get("time"), (int, float))]
+    last_seen = max(times, default=None)
     steps = [r["step"] for tail in tails for r in tail if r.get("kind") == "step" and isinstance(r.get("step"), int)]
     ends = {r.get("rank"): r.get("status") for tail in tails for r in tail if r.get("kind") == "run_end"}
     world = info.world_size if info else (len(files) or None)
@@ -55,23 +59,23 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
         name=info.name if info else run_dir.name,
         run_id=info.run_id if info else "",
         world_size=world,
-        status=_status(ends, world, last_update, time.time() if now is None else now),
+        status=_status(ends, world, last_seen, time.time() if now is None else now),
         last_step=max(steps, default=None),
-        last_update=last_update,
+        last_seen=last_seen,
         rank_files=len(files),
     )
 
 
-def _status(ends: dict, world: int | None, last_update: float | None, now: float) -> str:
+def _status(ends: dict, world: int | None, last_seen: float | None, now: float) -> str:
     if "failed" in ends.values():
         return "failed"
     if "aborted" in ends.values():
         return "aborted"
     if ends and len(ends) >= (world or 1):
         return "finished"
-    if last_update is None:
+    if last_seen is None:
         return "empty"
-    return "live" if now - last_update <= LIVE_WITHIN_S else "stalled"
+    return "live" if now - last_seen <= LIVE_WITHIN_S else "stalled"
 
 
 def _tail_records(path: Path) -> list[dict]:

@@ -133,11 +133,38 @@ def test_runs_lists_each_run_with_its_status(tmp_path, bedside) -> None:
 @pytest.mark.parametrize(("args", "fragment"), [
     (("collect",), "no run directory"),
     (("query", STEP_LOSS_SQL), "no run directory"),
-    (("runs",), "no runs found"),
+    (("runs",), "no such directory"),
 ], ids=["collect", "query", "runs"])
 def test_a_missing_directory_is_a_clean_error(tmp_path, bedside, args: tuple, fragment: str) -> None:
     command, *rest = args
     assert_one_line_error(bedside(command, tmp_path / "missing", *rest), fragment)
+
+
+@pytest.mark.parametrize("args", [("collect",), ("query", STEP_LOSS_SQL)], ids=["collect", "query"])
+def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path, bedside, args: tuple) -> None:
+    command, *rest = args
+    assert_one_line_error(bedside(command, tmp_path, *rest), "is not a run directory")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_sql_error_keeps_duckdbs_hint_on_its_one_line(collected_run, bedside) -> None:
+    assert_one_line_error(bedside("query", collected_run, "SELECT * FROM step_metric"), 'Did you mean "step_metrics"')
+
+
+def test_json_output_keeps_null_apart_from_nan(tmp_path, bedside) -> None:
+    logger = RunLogger(tmp_path / "run", rank=0, world_size=1)
+    logger.step(1, loss=float("nan"))
+    logger.close()
+    done = bedside("query", tmp_path / "run", "SELECT loss, lr FROM step_metrics", "--format", "json")
+    assert json.loads(done.stdout) == [{"loss": "NaN", "lr": None}]
+
+
+def test_a_hand_written_run_json_without_run_id_gets_a_stable_one(tmp_path, bedside) -> None:
+    run = tmp_path / "run"
+    (run / "telemetry").mkdir(parents=True)
+    (run / "run.json").write_text('{"world_size": 1}')
+    ids = {bedside("runs", run, "--format", "json").stdout for _ in range(2)}
+    assert len(ids) == 1 and json.loads(ids.pop())[0]["run_id"]
 
 
 def commands() -> list[str]:

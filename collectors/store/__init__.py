@@ -128,7 +128,10 @@ class Store:
         return self.cursor().execute(query, list(params)).df()
 
     def run_user_query(self, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> pd.DataFrame:
-        """Run a user's read-only SQL (one SELECT) with a time limit; errors name the problem."""
+        """Run a user's read-only SQL (one SELECT) with a time limit; errors name the problem.
+
+        The frame has Arrow dtypes: NULL is ``<NA>``, distinct from a NaN metric value.
+        """
         cur = self.cursor()
         try:
             statements = cur.extract_statements(query)
@@ -141,7 +144,8 @@ class Store:
         timer = threading.Timer(timeout_s, cur.interrupt)
         timer.start()
         try:
-            return cur.execute(query).df()
+            # Through Arrow, so that SQL NULL (<NA>) stays distinct from a NaN value.
+            return cur.sql(query).to_arrow_table().to_pandas(types_mapper=pd.ArrowDtype)
         except duckdb.InterruptException as exc:
             raise QueryError(f"query stopped after {timeout_s:g} s") from exc
         except duckdb.Error as exc:
