@@ -20,14 +20,36 @@ class AppendFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._failed = False
         self.next_seq = _count_lines_and_repair(path, self._fd)
 
     def write(self, data: bytes) -> None:
-        """Write ``data`` (whole lines) to the OS; a short write is completed."""
+        """Write ``data`` (whole lines) to the OS; a short write is completed.
+
+        On an OSError (disk full, lost mount) part of a line may be in the file:
+        the error is raised and ``recover()`` repairs the file before the next write.
+        """
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            self._failed = True
+            raise
+
+    def recover(self) -> None:
+        """After a failed write: end the partial line and recount, so ``seq`` stays the line number.
+
+        Call before encoding the next records. While the cause persists (disk
+        still full) it stays pending and is tried again next time.
+        """
+        if self._failed:
+            try:
+                self.next_seq = _count_lines_and_repair(self.path, self._fd)
+                self._failed = False
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -1,9 +1,10 @@
 """RunLogger: the telemetry writer for any PyTorch (or plain Python) training loop.
 
-The calling thread only captures values and appends a tuple to a deque; a
-background thread encodes the records and appends them to the rank's file, so a
-record reaches the OS (and survives ``kill -9`` of the process) within
-``flush_every_s`` plus the time to encode the backlog. ``close()`` flushes.
+The calling thread only checks and captures values (``capture.py``) and appends
+a tuple to a deque; a background thread encodes the records and appends them to
+the rank's file, so a record reaches the OS (and survives ``kill -9`` of the
+process) within ``flush_every_s`` plus the time to encode the backlog.
+``close()`` flushes.
 """
 from __future__ import annotations
 
@@ -13,61 +14,24 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .appendfile import AppendFile
-from .format import Kind, encode_line, encode_number
+from .capture import Pending, capture, capture_field, capture_metrics, capture_shards, capture_step, resolve
+from .format import ENVELOPE_FIELDS, Kind, encode_line
 from .layout import RunLayout
 from .runinfo import RankPlacement, RunInfo, default_placement, read_run_info, write_run_info
 
 DEFAULT_FLUSH_EVERY_S = 0.2
 _EARLY_FLUSH_BACKLOG = 4096
+_RESERVED_FIELDS = frozenset(ENVELOPE_FIELDS) | {"metrics"}
 
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else default
-
-
-def capture(value: Any) -> Any:
-    """A value safe to keep until the writer thread encodes it, without a device sync.
-
-    Python numbers pass through; CPU tensors and numpy scalars are read now
-    (no device is involved); accelerator tensors are kept (detached) and read by
-    the writer thread, so the caller never waits for the device.
-    """
-    if value is None or type(value) in (float, int):
-        return value
-    device = getattr(value, "device", None)
-    if device is not None and getattr(device, "type", "cpu") != "cpu":
-        return value.detach()
-    kind = type(value).__name__
-    if hasattr(value, "item"):
-        try:
-            value = value.item()
-        except (RuntimeError, ValueError) as exc:
-            raise TypeError(f"metric values must be numbers or 0-d tensors, got {kind} ({exc})") from exc
-    if isinstance(value, (int, float)):
-        return value
-    raise TypeError(f"metric values must be numbers or 0-d tensors, got {kind}")
-
-
-def _resolve(value: Any) -> Any:
-    """The JSON form of a captured value (reads deferred device tensors here)."""
-    if value is None:
-        return None
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    return encode_number(float(value))
-
-
-def _capture_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: capture(v) for name, v in metrics.items() if v is not None}
 
 
 class RunLogger:
@@ -94,31 +58,32 @@ class RunLogger:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
         self.timeline = timeline
-        self._last_step = 0
         self.flush_every_s = flush_every_s
         self.placement = placement or default_placement(self.rank, self.local_rank)
         if self.rank == 0:
             self._ensure_run_info(name, config, tuple(topology))
         self._files = {Kind.FAULT_INJECTED: AppendFile(self.layout.ground_truth_file(self.rank))}
         self._telemetry = AppendFile(self.layout.rank_file(self.rank))
-        self._queue: deque[tuple] = deque()
+        self._queue: deque[tuple | threading.Event] = deque()
+        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
+        self._last_step = 0
         self._thread = threading.Thread(target=self._run, name=f"bedside-writer-{self.rank}", daemon=True)
         self._thread.start()
         atexit.register(self.flush)
-        self._put(Kind.RANK_INFO, 0, None, self._rank_info_fields())
+        self._put(Kind.RANK_INFO, 0, fields=self._rank_info_fields())
 
     # -- public API -------------------------------------------------------
     def step(self, step: int, *, shards: Iterable[int | str] | None = None, **metrics: Any) -> None:
         """Job-level metrics of ``step`` (loss, grad_norm, lr, tokens, flops, any other)."""
-        fields = {"shards": list(shards)} if shards is not None else None
-        self._put(Kind.STEP, step, _capture_metrics(metrics), fields)
+        fields = {"shards": capture_shards(shards)} if shards is not None else None
+        self._put(Kind.STEP, step, *capture_metrics(metrics), fields=fields)
 
     def rank_step(self, step: int, *, param_checksum: str | None = None, **metrics: Any) -> None:
         """This rank's metrics of ``step`` (step_time and phases, local_grad_norm, any other)."""
-        fields = {"param_checksum": param_checksum} if param_checksum is not None else None
-        self._put(Kind.RANK_STEP, step, _capture_metrics(metrics), fields)
+        fields = {"param_checksum": str(param_checksum)} if param_checksum is not None else None
+        self._put(Kind.RANK_STEP, step, *capture_metrics(metrics), fields=fields)
 
     def eval(
         self,
@@ -131,7 +96,7 @@ class RunLogger:
     ) -> None:
         """Held-out scores at ``step`` with the cumulative tokens and FLOPs spent so far."""
         fields = {"split": split, "cum_tokens": capture(cum_tokens), "cum_flops": capture(cum_flops)}
-        self._put(Kind.EVAL, step, _capture_metrics(scores), fields)
+        self._put(Kind.EVAL, step, *capture_metrics(scores), fields=fields)
 
     def checkpoint(
         self,
@@ -144,38 +109,43 @@ class RunLogger:
         message: str | None = None,
     ) -> None:
         """A checkpoint lifecycle event (save_started, saved, verified, corrupt, loaded...)."""
-        metrics = _capture_metrics({"duration_s": duration_s, "bytes": bytes})
-        self._put(Kind.CHECKPOINT, step, metrics, {"event": event, "path": path, "message": message})
+        metrics = capture_metrics({"duration_s": duration_s, "bytes": bytes})
+        self._put(Kind.CHECKPOINT, step, *metrics, fields={"event": event, "path": path, "message": message})
 
     def event(self, kind: str, step: int, *, metrics: Mapping[str, Any] | None = None, **fields: Any) -> None:
         """Any other record: action, heartbeat, log, fault_injected, or a kind of your own."""
-        captured = {name: _capture_field(value) for name, value in fields.items()}
-        self._put(str(kind), step, _capture_metrics(metrics or {}), captured)
+        if reserved := sorted(_RESERVED_FIELDS & fields.keys()):
+            raise ValueError(f"{', '.join(reserved)} are set by RunLogger, not by event() fields")
+        captured = {name: capture_field(value) for name, value in fields.items()}
+        self._put(str(kind), step, *capture_metrics(metrics or {}), fields=captured)
 
     def log(self, step: int, message: str, level: str = "info") -> None:
         """A human-readable line for the run's event log."""
-        self._put(Kind.LOG, step, None, {"level": level, "message": message})
+        self._put(Kind.LOG, step, fields={"level": level, "message": str(message)})
 
     def heartbeat(self, step: int) -> None:
         """Proof of life between steps (long evals, checkpoints, data stalls)."""
-        self._put(Kind.HEARTBEAT, step, None, None)
+        self._put(Kind.HEARTBEAT, step)
 
     def flush(self) -> None:
-        """Block until every record handed over so far is in the OS."""
-        if self._thread.is_alive():
-            done = threading.Event()
-            self._queue.append(done)
-            self._wake.set()
-            done.wait()
+        """Block until every record handed over so far has been written to the OS."""
+        done = threading.Event()
+        self._queue.append(done)
+        self._wake.set()
+        while not done.wait(self.flush_every_s):
+            if not self._thread.is_alive():  # closed meanwhile: its last pass may have missed us
+                self._drain()
 
     def close(self, status: str = "finished", message: str | None = None) -> None:
         """Write ``run_end``, flush and stop the writer thread. Idempotent."""
-        if self._closed:
-            return
-        self._put(Kind.RUN_END, self._last_step, None, {"status": status, "message": message})
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._enqueue(Kind.RUN_END, self._last_step, None, None, {"status": status, "message": message})
+            self._closed = True
         self._wake.set()
         self._thread.join()
+        self._drain()
         for channel in (self._telemetry, *self._files.values()):
             channel.close()
         atexit.unregister(self.flush)
@@ -187,11 +157,24 @@ class RunLogger:
         self.close("finished" if exc_type is None else "failed", None if exc is None else repr(exc))
 
     # -- internals --------------------------------------------------------
-    def _put(self, kind: str, step: int, metrics: dict | None, fields: dict | None) -> None:
-        if self._closed:
-            raise RuntimeError("RunLogger is closed")
+    def _put(
+        self,
+        kind: str,
+        step: Any,
+        metrics: dict | None = None,
+        pending: Pending | None = None,
+        *,
+        fields: dict | None = None,
+    ) -> None:
+        step = capture_step(step)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RunLogger is closed")
+            self._enqueue(kind, step, metrics, pending, fields)
+
+    def _enqueue(self, kind: str, step: int, metrics: dict | None, pending: Pending | None, fields: dict | None) -> None:
         self._last_step = step
-        self._queue.append((kind, time.time(), step, self.timeline, metrics, fields))
+        self._queue.append((kind, time.time(), step, self.timeline, metrics, pending, fields))
         if len(self._queue) > _EARLY_FLUSH_BACKLOG:
             self._wake.set()
 
@@ -208,6 +191,8 @@ class RunLogger:
         """Encode and write everything queued. Never raises: the thread must outlive a bad record."""
         pending: dict[AppendFile, list[str]] = {}
         waiters = []
+        for channel in (self._telemetry, *self._files.values()):
+            channel.recover()
         while self._queue:
             item = self._queue.popleft()
             if isinstance(item, threading.Event):
@@ -228,22 +213,26 @@ class RunLogger:
         except Exception as exc:  # noqa: BLE001 - any failure here would otherwise stop all telemetry
             kind, when, step, timeline = item[:4]
             message = f"bedside: dropped a {kind} record of step {step}: {exc!r}"
-            return self._encode(channel, (Kind.LOG, when, step, timeline, None, {"level": "error", "message": message}))
+            report = (Kind.LOG, when, step, timeline, None, None, {"level": "error", "message": message})
+            return self._encode(channel, report)
 
     def _encode(self, channel: AppendFile, item: tuple) -> str:
-        kind, when, step, timeline, metrics, fields = item
+        kind, when, step, timeline, metrics, pending, fields = item
+        if pending is not None:
+            pending.wait()
         record: dict[str, Any] = {
             "kind": str(kind),
             "time": when,
             "rank": self.rank,
-            "step": int(step),
+            "step": step,
             "timeline": timeline,
             "seq": channel.next_seq,
         }
         if metrics:
-            record["metrics"] = {name: _resolve(v) for name, v in metrics.items()}
+            record["metrics"] = {name: resolve(v) for name, v in metrics.items()}
         if fields:
-            record.update((k, _resolve_field(v)) for k, v in fields.items() if v is not None)
+            record.update((k, v if isinstance(v, (str, bool, list, dict)) else resolve(v))
+                          for k, v in fields.items() if v is not None)
         line = encode_line(record)
         channel.next_seq += 1
         return line
@@ -259,35 +248,19 @@ class RunLogger:
         }
 
     def _ensure_run_info(self, name: str | None, config: Mapping[str, Any] | None, topology: tuple) -> None:
-        if read_run_info(self.layout) is not None:
-            return
-        info = RunInfo(
-            name=name or self.layout.root.name,
-            world_size=self.world_size,
-            topology=topology,
-            config=dict(config or {}),
-        )
-        write_run_info(self.layout, info)
+        """Write run.json on a new run; on a relaunch with another world size, update it."""
+        existing = read_run_info(self.layout)
+        if existing is None:
+            info = RunInfo(name=name or self.layout.root.name, world_size=self.world_size,
+                           topology=topology, config=dict(config or {}))
+            write_run_info(self.layout, info)
+        elif existing.world_size != self.world_size:
+            write_run_info(self.layout, replace(existing, world_size=self.world_size, topology=topology))
 
 
 def _write_lines(channel: AppendFile, lines: list[str]) -> None:
     """Append ``lines``; an I/O error (disk full, lost mount) is reported, never raised."""
     try:
-        channel.write("".join(lines).encode("utf-8"))
+        channel.write("".join(lines).encode("utf-8", "replace"))
     except OSError as exc:
         print(f"bedside: could not write {len(lines)} telemetry lines to {channel.path}: {exc}", file=sys.stderr)
-
-
-def _capture_field(value: Any) -> Any:
-    """Top-level fields: JSON values are kept, anything else must be a number (TypeError now,
-    not in the writer thread, whose death would lose every later record and hang flush())."""
-    if value is None or isinstance(value, (str, bool, list, dict)):
-        return value
-    return capture(value)
-
-
-def _resolve_field(value: Any) -> Any:
-    """Top-level fields: captured numbers are resolved, everything else is kept as given."""
-    if isinstance(value, (str, bool, list, dict)):
-        return value
-    return _resolve(value)
