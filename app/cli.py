@@ -10,7 +10,6 @@ from pathlib import Path
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.importers import import_csv, import_jsonl
-
 from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import run_query
@@ -18,10 +17,13 @@ from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DEFAULT_QUERY_TIMEOUT_S, Store
 
 from . import demo
-from .output import FORMATS, Progress, print_frame
+from .output import FORMATS, Progress, integer_in, positive_seconds, print_frame, warn
+
+MAX_BATCH_MB = 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``bedside`` parser: one sub-command each, its handler set as ``handler``."""
     parser = argparse.ArgumentParser(prog="bedside", description="Telemetry and triage desk for large training runs.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_collect(commands)
@@ -32,22 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_collect(commands) -> None:
+def _add_collect(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("collect", help="ingest a run's telemetry into its store (RUN/bedside.duckdb)",
                             description="Ingest every rank file of RUN into RUN/bedside.duckdb, exactly once.")
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("--follow", action="store_true", help="keep ingesting as the run writes (file events + rescans)")
     p.add_argument("--until-finished", action="store_true",
                    help="with --follow: exit once every rank has written run_end and all is ingested")
-    p.add_argument("--rescan-every", type=float, default=DEFAULT_RESCAN_EVERY_S, metavar="S",
-                   help=f"with --follow: seconds between safety-net rescans (default {DEFAULT_RESCAN_EVERY_S:g})")
-    p.add_argument("--batch-mb", type=int, default=DEFAULT_BATCH_BYTES >> 20, metavar="MB",
-                   help=f"most bytes ingested per transaction (default {DEFAULT_BATCH_BYTES >> 20})")
+    p.add_argument("--rescan-every", type=positive_seconds, default=DEFAULT_RESCAN_EVERY_S, metavar="S",
+                   help=f"with --follow: seconds (> 0) between safety-net rescans "
+                        f"(default {DEFAULT_RESCAN_EVERY_S:g})")
+    p.add_argument("--batch-mb", type=integer_in(1, MAX_BATCH_MB), default=DEFAULT_BATCH_BYTES >> 20, metavar="MB",
+                   help=f"most megabytes ingested per transaction, 1 to {MAX_BATCH_MB} "
+                        f"(default {DEFAULT_BATCH_BYTES >> 20})")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(handler=cmd_collect)
 
 
-def _add_import(commands) -> None:
+def _add_import(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("import", help="convert a foreign run (CSV, JSONL) into a bedside run",
                             description="Convert a foreign metrics file into a bedside run directory and ingest it.")
     p.add_argument("format", choices=("csv", "jsonl"), help="input format (see docs/import.md)")
@@ -59,19 +63,19 @@ def _add_import(commands) -> None:
     p.set_defaults(handler=cmd_import)
 
 
-def _add_query(commands) -> None:
+def _add_query(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("query", help="run read-only SQL over a run's views",
                             description="Run one read-only SELECT over the documented views of RUN "
                                         "(docs/schema.md). Works while another process holds the store.")
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("sql", help='one SELECT statement, e.g. "SELECT * FROM run"')
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_QUERY_TIMEOUT_S, metavar="S",
-                   help=f"stop the query after S seconds (default {DEFAULT_QUERY_TIMEOUT_S:g})")
+    p.add_argument("--timeout", type=positive_seconds, default=DEFAULT_QUERY_TIMEOUT_S, metavar="S",
+                   help=f"stop the query after S seconds, S > 0 (default {DEFAULT_QUERY_TIMEOUT_S:g})")
     p.set_defaults(handler=cmd_query)
 
 
-def _add_runs(commands) -> None:
+def _add_runs(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("runs", help="list the runs in a directory with their status",
                             description="List the runs in DIR (or DIR itself) from their files.")
     p.add_argument("dir", type=Path, help="a runs directory, or one run")
@@ -80,12 +84,13 @@ def _add_runs(commands) -> None:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    """``bedside collect``: ingest what the run holds now, or follow it until stopped or finished."""
     if args.until_finished and not args.follow:
         raise BedsideError("--until-finished needs --follow")
     layout = RunLayout(require_run_dir(args.run))
     progress = Progress(quiet=args.quiet)
     with Store.open(layout.store) as store:
-        collector = Collector(layout.root, store, batch_bytes=args.batch_mb << 20, warn=_warn)
+        collector = Collector(layout.root, store, batch_bytes=args.batch_mb << 20, warn=warn)
         if args.follow:
             _follow(collector, progress, args)
         else:
@@ -95,10 +100,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _follow(collector: Collector, progress: Progress, args: argparse.Namespace) -> None:
+    """Follow the run until SIGINT or SIGTERM (or, with --until-finished, its end)."""
     stop = threading.Event()
-    follower = Follower(collector, rescan_every_s=args.rescan_every, on_pass=progress.update)
+    follower = Follower(collector, rescan_every_s=args.rescan_every, on_pass=progress.update, warn=warn)
 
-    def request_stop(signum, frame) -> None:
+    def request_stop(signum: int, frame: object) -> None:
         stop.set()
         follower.wake()
 
@@ -108,6 +114,7 @@ def _follow(collector: Collector, progress: Progress, args: argparse.Namespace) 
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """``bedside import``: convert a foreign file into a run and ingest it; an error if a line is rejected."""
     importer = import_csv if args.format == "csv" else import_jsonl
     summary = importer(args.file, args.out, topology=args.topology, name=args.name)
     kinds = ", ".join(f"{n} {kind}" for kind, n in summary.records.items())
@@ -115,20 +122,26 @@ def cmd_import(args: argparse.Namespace) -> int:
           f"{summary.ranks} ranks, {summary.steps} steps", file=sys.stderr)
     progress = Progress(quiet=args.quiet)
     with Store.open(RunLayout(args.out).store) as store:
-        Collector(args.out, store, warn=_warn).ingest_available(on_pass=progress.update)
+        result = Collector(args.out, store, warn=warn).ingest_available(on_pass=progress.update)
     progress.report("done:")
+    if result.rejected:
+        lines = "line was" if result.rejected == 1 else "lines were"
+        raise BedsideError(f"{result.rejected} imported {lines} rejected by the collector; "
+                           f'see: bedside query {args.out} "SELECT * FROM rejected"')
     return 0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
+    """``bedside query``: one read-only SELECT over the run's views, printed in the chosen format."""
     frame, view = run_query(args.run, args.sql, timeout_s=args.timeout)
     if view.note:
-        _warn(view.note)
+        warn(view.note)
     print_frame(frame, args.format)
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    """``bedside runs``: list the runs in a directory with their status, from their files."""
     import pandas as pd
 
     if not args.dir.is_dir():
@@ -143,10 +156,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn(message: str) -> None:
-    print(f"bedside: warning: {message}", file=sys.stderr)
-
-
 def _one_line(exc: BaseException) -> str:
     """An error in one line: DuckDB's message and hint, without its excerpt of the SQL and caret."""
     kept = []
@@ -158,6 +167,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``bedside`` command; errors are one line on stderr with exit status 2."""
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

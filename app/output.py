@@ -1,10 +1,12 @@
-"""Printing results: tables, CSV and JSON for query results; progress lines for ingests."""
+"""The terminal side of the CLI: option values checked, query results printed, progress and warnings."""
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import pandas as pd
 
@@ -12,6 +14,38 @@ from bedside.collectors.format import encode_number
 from bedside.collectors.ingest import PassResult
 
 FORMATS = ("table", "csv", "json")
+
+
+def warn(message: str) -> None:
+    """Print a one-line warning on stderr."""
+    print(f"bedside: warning: {message}", file=sys.stderr)
+
+
+def integer_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=``: a whole number in [low, high] (no upper bound when ``high`` is None)."""
+    allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type=``: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def print_frame(frame: pd.DataFrame, fmt: str, out: TextIO = sys.stdout) -> None:
@@ -51,11 +85,13 @@ class Progress:
         self._printed = 0.0
 
     def update(self, result: PassResult) -> None:
+        """Count one pass; print a line when the last one is ``every_s`` old."""
         self.total.add(result)
         if time.monotonic() - self._printed >= self.every_s:
             self.report()
 
     def report(self, prefix: str = "ingested") -> None:
+        """Print the totals so far (lines, MB, rate, rejected) unless quiet."""
         if self.quiet:
             return
         elapsed = max(time.monotonic() - self._started, 1e-9)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -17,6 +18,11 @@ from bedside.collectors.writer import RunLogger
 
 TOKENS_PER_STEP = 8192
 FLOPS_PER_TOKEN = 6 * 12e6
+MIN_RANKS = 3
+"""The straggler is rank 2 and the NaN is on rank 1: fewer ranks would hide a fault."""
+MIN_STEPS = 20
+"""Room for a spike, a straggler, a NaN and evals at distinct steps."""
+CRASH_EXIT_CODE = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,15 +42,28 @@ class Scenario:
     eval_every: int = 50
     checkpoint_every: int = 100
     seed: int = 0
+    crash_rank: int | None = None
+    """A rank that dies hard (exit code 3, its unflushed records lost) at ``crash_step``, as an OOM kill would."""
+    crash_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ranks < MIN_RANKS or self.steps < MIN_STEPS:
+            raise ValueError(f"the demo needs at least {MIN_RANKS} ranks and {MIN_STEPS} steps")
+        if (self.crash_rank is None) != (self.crash_step is None):
+            raise ValueError("crash_rank and crash_step go together")
+        if self.crash_rank is not None and not (0 <= self.crash_rank < self.ranks
+                                                and 1 <= self.crash_step <= self.steps):
+            raise ValueError(f"crash at rank {self.crash_rank}, step {self.crash_step}: "
+                             f"outside ranks 0..{self.ranks - 1} or steps 1..{self.steps}")
 
     @classmethod
-    def scaled(cls, ranks: int, steps: int) -> "Scenario":
-        """The default scenario's faults placed at the same fractions of a run of ``steps``."""
-        if ranks < 3 or steps < 20:
-            raise ValueError("the demo needs at least 3 ranks and 20 steps")
+    def scaled(cls, ranks: int, steps: int, crash_rank: int | None = None) -> "Scenario":
+        """The default scenario's faults placed at the same fractions of a run of ``steps``
+        (a crash of ``crash_rank``, if given, halfway)."""
         return cls(ranks=ranks, steps=steps, spike_step=steps * 2 // 3, straggler_rank=2,
                    straggler_from=steps // 2, nonfinite_step=steps * 5 // 6,
-                   eval_every=max(steps // 6, 1), checkpoint_every=max(steps // 3, 1))
+                   eval_every=max(steps // 6, 1), checkpoint_every=max(steps // 3, 1),
+                   crash_rank=crash_rank, crash_step=None if crash_rank is None else steps // 2)
 
 
 def heldout_loss(step: int) -> float:
@@ -63,6 +82,8 @@ def run_rank(run_dir: Path, rank: int, s: Scenario) -> None:
     with RunLogger(run_dir, rank=rank, world_size=s.ranks, name="demo", config={"scenario": vars(s)}) as log:
         for step in range(1, s.steps + 1):
             time.sleep(s.step_s)
+            if (rank, step) == (s.crash_rank, s.crash_step):
+                os._exit(CRASH_EXIT_CODE)
             _write_step(log, rank, step, s, rng)
             if step % s.eval_every == 0 and rank == 0:
                 log.eval(step, {"loss": heldout_loss(step), "accuracy": 1 - math.exp(-step / 150)},

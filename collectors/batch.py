@@ -9,6 +9,9 @@ import pyarrow as pa
 
 _NEWLINE = 10
 
+MAX_CHUNK_BYTES = 2**31 - 1
+"""The most bytes one chunk may hold: its line bounds are 32-bit (Arrow string offsets)."""
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -59,6 +62,8 @@ def lines_table(chunks: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
 
 
 def _chunk_table(chunk: Chunk) -> tuple[pa.Table, list[Rejection]]:
+    if len(chunk.data) > MAX_CHUNK_BYTES:
+        raise ValueError(f"a chunk of {len(chunk.data):,} bytes is over the limit of {MAX_CHUNK_BYTES:,} (2 GiB)")
     ends = np.flatnonzero(np.frombuffer(chunk.data, dtype=np.uint8) == _NEWLINE)
     bounds = np.empty(len(ends) + 1, dtype=np.int32)
     bounds[0] = 0

@@ -17,9 +17,6 @@ SCHEMA_VERSION = 1
 ENVELOPE_FIELDS = ("kind", "time", "rank", "step", "timeline", "seq")
 """Fields every record carries."""
 
-NON_FINITE_ENCODINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-"""How NaN and infinities travel in strict JSON (bare tokens are accepted too)."""
-
 
 class Kind(str, Enum):
     """Record kinds of format v1. Readers keep records of any other kind as events."""
@@ -53,10 +50,13 @@ RANK_STEP_METRICS = (
 """Canonical per-rank metrics of a ``rank_step`` record (seconds, and the norm before all-reduce)."""
 
 CHECKPOINT_EVENTS = ("save_started", "saved", "save_failed", "verified", "corrupt", "loaded", "deleted")
-ACTION_TYPES = ("rewind", "skip", "quarantine", "pause", "resume", "checkpoint")
+"""Values of ``event`` in a ``checkpoint`` record."""
+
 ACTION_STATUSES = ("requested", "applied", "rejected")
+"""Values of ``status`` in an ``action`` record."""
+
 RUN_END_STATUSES = ("finished", "failed", "aborted")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""Values of ``status`` in a ``run_end`` record."""
 
 
 def encode_number(value: float) -> float | str:
@@ -69,8 +69,13 @@ def encode_number(value: float) -> float | str:
 
 
 def encode_line(record: dict[str, Any]) -> str:
-    """One record as one telemetry line (compact JSON, newline-terminated)."""
-    return json.dumps(record, separators=(",", ":")) + "\n"
+    """One record as one telemetry line (compact JSON, newline-terminated).
+
+    Text stays UTF-8 rather than ``\\u`` escapes: a string holding undecodable bytes
+    (``os.fsdecode`` of a path) has lone surrogates, whose escapes DuckDB's JSON
+    parser rejects; encoding the line with ``errors="replace"`` keeps the record.
+    """
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
 
 
 def schema_text() -> str:

@@ -4,27 +4,43 @@ Each pass reads, for every source file, the complete lines after the offset the
 store has committed for it, parses them in DuckDB, and commits the rows, the
 rejected lines and the new offsets in one transaction. A process killed at any
 moment leaves the store at the previous commit; the next pass resumes there.
+``ingest_available`` reads each file no further than its size when called, so it
+ends on a live run; a DuckDB failure that is not a line's fault (out of memory,
+disk full) commits nothing of its pass and is raised as StoreError.
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import duckdb
 import pyarrow as pa
 
-from .batch import Chunk, Rejection, complete_prefix, explain_rejection, lines_table, rejections_table
-from .errors import RunInfoError
+from .batch import MAX_CHUNK_BYTES, Chunk, Rejection, complete_prefix, explain_rejection, lines_table, rejections_table
+from .errors import RunInfoError, StoreError
+from .format import ACTION_STATUSES, CHECKPOINT_EVENTS, RANK_STEP_METRICS, RUN_END_STATUSES, STEP_METRICS
 from .layout import RunLayout, rank_of_file
 from .runinfo import RunInfo, read_run_info
 from .store import Store, sql
 
 DEFAULT_BATCH_BYTES = 64 << 20
 HEAD_BYTES = 64
+
+MALFORMED_INPUT_ERRORS = (duckdb.InvalidInputException, duckdb.ConversionException)
+"""What DuckDB raises for a line it cannot parse. Any other error (out of memory, I/O,
+an interrupt) is not the line's fault: it is raised, and the line is read again later."""
+
+FORMAT_PARAMETERS = {
+    "checkpoint_events": list(CHECKPOINT_EVENTS), "action_statuses": list(ACTION_STATUSES),
+    "run_end_statuses": list(RUN_END_STATUSES), "step_metrics": list(STEP_METRICS),
+    "rank_step_metrics": list(RANK_STEP_METRICS),
+}
+"""The format's enums and canonical metrics, bound as list parameters of stage_lines.sql."""
 
 SOURCE_SCHEMA = pa.schema(
     [("source_id", pa.int32()), ("path", pa.string()), ("file_rank", pa.int32()), ("device", pa.uint64()),
@@ -87,6 +103,8 @@ class Collector:
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         warn: Callable[[str], None] = lambda message: None,
     ) -> None:
+        if not 0 < batch_bytes <= MAX_CHUNK_BYTES:
+            raise ValueError(f"batch_bytes must be from 1 to {MAX_CHUNK_BYTES:,} (under 2 GiB), got {batch_bytes:,}")
         self.layout = RunLayout(Path(run_dir))
         self.store = store
         self.batch_bytes = batch_bytes
@@ -96,34 +114,54 @@ class Collector:
         self._run_info_stamp: tuple[int, int] | None = None
         self.world_size: int | None = None
 
-    def ingest_available(self, on_pass: Callable[[PassResult], None] = lambda result: None) -> PassResult:
-        """Run passes until every complete line present now is ingested."""
+    def ingest_available(
+        self,
+        on_pass: Callable[[PassResult], None] = lambda result: None,
+        stop: threading.Event | None = None,
+    ) -> PassResult:
+        """Ingest, in passes, every complete line present when called; return early once ``stop`` is set.
+
+        Each file is read no further than its size at the call, and files that appear
+        meanwhile wait for the next call, so the call ends while ranks keep writing.
+        """
+        limits = self._file_sizes()
         total = PassResult()
-        while True:
-            result = self.run_pass()
+        while stop is None or not stop.is_set():
+            result = self.run_pass(limits)
             total.add(result)
             if result.bytes == 0:
-                return total
+                break
             on_pass(result)
+        return total
 
-    def run_pass(self) -> PassResult:
-        """Ingest up to ``batch_bytes`` of new complete lines in one transaction."""
+    def _file_sizes(self) -> dict[Path, int]:
+        """Every source file present now, with its size."""
+        sizes = {}
+        for path in self.layout.source_files():
+            try:
+                sizes[path] = path.stat().st_size
+            except FileNotFoundError:
+                continue
+        return sizes
+
+    def run_pass(self, limits: dict[Path, int] | None = None) -> PassResult:
+        """Ingest up to ``batch_bytes`` of new complete lines in one transaction.
+
+        ``limits`` bounds what is read (these files, up to these sizes); by default every
+        file as it is now. When DuckDB fails for another reason than a malformed line
+        (out of memory, disk full, ...), nothing of the pass is committed: StoreError.
+        """
         run_info = self._changed_run_info()
-        reads = self._read_sources()
+        reads = self._read_sources(self._file_sizes() if limits is None else limits)
         chunks = [r.chunk for r in reads if r.chunk is not None]
         table, rejected = lines_table(chunks)
-        rejected += self._stage(table)
-        now = time.time()
-        with self.store.transaction() as con:
-            if run_info is not None:
-                _replace_run_info(con, run_info)
-            if table.num_rows:
-                con.execute(sql("insert_staged"))
-            if rejected:
-                con.register("rejected_batch", rejections_table(rejected, now))
-                con.execute(sql("insert_rejected"))
-                con.unregister("rejected_batch")
-            _commit_sources(con, reads, rejected, now)
+        try:
+            rejected += self._stage(table)
+            self._commit(run_info, table.num_rows > 0, reads, rejected)
+        except duckdb.Error as exc:
+            self._run_info_stamp = None  # not committed: read run.json again next pass
+            where = self.store.path or "the in-memory store"
+            raise StoreError(f"ingest into {where} failed, nothing of this pass committed: {exc}") from exc
         for read in reads:
             self._sources[read.source.path] = read.source
             if read.incident:
@@ -135,6 +173,20 @@ class Collector:
             incidents=[r.incident for r in reads if r.incident],
         )
 
+    def _commit(self, run_info: RunInfo | None, staged: bool, reads: list[_Read], rejected: list[Rejection]) -> None:
+        """Store run.json, the staged rows, the rejected lines and the new offsets in one transaction."""
+        now = time.time()
+        with self.store.transaction() as con:
+            if run_info is not None:
+                _replace_run_info(con, run_info)
+            if staged:
+                con.execute(sql("insert_staged"))
+            if rejected:
+                con.register("rejected_batch", rejections_table(rejected, now))
+                con.execute(sql("insert_rejected"))
+                con.unregister("rejected_batch")
+            _commit_sources(con, reads, rejected, now)
+
     # -- reading files ------------------------------------------------------
     def _load_sources(self) -> list[Source]:
         rows = self._con.execute(sql("sources")).fetchall()
@@ -144,12 +196,12 @@ class Collector:
             for r in rows
         ]
 
-    def _read_sources(self) -> list[_Read]:
+    def _read_sources(self, limits: dict[Path, int]) -> list[_Read]:
         reads, budget = [], self.batch_bytes
-        for path in self.layout.source_files():
+        for path, limit in limits.items():
             if budget <= 0:
                 break
-            read = self._read_source(path, budget)
+            read = self._read_source(path, limit, budget)
             if read is not None:
                 reads.append(read)
                 budget -= len(read.chunk.data) if read.chunk else 0
@@ -162,14 +214,15 @@ class Collector:
             self._sources[key] = Source(source_id=next_id, path=key, file_rank=rank_of_file(path))
         return self._sources[key]
 
-    def _read_source(self, path: Path, budget: int) -> _Read | None:
+    def _read_source(self, path: Path, limit: int, budget: int) -> _Read | None:
+        """The complete lines of ``path`` after its committed offset and before byte ``limit``."""
         source = self._source_for(path)
         if source.state != "ok":
             return None
         try:
             with open(path, "rb") as fh:
                 stat = os.fstat(fh.fileno())
-                if stat.st_size == source.committed_offset and source.inode == stat.st_ino:
+                if min(stat.st_size, limit) == source.committed_offset and source.inode == stat.st_ino:
                     return None
                 head = fh.read(HEAD_BYTES)
                 problem = _identity_problem(source, stat, head)
@@ -177,7 +230,7 @@ class Collector:
                     state, detail = problem
                     return _Read(replace(source, state=state), None, f"{source.path}: {detail}")
                 fh.seek(source.committed_offset)
-                data = _read_complete_lines(fh, budget)
+                data = _read_complete_lines(fh, budget, limit - source.committed_offset)
         except FileNotFoundError:
             return None
         updated = replace(
@@ -215,7 +268,7 @@ class Collector:
         rejected = []
         try:
             self._try_stage(table, check_json=False)
-        except duckdb.Error:
+        except MALFORMED_INPUT_ERRORS:
             broken = self._isolate_unparseable(table)
             keep = sorted(set(range(table.num_rows)) - {i for i, _ in broken})
             rejected = [_rejection(table, i, f"unreadable record: {error}") for i, error in broken]
@@ -227,7 +280,8 @@ class Collector:
     def _try_stage(self, table: pa.Table, *, check_json: bool) -> None:
         self._con.register("batch_lines", table)
         try:
-            self._con.execute(sql("stage_lines"), {"world_size": self.world_size, "check_json": check_json})
+            self._con.execute(sql("stage_lines"),
+                              {**FORMAT_PARAMETERS, "world_size": self.world_size, "check_json": check_json})
         finally:
             self._con.unregister("batch_lines")
 
@@ -236,7 +290,7 @@ class Collector:
         try:
             self._try_stage(table, check_json=True)
             return []
-        except duckdb.Error as exc:
+        except MALFORMED_INPUT_ERRORS as exc:
             if table.num_rows == 1:
                 return [(base, str(exc).splitlines()[0])]
         half = table.num_rows // 2
@@ -244,17 +298,15 @@ class Collector:
                 + self._isolate_unparseable(table.slice(half), base + half))
 
 
-def _read_complete_lines(fh, budget: int) -> bytes:
-    """Complete lines from the current position: about ``budget`` bytes, more for one long line."""
-    data = fh.read(budget)
-    prefix = complete_prefix(data)
-    while not prefix and len(data) >= budget:
-        more = fh.read(budget)
+def _read_complete_lines(fh: BinaryIO, budget: int, available: int) -> bytes:
+    """Complete lines from the current position, within ``available`` bytes: about ``budget``, more for a long line."""
+    data = fh.read(max(0, min(budget, available)))
+    while b"\n" not in data and len(data) < available:
+        more = fh.read(min(budget, available - len(data)))
         if not more:
             break
         data += more
-        prefix = complete_prefix(data)
-    return prefix
+    return complete_prefix(data)
 
 
 def _rejection(table: pa.Table, index: int, reason: str) -> Rejection:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RunInfoError
-from .layout import RunLayout, is_run_dir
+from .layout import RunLayout, is_run_dir, rank_of_file
 from .runinfo import read_run_info
 
 TAIL_BYTES = 64 << 10
@@ -48,25 +48,49 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
     except RunInfoError:
         info = None
     files = sorted(layout.telemetry.glob("*.jsonl")) if layout.telemetry.is_dir() else []
-    tails = [_tail_records(f) for f in files]
-    times = [r["time"] for tail in tails for r in tail if isinstance(r.get("time"), (int, float))]
-    last_seen = max(times, default=None)
-    steps = [r["step"] for tail in tails for r in tail if r.get("kind") == "step" and isinstance(r.get("step"), int)]
-    ends = {r.get("rank"): r.get("status") for tail in tails for r in tail if r.get("kind") == "run_end"}
-    world = info.world_size if info else (len(files) or None)
+    records = [r for f in files for r in _tail_records(f)]
+    last_seen = max((r["time"] for r in records if _is_number(r.get("time"))), default=None)
+    steps = [r["step"] for r in records if r.get("kind") == "step" and _is_integer(r.get("step"))]
+    rank_files = {rank_of_file(f) for f in files} - {None}
+    world = info.world_size if info else (len(rank_files) or None)
     return RunSummary(
         path=run_dir,
         name=info.name if info else run_dir.name,
         run_id=info.run_id if info else "",
         world_size=world,
-        status=_status(ends, world, last_seen, time.time() if now is None else now),
+        status=_status(_ended_ranks(records), world, last_seen, time.time() if now is None else now),
         last_step=max(steps, default=None),
         last_seen=last_seen,
         rank_files=len(files),
     )
 
 
-def _status(ends: dict, world: int | None, last_seen: float | None, now: float) -> str:
+def _ended_ranks(records: list[dict]) -> dict[int, str]:
+    """Rank to run_end status, for the ranks whose latest record (by time, then seq) is a run_end."""
+    latest: dict[int, dict] = {}
+    for record in records:
+        rank = record.get("rank")
+        if _is_integer(rank) and _is_number(record.get("time")):
+            if rank not in latest or _place(record) >= _place(latest[rank]):
+                latest[rank] = record
+    return {rank: r.get("status") for rank, r in latest.items() if r.get("kind") == "run_end"}
+
+
+def _place(record: dict) -> tuple[float, int]:
+    """Where a record stands in its rank's history: its time, then its seq."""
+    seq = record.get("seq")
+    return record["time"], seq if _is_integer(seq) else -1
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _status(ends: dict[int, str], world: int | None, last_seen: float | None, now: float) -> str:
     if "failed" in ends.values():
         return "failed"
     if "aborted" in ends.values():

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from bedside.app.cli import build_parser
-from bedside.collectors.format import RANK_STEP_METRICS, STEP_METRICS, Kind, schema
-from bedside.collectors.store import Store
+from bedside.collectors.format import (
+    ACTION_STATUSES, CHECKPOINT_EVENTS, RANK_STEP_METRICS, RUN_END_STATUSES, STEP_METRICS, Kind, schema,
+)
+from bedside.collectors.store import Store, sql
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -43,6 +45,28 @@ def test_every_schema_field_is_documented(field: str) -> None:
 @pytest.mark.parametrize("metric", STEP_METRICS + RANK_STEP_METRICS)
 def test_every_canonical_metric_is_documented(metric: str) -> None:
     assert f"| `{metric}` |" in doc("telemetry-format.md")
+
+
+ENUMS = [("checkpoint", "event", CHECKPOINT_EVENTS), ("action", "status", ACTION_STATUSES),
+         ("run_end", "status", RUN_END_STATUSES)]
+
+
+@pytest.mark.parametrize(("kind", "field", "values"), ENUMS, ids=[f"{k}.{f}" for k, f, _ in ENUMS])
+def test_schema_enums_are_the_format_constants_and_documented(kind: str, field: str, values: tuple[str, ...]) -> None:
+    assert schema()["$defs"][kind]["properties"][field]["enum"] == list(values)
+    assert all(f"`{value}`" in doc("telemetry-format.md") for value in values)
+
+
+@pytest.mark.parametrize(("kind", "metrics"), [("step", STEP_METRICS), ("rank_step", RANK_STEP_METRICS)])
+def test_the_canonical_metrics_are_the_schemas(kind: str, metrics: tuple[str, ...]) -> None:
+    assert list(schema()["$defs"][kind]["properties"]["metrics"]["properties"]) == list(metrics)
+
+
+def test_the_collector_takes_enums_and_canonical_metrics_from_format_py() -> None:
+    """stage_lines.sql gets them as parameters: no value of theirs is spelled out as an SQL string."""
+    text = sql("stage_lines")
+    values = CHECKPOINT_EVENTS + ACTION_STATUSES + RUN_END_STATUSES + STEP_METRICS + RANK_STEP_METRICS
+    assert [value for value in values if f"'{value}'" in text] == []
 
 
 def cli_options() -> list[tuple[str, str]]:

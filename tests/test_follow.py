@@ -6,7 +6,9 @@ the test so that the test can read the store it writes (through ``store.cursor()
 """
 from __future__ import annotations
 
+import errno
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, EventEmitter
 
 from bedside.collectors.follow import Follower
 from bedside.collectors.format import encode_line
@@ -173,10 +176,10 @@ def test_follow_until_finished_ingests_concurrent_writers_exactly_once(tmp_path:
 
 
 @contextmanager
-def following(run: Path, rescan_every_s: float) -> Iterator[Store]:
-    """Run a Follower over ``run`` in a thread; yield its store (read it via ``store.cursor()``)."""
+def following(run: Path, rescan_every_s: float, **follower_options) -> Iterator[Store]:
+    """Run a Follower over ``run`` in a thread (options passed on); yield its store (read it via ``store.cursor()``)."""
     store = Store.open(RunLayout(run).store)
-    follower = Follower(Collector(run, store), rescan_every_s=rescan_every_s)
+    follower = Follower(Collector(run, store), rescan_every_s=rescan_every_s, **follower_options)
     stop, failure = threading.Event(), []
 
     def follow() -> None:
@@ -283,3 +286,77 @@ def test_idle_follower_does_not_reread_files_on_its_own_reads(tmp_path: Path) ->
             time.sleep(1.0)
     reads = [e for e in seen if e.event_type == "opened" and Path(e.src_path) == path]
     assert len(reads) <= 1
+
+
+# -- stopping while ranks write, and following without file events --------------------
+
+
+@contextmanager
+def writing_continuously(path: Path) -> Iterator[None]:
+    """A thread appends a record to ``path`` every millisecond while the block runs."""
+    stop = threading.Event()
+
+    def write() -> None:
+        seq = 0
+        while not stop.is_set():
+            append(path, record(0, seq))
+            seq += 1
+            time.sleep(0.001)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = threading.Thread(target=write, name="test-writer")
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_follow_promptly_while_a_rank_keeps_writing(tmp_path: Path, start_bedside, signum: int) -> None:
+    run = tmp_path / "run"
+    log = tmp_path / "collect.log"
+    with writing_continuously(RunLayout(run).rank_file(0)):
+        eventually(lambda: RunLayout(run).rank_file(0).exists(), "the writer started")
+        with open(log, "w") as err:
+            collector = start_bedside("collect", run, "--follow", "--rescan-every", "0.1", stderr=err)
+        eventually(lambda: "ingested" in log.read_text() or collector.poll() is not None, "first pass", 60)
+        assert collector.poll() is None, log.read_text()
+        collector.send_signal(signum)
+        assert finish(collector, timeout=EVENTUALLY_S) == 0, log.read_text()
+    assert log.read_text().splitlines()[-1].startswith("done: ")
+
+
+class WatchLimitEmitter(EventEmitter):
+    """A watchdog emitter that fails to start as inotify's does at the watch limit."""
+
+    def on_thread_start(self) -> None:
+        raise OSError(errno.ENOSPC, "inotify watch limit reached")
+
+    def queue_events(self, timeout: float) -> None:
+        pass
+
+
+def no_inotify_instance() -> BaseObserver:
+    """An observer factory that fails as watchdog's does at the inotify instance limit."""
+    raise OSError(errno.EMFILE, "inotify instance limit reached")
+
+
+@pytest.mark.parametrize(("observer_factory", "reason"), [
+    (lambda: BaseObserver(WatchLimitEmitter), "inotify watch limit reached"),
+    (no_inotify_instance, "inotify instance limit reached"),
+], ids=["watch limit", "instance limit"])
+def test_without_file_events_the_follower_warns_once_and_keeps_rescanning(
+        tmp_path: Path, observer_factory: Callable[[], BaseObserver], reason: str) -> None:
+    run = tmp_path / "run"
+    path = RunLayout(run).rank_file(0)
+    path.parent.mkdir(parents=True)
+    warnings: list[str] = []
+    with following(run, rescan_every_s=0.05, warn=warnings.append, observer_factory=observer_factory) as store:
+        for seq in range(20):
+            size = append(path, record(0, seq))
+            time.sleep(0.01)
+        eventually(lambda: committed(store, run, path) == size, "the rescans ingested every write")
+        assert store.cursor().execute("SELECT count(*) FROM rank_steps").fetchall() == [(20,)]
+    assert warnings == [f"no file events ({reason}); polling every 0.05 s instead"]

@@ -1,8 +1,10 @@
 """Format v1 end to end: what RunLogger writes is valid, survives ingestion and reads back in the views."""
 from __future__ import annotations
 
+import json
 import math
 import socket
+import time
 from pathlib import Path
 
 import jsonschema
@@ -12,6 +14,8 @@ from bedside.collectors import format as fmt
 from bedside.collectors.format import Kind
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
+from bedside.collectors.runinfo import RunInfo, write_run_info
+from bedside.collectors.runs import summarize_run
 from bedside.collectors.store import Store
 from bedside.collectors.writer import RunLogger
 
@@ -222,3 +226,53 @@ def test_torn_last_line_is_terminated_on_reopen_and_only_that_fragment_is_reject
     store = ingest(run_dir)
     assert rows(store, "SELECT path, line_offset, line FROM rejected") == [["telemetry/rank-00000.jsonl", torn_at, fragment]]
     assert rows(store, "SELECT seq FROM events ORDER BY seq") == [[0], [1], [2], [4], [5], [6]]
+
+
+RUN_HISTORIES = {
+    # rank -> its records in file order: (kind, seconds before now, run_end status)
+    "a rank restarted after failing and steps again": (
+        {0: [("step", 9, None), ("run_end", 8, "failed"), ("rank_info", 5, None), ("step", 4, None)],
+         1: [("step", 4, None)]}, "live"),
+    "a rank's latest record is its failure": (
+        {0: [("step", 9, None), ("run_end", 5, "failed")], 1: [("step", 4, None)]}, "failed"),
+    "same time: the higher seq is later": (
+        {0: [("run_end", 5, "aborted"), ("heartbeat", 5, None)], 1: [("step", 4, None)]}, "live"),
+    "finished, then restarted": (
+        {0: [("run_end", 9, "finished"), ("step", 4, None)], 1: [("run_end", 5, "finished")]}, "live"),
+    "every rank's latest record is run_end": (
+        {0: [("step", 9, None), ("run_end", 5, "finished")], 1: [("run_end", 5, "finished")]}, "finished"),
+}
+
+
+def write_history(run: Path, history: dict[int, list[tuple]], record) -> None:
+    now = time.time()
+    for rank, entries in history.items():
+        lines = []
+        for seq, (kind, ago, status) in enumerate(entries):
+            fields = {"step": {"metrics": {"loss": 1.0}}, "rank_info": {"host": HOST}, "run_end": {"status": status}}
+            lines.append(record(kind, time=now - ago, rank=rank, seq=seq, **fields.get(kind, {})))
+        path = RunLayout(run).rank_file(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(fmt.encode_line(line) for line in lines))
+
+
+def run_status(store: Store) -> str:
+    return store.cursor().execute("SELECT status FROM run").fetchall()[0][0]
+
+
+@pytest.mark.parametrize("history", sorted(RUN_HISTORIES))
+def test_a_rank_has_ended_only_while_its_run_end_is_its_latest_record(run_dir, ingest, record, history) -> None:
+    ranks, expected = RUN_HISTORIES[history]
+    write_history(run_dir, ranks, record)
+    write_run_info(RunLayout(run_dir), RunInfo(name="restarts", world_size=2))
+    assert (run_status(ingest(run_dir)), summarize_run(run_dir).status) == (expected, expected)
+
+
+def test_without_run_json_the_world_is_the_rank_files(run_dir, ingest, record) -> None:
+    write_history(run_dir, {0: [("step", 9, None), ("run_end", 5, "finished")]}, record)
+    notes = RunLayout(run_dir).telemetry / "notes.jsonl"
+    notes.write_text(json.dumps(record("heartbeat", time=time.time() - 20)) + "\n")
+    store = ingest(run_dir)
+    assert store.cursor().execute("SELECT world_size, status FROM run").fetchall() == [(1, "finished")]
+    summary = summarize_run(run_dir)
+    assert (summary.world_size, summary.status) == (1, "finished")

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import pandas as pd
 import pytest
 
 from bedside.collectors import format as fmt
@@ -29,6 +30,11 @@ def ingest(out: Path) -> Store:
     result = Collector(out, store).ingest_available()
     assert result.rejected == 0 and not result.incidents
     return store
+
+
+def frame(store: Store, query: str) -> pd.DataFrame:
+    """The rows of an ad-hoc verification query."""
+    return store.cursor().execute(query).df()
 
 
 def written_lines(out: Path) -> list[dict]:
@@ -62,7 +68,7 @@ def sample_run(request, tmp_path_factory) -> tuple[str, Path, Store]:
 
 def test_sample_step_metrics(sample_run):
     _, _, store = sample_run
-    df = store.fetch_df("SELECT step, rank, loss, lr, tokens, extra FROM step_metrics ORDER BY step")
+    df = frame(store, "SELECT step, rank, loss, lr, tokens, extra FROM step_metrics ORDER BY step")
     assert df["step"].tolist() == list(range(1, 21))
     assert set(df["rank"]) == {0}
     assert df["loss"].tolist() == pytest.approx(sample_values("loss"))
@@ -72,23 +78,23 @@ def test_sample_step_metrics(sample_run):
 
 def test_sample_rank_steps_and_topology(sample_run):
     _, _, store = sample_run
-    df = store.fetch_df("SELECT step, rank, host, dp, step_time, comm_time FROM rank_step_metrics ORDER BY step, rank")
+    df = frame(store, "SELECT step, rank, host, dp, step_time, comm_time FROM rank_step_metrics ORDER BY step, rank")
     assert len(df) == 40
     assert df[df["rank"] == 1]["host"].unique().tolist() == ["node-b"]
     assert df[df["rank"] == 1]["dp"].unique().tolist() == [1]
     assert df["step_time"].tolist() == pytest.approx(sample_values("step_time"))
-    ranks = store.fetch_df("SELECT rank, host, declared_by FROM ranks ORDER BY rank")
+    ranks = frame(store, "SELECT rank, host, declared_by FROM ranks ORDER BY rank")
     assert ranks.values.tolist() == [[0, "node-a", "run.json"], [1, "node-b", "run.json"]]
 
 
 def test_sample_evals_and_user_metric(sample_run):
     _, _, store = sample_run
-    evals = store.fetch_df("SELECT step, name, value, cum_tokens, split FROM eval_scores ORDER BY step")
+    evals = frame(store, "SELECT step, name, value, cum_tokens, split FROM eval_scores ORDER BY step")
     assert evals["step"].tolist() == [5, 10, 15, 20]
     assert set(evals["name"]) == {"val_loss"} and set(evals["split"]) == {"heldout"}
     assert evals["value"].tolist() == pytest.approx(sample_values("eval/val_loss"))
     assert evals["cum_tokens"].tolist() == [65536.0 * s for s in (5, 10, 15, 20)]
-    aux = store.fetch_df("SELECT kind, value FROM metrics WHERE name = 'aux_loss' ORDER BY step")
+    aux = frame(store, "SELECT kind, value FROM metrics WHERE name = 'aux_loss' ORDER BY step")
     assert set(aux["kind"]) == {"step"}
     assert aux["value"].tolist() == pytest.approx(sample_values("aux_loss"))
 
@@ -96,7 +102,7 @@ def test_sample_evals_and_user_metric(sample_run):
 def test_sample_times(sample_run):
     """long.csv has times; wide.csv has none, so its clock is 0, 1, 2... seconds per step."""
     shape, _, store = sample_run
-    times = store.fetch_df("SELECT time FROM step_metrics ORDER BY step")["time"].tolist()
+    times = frame(store, "SELECT time FROM step_metrics ORDER BY step")["time"].tolist()
     if shape == "wide":
         assert times == [float(i) for i in range(20)]
     else:
@@ -143,29 +149,29 @@ def jsonl_run(tmp_path_factory) -> tuple[Path, Store]:
 
 def test_jsonl_non_finite_and_fields(jsonl_run):
     _, store = jsonl_run
-    df = store.fetch_df("SELECT timeline, step, loss, grad_norm, lr, shards, extra FROM step_metrics "
-                        "ORDER BY timeline, step")
+    df = frame(store, "SELECT timeline, step, loss, grad_norm, lr, shards, extra FROM step_metrics "
+                      "ORDER BY timeline, step")
     assert math.isnan(df["loss"][1]) and df["grad_norm"][1] == math.inf and df["lr"][1] == 0.001
     assert df["loss"][2] == 2.4 and df["timeline"][2] == 1
     assert json.loads(df["shards"][0]) == [7]
-    ranks = store.fetch_df("SELECT step, rank, step_time, param_checksum FROM rank_step_metrics ORDER BY step, rank")
+    ranks = frame(store, "SELECT step, rank, step_time, param_checksum FROM rank_step_metrics ORDER BY step, rank")
     assert ranks["param_checksum"].tolist()[:2] == ["ab12", "ab12"]
     assert ranks["step_time"].tolist()[2] == -math.inf
-    evals = store.fetch_df("SELECT step, name, value, cum_flops FROM eval_scores")
+    evals = frame(store, "SELECT step, name, value, cum_flops FROM eval_scores")
     assert evals.values.tolist() == [[2, "val_loss", 2.7, 1e15]]
 
 
 def test_jsonl_user_metrics_and_copied_records(jsonl_run):
     out, store = jsonl_run
-    user = store.fetch_df("SELECT kind, rank, name, value FROM metrics WHERE name IN ('custom', 'tok_per_s') "
-                          "ORDER BY name")
+    user = frame(store, "SELECT kind, rank, name, value FROM metrics WHERE name IN ('custom', 'tok_per_s') "
+                        "ORDER BY name")
     assert user.values.tolist() == [["step", 0, "custom", 3.0], ["rank_step", 0, "tok_per_s", 1000.0]]
-    log = store.fetch_df("SELECT rank, level, message FROM event_log WHERE kind = 'log'")
+    log = frame(store, "SELECT rank, level, message FROM event_log WHERE kind = 'log'")
     assert log.values.tolist() == [[1, "warning", "nan loss"]]
-    assert store.fetch_df("SELECT fault FROM fault_labels")["fault"].tolist() == ["nan_grad"]
-    assert store.fetch_df("SELECT host FROM ranks ORDER BY rank")["host"].tolist() == ["unknown", "unknown"]
+    assert frame(store, "SELECT fault FROM fault_labels")["fault"].tolist() == ["nan_grad"]
+    assert frame(store, "SELECT host FROM ranks ORDER BY rank")["host"].tolist() == ["unknown", "unknown"]
     assert (out / "ground_truth" / "rank-00001.jsonl").is_file()
-    assert store.fetch_df("SELECT name, world_size FROM run").values.tolist() == [["foreign", 2]]
+    assert frame(store, "SELECT name, world_size FROM run").values.tolist() == [["foreign", 2]]
 
 
 def test_jsonl_lines_validate_and_synthetic_clock(jsonl_run):
@@ -183,7 +189,7 @@ def test_topology_applied_from_bare_list(tmp_path):
     src.write_text("step,rank,step_time\n1,0,0.5\n1,1,0.6\n")
     import_csv(src, tmp_path / "run", topology=topology)
     with ingest(tmp_path / "run") as store:
-        df = store.fetch_df("SELECT rank, host, local_rank, tp FROM ranks ORDER BY rank")
+        df = frame(store, "SELECT rank, host, local_rank, tp FROM ranks ORDER BY rank")
     assert df.values.tolist() == [[0, "gpu-1", 0, 0], [1, "gpu-1", 1, 1]]
     assert read_topology(topology)[1].tp == 1
 
@@ -285,3 +291,32 @@ def test_documented_examples_import(tmp_path, language, importer):
         written_lines(tmp_path / f"run{i}")
         with ingest(tmp_path / f"run{i}"):
             pass
+
+
+# -- the CLI: conversion all or nothing, copied records checked by the collector --------------
+
+BAD_COPIED_RECORDS = """\
+{"step": 1, "loss": 2.5}
+{"kind": "step", "time": 1.0, "rank": 0, "step": 2, "timeline": 0, "metrics": {"loss": "low"}}
+{"kind": "rank_step", "time": 1.0, "rank": 0, "step": 2, "timeline": 0, "metrics": 7}
+"""
+
+
+def test_cli_import_fails_when_the_collector_rejects_copied_records(tmp_path, bedside):
+    src = tmp_path / "m.jsonl"
+    src.write_text(BAD_COPIED_RECORDS)
+    out = tmp_path / "run"
+    done = bedside("import", "jsonl", src, "--out", out, "--quiet")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("bedside: error: ")]
+    assert done.returncode == 2, done.stderr
+    assert errors == [f'bedside: error: 2 imported lines were rejected by the collector; '
+                      f'see: bedside query {out} "SELECT * FROM rejected"']
+    rejected = bedside("query", out, "SELECT reason FROM rejected ORDER BY line_offset", "--format", "json")
+    assert [r["reason"] for r in json.loads(rejected.stdout)] == [
+        'metrics.loss must be a number, got "low"', "field metrics must be an object"]
+
+
+def test_cli_import_of_a_clean_file_exits_0(tmp_path, bedside):
+    done = bedside("import", "csv", SAMPLES / "long.csv", "--out", tmp_path / "run", "--topology", TOPOLOGY)
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+    assert "done: 66 lines" in done.stderr and "0 rejected" in done.stderr

@@ -167,6 +167,34 @@ def test_a_hand_written_run_json_without_run_id_gets_a_stable_one(tmp_path, beds
     assert len(ids) == 1 and json.loads(ids.pop())[0]["run_id"]
 
 
+OUT_OF_RANGE = [
+    (("collect", "--batch-mb", "0"), "argument --batch-mb: expected an integer from 1 to 1024, got 0"),
+    (("collect", "--batch-mb", "1025"), "argument --batch-mb: expected an integer from 1 to 1024, got 1025"),
+    (("collect", "--batch-mb", "1.5"), "argument --batch-mb: expected an integer from 1 to 1024, got '1.5'"),
+    (("collect", "--follow", "--rescan-every", "0"),
+     "argument --rescan-every: expected a number of seconds > 0, got '0'"),
+    (("collect", "--follow", "--rescan-every", "nan"), "argument --rescan-every: expected a number of seconds > 0"),
+    (("query", STEP_LOSS_SQL, "--timeout", "-1"), "argument --timeout: expected a number of seconds > 0, got '-1'"),
+    (("query", STEP_LOSS_SQL, "--timeout", "inf"), "argument --timeout: expected a number of seconds > 0"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), OUT_OF_RANGE, ids=[" ".join(a[-2:]) for a, _ in OUT_OF_RANGE])
+def test_options_out_of_range_are_refused(tmp_path, bedside, args: tuple, message: str) -> None:
+    command, *rest = args
+    done = bedside(command, tmp_path, *rest)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("option", "value", "parsed"), [
+    ("--batch-mb", "1", 1), ("--batch-mb", "1024", 1024), ("--rescan-every", "0.01", 0.01),
+])
+def test_options_at_the_ends_of_their_range_are_accepted(option: str, value: str, parsed: float) -> None:
+    args = build_parser().parse_args(["collect", "run", option, value])
+    assert getattr(args, option[2:].replace("-", "_")) == parsed
+
+
 def commands() -> list[str]:
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return sorted(subparsers.choices)

@@ -235,3 +235,9 @@ def test_a_dtensor_is_refused_because_its_local_value_is_not_the_metric(logger, 
             logger.step(1, loss=loss)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_path_with_undecodable_bytes_is_written_as_a_valid_line(run_dir, logger, read_records) -> None:
+    path = os.fsdecode(b"checkpoints/step-\xff")  # lone surrogate, as os.fsdecode gives
+    logger.checkpoint(5, "saved", path=path)
+    assert last_record(run_dir, logger, read_records)["path"] == "checkpoints/step-?"

@@ -3,7 +3,9 @@
 The accepted shapes are specified in ``docs/import.md``. An import reads and
 checks the whole input first and writes nothing when any row is wrong; it
 writes ``run.json`` and one ``telemetry/rank-NNNNN.jsonl`` per rank (format v1)
-and leaves ingestion to the collector.
+and leaves ingestion to the collector. Bedside records copied from JSONL are
+checked here only in their envelope: the collector checks the rest, and may
+reject them.
 """
 from __future__ import annotations
 
@@ -205,7 +207,7 @@ def _write_file(path: Path, records: list[dict[str, Any]]) -> None:
     channel = AppendFile(path)
     try:
         lines = [encode_line({**r, "seq": channel.next_seq + i}) for i, r in enumerate(records)]
-        channel.write("".join(lines).encode("utf-8"))
+        channel.write("".join(lines).encode("utf-8", "replace"))
     finally:
         channel.close()
 

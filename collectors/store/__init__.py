@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import duckdb
 import pandas as pd
@@ -123,9 +123,9 @@ class Store:
         rows = self._con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()
         return bool(rows[0][0])
 
-    def fetch_df(self, query: str, params: Sequence[Any] = ()) -> pd.DataFrame:
-        """Run one of our own queries with bound parameters and return a DataFrame."""
-        return self.cursor().execute(query, list(params)).df()
+    def fetch_named(self, name: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Run the named query ``queries/<name>.sql`` with its ``$name`` parameters bound; a DataFrame."""
+        return self.cursor().execute(sql(name), params or {}).df()
 
     def run_user_query(self, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> pd.DataFrame:
         """Run a user's read-only SQL (one SELECT) with a time limit; errors name the problem.

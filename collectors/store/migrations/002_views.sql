@@ -96,15 +96,26 @@ SELECT timeline, min(step) AS first_step, max(step) AS last_step,
 FROM steps GROUP BY timeline;
 
 CREATE OR REPLACE VIEW run AS
-WITH last_seen AS (
-    SELECT max(time) AS t FROM (
-        SELECT max(time) AS time FROM steps UNION ALL SELECT max(time) FROM rank_steps
-        UNION ALL SELECT max(time) FROM events)
+WITH records AS (
+    -- every telemetry record's rank and place in time (ground truth aside), with the
+    -- status of those that end a rank
+    SELECT rank, time, seq, NULL AS end_status FROM steps
+    UNION ALL SELECT rank, time, seq, NULL FROM rank_steps
+    UNION ALL SELECT rank, time, seq, NULL FROM evals
+    UNION ALL SELECT rank, time, seq, NULL FROM checkpoints
+    UNION ALL SELECT rank, time, seq, NULL FROM actions
+    UNION ALL SELECT rank, time, seq, CASE WHEN kind = 'run_end' THEN payload ->> 'status' END FROM events
+), ranks_latest AS (
+    -- a rank has ended when its latest record (by time, then seq) is a run_end: one that
+    -- restarts after a failure and keeps stepping is running again
+    SELECT rank, max(time) AS time, arg_max_null(end_status, (time, seq)) AS end_status
+    FROM records GROUP BY rank
 ), ends AS (
-    SELECT count(DISTINCT rank) AS ranks_ended,
-           bool_or(payload ->> 'status' = 'failed')  AS any_failed,
-           bool_or(payload ->> 'status' = 'aborted') AS any_aborted
-    FROM events WHERE kind = 'run_end'
+    SELECT count(end_status) AS ranks_ended,
+           bool_or(end_status = 'failed')  AS any_failed,
+           bool_or(end_status = 'aborted') AS any_aborted,
+           max(time) AS last_seen
+    FROM ranks_latest
 ), progress AS (
     SELECT max(step) AS last_step, max(timeline) AS timeline FROM steps
 ), world AS (
@@ -114,15 +125,15 @@ WITH last_seen AS (
 )
 SELECT i.run_id, i.name, to_timestamp(i.created) AS created, i.schema_version,
        w.size AS world_size,
-       p.last_step, p.timeline, to_timestamp(l.t) AS last_seen,
+       p.last_step, p.timeline, to_timestamp(e.last_seen) AS last_seen,
        CASE
            WHEN e.any_failed THEN 'failed'
            WHEN e.any_aborted THEN 'aborted'
            WHEN e.ranks_ended > 0 AND e.ranks_ended >= w.size THEN 'finished'
-           WHEN l.t IS NULL THEN 'empty'
-           WHEN epoch(current_timestamp) - l.t <= 120 THEN 'live'
+           WHEN e.last_seen IS NULL THEN 'empty'
+           WHEN epoch(current_timestamp) - e.last_seen <= 120 THEN 'live'
            ELSE 'stalled'
        END AS status,
        i.config
-FROM last_seen l CROSS JOIN ends e CROSS JOIN progress p CROSS JOIN world w
+FROM ends e CROSS JOIN progress p CROSS JOIN world w
 LEFT JOIN run_info i ON true;

@@ -1,43 +1,43 @@
 -- Move every accepted line of the temp table staged into its table (run inside
 -- the ingest transaction, together with the source offsets).
 INSERT INTO steps
-SELECT source_id, line_offset, r.time, r.rank, r.step, r.timeline, r.seq,
-       r.metrics.loss, r.metrics.grad_norm, r.metrics.lr, r.metrics.tokens, r.metrics.flops, r.shards,
+SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq,
+       rec.metrics.loss, rec.metrics.grad_norm, rec.metrics.lr, rec.metrics.tokens, rec.metrics.flops, rec.shards,
        CASE WHEN cardinality(user_metrics) > 0 THEN user_metrics END,
        CASE WHEN has_unknown_fields THEN line::JSON END
-FROM staged WHERE reason IS NULL AND r.kind = 'step';
+FROM staged WHERE reason IS NULL AND rec.kind = 'step';
 
 INSERT INTO rank_steps
-SELECT source_id, line_offset, r.time, r.rank, r.step, r.timeline, r.seq,
-       r.metrics.step_time, r.metrics.data_time, r.metrics.compute_time, r.metrics.comm_time,
-       r.metrics.optimizer_time, r.metrics.local_grad_norm,
-       r.param_checksum,
+SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq,
+       rec.metrics.step_time, rec.metrics.data_time, rec.metrics.compute_time, rec.metrics.comm_time,
+       rec.metrics.optimizer_time, rec.metrics.local_grad_norm,
+       rec.param_checksum,
        CASE WHEN cardinality(user_metrics) > 0 THEN user_metrics END,
        CASE WHEN has_unknown_fields THEN line::JSON END
-FROM staged WHERE reason IS NULL AND r.kind = 'rank_step';
+FROM staged WHERE reason IS NULL AND rec.kind = 'rank_step';
 
 INSERT INTO evals
-SELECT source_id, line_offset, r.time, r.rank, r.step, r.timeline, r.seq,
-       coalesce(x.split, 'heldout'), x.cum_tokens, x.cum_flops, user_metrics, line::JSON
-FROM staged WHERE reason IS NULL AND r.kind = 'eval';
+SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq,
+       coalesce(kind_fields.split, 'heldout'), kind_fields.cum_tokens, kind_fields.cum_flops, user_metrics, line::JSON
+FROM staged WHERE reason IS NULL AND rec.kind = 'eval';
 
 INSERT INTO checkpoints
-SELECT source_id, line_offset, r.time, r.rank, r.step, r.timeline, r.seq,
-       x.event, x.path, r.metrics.duration_s, r.metrics.bytes, x.message, line::JSON
-FROM staged WHERE reason IS NULL AND r.kind = 'checkpoint';
+SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq,
+       kind_fields.event, kind_fields.path, rec.metrics.duration_s, rec.metrics.bytes, kind_fields.message, line::JSON
+FROM staged WHERE reason IS NULL AND rec.kind = 'checkpoint';
 
 INSERT INTO actions
-SELECT source_id, line_offset, r.time, r.rank, r.step, r.timeline, r.seq,
-       x.action, x.status, x.request_id, x.operator, x.reason, x.message, x.args, line::JSON
-FROM staged WHERE reason IS NULL AND r.kind = 'action';
+SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq,
+       kind_fields.action, kind_fields.status, kind_fields.request_id, kind_fields.operator, kind_fields.reason, kind_fields.message, kind_fields.args, line::JSON
+FROM staged WHERE reason IS NULL AND rec.kind = 'action';
 
 INSERT INTO faults
-SELECT source_id, line_offset, r.time, r.rank, r.step, r.timeline, r.seq,
-       x.fault, x.target_ranks, x.args, line::JSON
-FROM staged WHERE reason IS NULL AND r.kind = 'fault_injected';
+SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq,
+       kind_fields.fault, kind_fields.target_ranks, kind_fields.args, line::JSON
+FROM staged WHERE reason IS NULL AND rec.kind = 'fault_injected';
 
 INSERT INTO events
-SELECT source_id, line_offset, r.time, r.rank, r.step, r.timeline, r.seq, r.kind, line::JSON
+SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq, rec.kind, line::JSON
 FROM staged
 WHERE reason IS NULL
-  AND r.kind NOT IN ('step', 'rank_step', 'eval', 'checkpoint', 'action', 'fault_injected');
+  AND rec.kind NOT IN ('step', 'rank_step', 'eval', 'checkpoint', 'action', 'fault_injected');
