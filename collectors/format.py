@@ -49,6 +49,9 @@ RANK_STEP_METRICS = (
 )
 """Canonical per-rank metrics of a ``rank_step`` record (seconds, and the norm before all-reduce)."""
 
+CHECKPOINT_METRICS = ("duration_s", "bytes")
+"""Canonical metrics of a ``checkpoint`` record (seconds the event took, bytes written or read)."""
+
 CHECKPOINT_EVENTS = ("save_started", "saved", "save_failed", "verified", "corrupt", "loaded", "deleted")
 """Values of ``event`` in a ``checkpoint`` record."""
 

@@ -23,7 +23,14 @@ import pyarrow as pa
 
 from .batch import MAX_CHUNK_BYTES, Chunk, Rejection, complete_prefix, explain_rejection, lines_table, rejections_table
 from .errors import RunInfoError, StoreError
-from .format import ACTION_STATUSES, CHECKPOINT_EVENTS, RANK_STEP_METRICS, RUN_END_STATUSES, STEP_METRICS
+from .format import (
+    ACTION_STATUSES,
+    CHECKPOINT_EVENTS,
+    CHECKPOINT_METRICS,
+    RANK_STEP_METRICS,
+    RUN_END_STATUSES,
+    STEP_METRICS,
+)
 from .layout import RunLayout, rank_of_file
 from .runinfo import RunInfo, read_run_info
 from .store import Store, sql
@@ -38,7 +45,7 @@ an interrupt) is not the line's fault: it is raised, and the line is read again 
 FORMAT_PARAMETERS = {
     "checkpoint_events": list(CHECKPOINT_EVENTS), "action_statuses": list(ACTION_STATUSES),
     "run_end_statuses": list(RUN_END_STATUSES), "step_metrics": list(STEP_METRICS),
-    "rank_step_metrics": list(RANK_STEP_METRICS),
+    "rank_step_metrics": list(RANK_STEP_METRICS), "checkpoint_metrics": list(CHECKPOINT_METRICS),
 }
 """The format's enums and canonical metrics, bound as list parameters of stage_lines.sql."""
 

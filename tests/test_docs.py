@@ -9,7 +9,8 @@ import pytest
 
 from bedside.app.cli import build_parser
 from bedside.collectors.format import (
-    ACTION_STATUSES, CHECKPOINT_EVENTS, RANK_STEP_METRICS, RUN_END_STATUSES, STEP_METRICS, Kind, schema,
+    ACTION_STATUSES, CHECKPOINT_EVENTS, CHECKPOINT_METRICS, RANK_STEP_METRICS, RUN_END_STATUSES, STEP_METRICS, Kind,
+    schema,
 )
 from bedside.collectors.store import Store, sql
 
@@ -42,7 +43,7 @@ def test_every_schema_field_is_documented(field: str) -> None:
     assert f"`{field}`" in doc("telemetry-format.md")
 
 
-@pytest.mark.parametrize("metric", STEP_METRICS + RANK_STEP_METRICS)
+@pytest.mark.parametrize("metric", STEP_METRICS + RANK_STEP_METRICS + CHECKPOINT_METRICS)
 def test_every_canonical_metric_is_documented(metric: str) -> None:
     assert f"| `{metric}` |" in doc("telemetry-format.md")
 
@@ -57,7 +58,8 @@ def test_schema_enums_are_the_format_constants_and_documented(kind: str, field: 
     assert all(f"`{value}`" in doc("telemetry-format.md") for value in values)
 
 
-@pytest.mark.parametrize(("kind", "metrics"), [("step", STEP_METRICS), ("rank_step", RANK_STEP_METRICS)])
+@pytest.mark.parametrize(("kind", "metrics"), [
+    ("step", STEP_METRICS), ("rank_step", RANK_STEP_METRICS), ("checkpoint", CHECKPOINT_METRICS)])
 def test_the_canonical_metrics_are_the_schemas(kind: str, metrics: tuple[str, ...]) -> None:
     assert list(schema()["$defs"][kind]["properties"]["metrics"]["properties"]) == list(metrics)
 
@@ -65,7 +67,8 @@ def test_the_canonical_metrics_are_the_schemas(kind: str, metrics: tuple[str, ..
 def test_the_collector_takes_enums_and_canonical_metrics_from_format_py() -> None:
     """stage_lines.sql gets them as parameters: no value of theirs is spelled out as an SQL string."""
     text = sql("stage_lines")
-    values = CHECKPOINT_EVENTS + ACTION_STATUSES + RUN_END_STATUSES + STEP_METRICS + RANK_STEP_METRICS
+    values = (CHECKPOINT_EVENTS + ACTION_STATUSES + RUN_END_STATUSES + STEP_METRICS + RANK_STEP_METRICS
+              + CHECKPOINT_METRICS)
     assert [value for value in values if f"'{value}'" in text] == []
 
 

@@ -296,3 +296,11 @@ def test_a_store_that_refuses_the_write_is_one_store_error(run_dir, write_lines,
     with Store.open(RunLayout(run_dir).store, read_only=True) as store:
         with pytest.raises(StoreError, match="nothing of this pass committed: .*read-only"):
             Collector(run_dir, store).ingest_available()
+
+
+@pytest.mark.parametrize("metrics", ['{"loss":1,"loss":2}', '{"aux":1,"aux":2}'], ids=["canonical", "user metric"])
+def test_a_metric_named_twice_is_rejected_not_dropped(two_rank_run, write_lines, ingest, metrics: str) -> None:
+    line = ('{"kind":"step","time":1700000000.0,"rank":0,"step":1,"timeline":0,"seq":0,"metrics":' + metrics + "}")
+    write_lines([line])
+    store = ingest(two_rank_run)
+    assert rows(store, "SELECT reason FROM rejected") == [("field metrics names a metric more than once",)]

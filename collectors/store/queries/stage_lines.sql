@@ -4,9 +4,9 @@
 -- Parameters: $world_size, the run's world size (NULL when unknown);
 -- $check_json, validate JSON first (false on the first try: a malformed line
 -- then makes the whole statement fail, and the collector retries with true);
--- $checkpoint_events, $action_statuses, $run_end_statuses, $step_metrics and
--- $rank_step_metrics, the format's enums and canonical metric names (lists,
--- from collectors/format.py).
+-- $checkpoint_events, $action_statuses, $run_end_statuses, $step_metrics,
+-- $rank_step_metrics and $checkpoint_metrics, the format's enums and canonical
+-- metric names (lists, from collectors/format.py).
 --
 -- The hot kinds (step, rank_step) are parsed once, canonical metrics included;
 -- only the rare kinds pay for their own fields, and only lines that may carry
@@ -91,6 +91,9 @@ WITH parsed AS (
                -- A non-object metrics parses as an all-NULL struct: only then (no canonical value) look.
                WHEN rec.metrics IS NOT NULL AND coalesce(n_canonical, 0) = 0
                     AND json_type(line, '$.metrics') <> 'OBJECT' THEN 'field metrics must be an object'
+               -- DuckDB reads an object that repeats a name as no map at all
+               WHEN look_closer AND rec.metrics IS NOT NULL AND entries IS NULL
+                    THEN 'field metrics names a metric more than once'
                WHEN rec.kind IN ('step', 'rank_step', 'eval') AND rec.metrics IS NULL
                     THEN format('a {} record needs metrics (an object of numbers)', rec.kind)
                WHEN rec.kind = 'eval' AND len(entries) = 0 THEN 'an eval record needs at least one score in metrics'
@@ -123,7 +126,7 @@ SELECT source_id, line_offset, rec, kind_fields,
                               CASE rec.kind
                                   WHEN 'step' THEN $step_metrics
                                   WHEN 'rank_step' THEN $rank_step_metrics
-                                  WHEN 'checkpoint' THEN ['duration_s', 'bytes']
+                                  WHEN 'checkpoint' THEN $checkpoint_metrics
                                   ELSE []
                               END, e.key)),
                           lambda e: {'key': e.key, 'value': e.value}))
