@@ -1,0 +1,37 @@
+"""``bedside train``: launch the instrumented trainer under torchrun."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .output import integer_in
+
+TRAINER_MODULE = "bedside.trainer.train"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register ``bedside train``."""
+    p = commands.add_parser("train", help="train a preset under torchrun, writing telemetry into RUN",
+                            description="Run the instrumented trainer with torchrun (gloo on CPU, nccl on CUDA). "
+                                        f"The same as: torchrun --nproc-per-node N -m {TRAINER_MODULE} ...")
+    p.add_argument("--preset", default="tiny_cpu", help="training preset (default tiny_cpu)")
+    p.add_argument("--out", type=Path, required=True, help="run directory to write")
+    p.add_argument("--nproc", type=integer_in(1, 1024), default=2, help="ranks on this node (default 2)")
+    p.add_argument("--steps", type=integer_in(1, 10**9), help="override the preset's number of steps")
+    p.set_defaults(handler=cmd_train)
+
+
+def torchrun_command(args: argparse.Namespace) -> list[str]:
+    """The torchrun command line that ``bedside train`` runs."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+               "-m", TRAINER_MODULE, "--preset", args.preset, "--out", str(args.out)]
+    return command + (["--steps", str(args.steps)] if args.steps else [])
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Launch the ranks and wait; the exit status is torchrun's."""
+    env = {"OMP_NUM_THREADS": "1", **os.environ}
+    return subprocess.run(torchrun_command(args), env=env, check=False).returncode

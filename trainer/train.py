@@ -1,0 +1,63 @@
+"""Entry point of one training rank, run by torchrun:
+
+    torchrun --nproc-per-node 2 -m bedside.trainer.train --preset tiny_cpu --out runs/r1 --steps 200
+
+``bedside train`` runs exactly this. Backend: nccl when CUDA is available, else gloo.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from bedside.collectors.writer import RunLogger, RankPlacement
+
+from .config import PARALLELISMS, PRESETS, preset
+from .trainer import Trainer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bedside.trainer.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny_cpu")
+    parser.add_argument("--out", required=True, help="run directory")
+    parser.add_argument("--steps", type=int, help="override the preset's number of steps")
+    parser.add_argument("--parallelism", choices=PARALLELISMS, help="override the preset's parallelism")
+    return parser.parse_args(argv)
+
+
+def init_distributed() -> torch.device:
+    """Join the process group torchrun set up; the device this rank trains on."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def gather_topology() -> tuple[RankPlacement, ...]:
+    """Every rank's host and local rank (data parallel only: dp = rank)."""
+    mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)))
+    everyone: list[tuple[str, int]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(everyone, mine)
+    return tuple(RankPlacement(rank=r, host=host, local_rank=local, dp=r) for r, (host, local) in enumerate(everyone))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = preset(args.preset, steps=args.steps, parallelism=args.parallelism)
+    device = init_distributed()
+    topology = gather_topology()
+    placement = topology[dist.get_rank()]
+    with RunLogger(args.out, name=os.path.basename(os.path.abspath(args.out)), config=config.to_json(),
+                   placement=placement, topology=topology) as logger:
+        Trainer(config, logger, device).train()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

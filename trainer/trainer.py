@@ -1,0 +1,171 @@
+"""The training loop: forward, backward, finite check, optimizer step, emit.
+
+Everything around the step (evaluation, parameter checksums, the learning-rate
+schedule, timing) is a small method or module of its own; the step itself never
+waits for the device or for telemetry.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from bedside.collectors.writer import RunLogger
+
+from .config import TrainConfig
+from .language import MarkovLanguage, ShardedCorpus
+from .sampler import BatchSampler
+from .ddp_hooks import LocalGrads, allreduce_with_local_norm
+from .model import Transformer, flops_per_token
+from .schedule import lr_at
+
+
+@dataclass
+class StepTimes:
+    """Host-side wall times of one step's phases, in seconds."""
+
+    data: float
+    compute: float
+    comm: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.data + self.compute + self.comm + self.optimizer
+
+
+class Trainer:
+    """One rank of a data-parallel training run, instrumented through RunLogger."""
+
+    def __init__(self, config: TrainConfig, logger: RunLogger, device: torch.device) -> None:
+        self.config = config
+        self.log = logger
+        self.device = device
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        if config.global_batch % self.world_size:
+            raise ValueError(f"global_batch {config.global_batch} is not divisible by {self.world_size} ranks")
+        self.language = MarkovLanguage(vocab_size=config.data.vocab_size, branching=config.data.branching,
+                                       seed=config.data.seed)
+        self.corpus = ShardedCorpus(self.language, seq_len=config.model.seq_len, num_shards=config.data.num_shards,
+                                    samples_per_shard=config.data.samples_per_shard,
+                                    heldout_samples=config.data.heldout_samples, seed=config.data.seed)
+        self.sampler = BatchSampler(self.corpus, global_batch_size=config.global_batch, seed=config.seed)
+        self.entropy_floor = self.language.entropy_rate()
+        torch.manual_seed(config.seed)
+        self.grads = LocalGrads()
+        self.model = self._wrap(Transformer(config.model).to(device))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr,
+                                           weight_decay=config.optim.weight_decay)
+        self.step = 0
+        self.flops_per_step = flops_per_token(config.model) * config.tokens_per_step
+        self.spent_tokens = 0
+        self.spent_flops = 0.0
+
+    def _wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
+        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        ddp.register_comm_hook(state=self.grads, hook=allreduce_with_local_norm)
+        return ddp
+
+    # -- the loop ---------------------------------------------------------------
+    def train(self) -> None:
+        """Run the configured number of steps, evaluating every ``eval_every``."""
+        while self.step < self.config.steps:
+            self.train_step()
+            if self.step % self.config.eval_every == 0 or self.step == self.config.steps:
+                self.evaluate()
+
+    def train_step(self) -> None:
+        """One optimizer step on the next global batch."""
+        self.step += 1
+        started = time.perf_counter()
+        batch_index, ids = self.sampler.next_batch()
+        inputs, targets = self._batch(self.sampler.rank_slice(ids, self.rank, self.world_size))
+        data_done = time.perf_counter()
+        self.grads.reset()
+        loss = self.model.module.loss(self.model(inputs), targets)
+        loss.backward()
+        backward_done = time.perf_counter()
+        grad_norm = self._optimizer_step()
+        finished = time.perf_counter()
+        times = StepTimes(data=data_done - started, compute=self.grads.last_bucket_ready - data_done,
+                          comm=backward_done - self.grads.last_bucket_ready, optimizer=finished - backward_done)
+        self._emit(loss.detach(), grad_norm, times, batch_index, ids)
+
+    def _optimizer_step(self) -> torch.Tensor:
+        lr = lr_at(self.step, self.config.optim, self.config.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _batch(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return _inputs_and_targets(self.corpus.train_batch(ids), self.device)
+
+    # -- telemetry ----------------------------------------------------------------
+    def _emit(self, loss: torch.Tensor, grad_norm: torch.Tensor, times: StepTimes, batch_index: int,
+              ids: list[int]) -> None:
+        self.spent_tokens += self.config.tokens_per_step
+        self.spent_flops += self.flops_per_step
+        mean_loss = loss.clone()
+        dist.all_reduce(mean_loss)  # a scalar collective; read later by the writer thread, no host sync
+        mean_loss /= self.world_size
+        checksum = self._param_checksum() if self.step % self.config.checksum_every == 0 else None
+        self.log.rank_step(self.step, step_time=times.total, data_time=times.data, compute_time=times.compute,
+                           comm_time=times.comm, optimizer_time=times.optimizer,
+                           local_grad_norm=self.grads.local_grad_norm(), local_loss=loss, param_checksum=checksum)
+        if self.rank == 0:
+            self.log.step(self.step, loss=mean_loss, grad_norm=grad_norm,
+                          lr=self.optimizer.param_groups[0]["lr"], tokens=self.config.tokens_per_step,
+                          flops=self.flops_per_step, mfu=self._mfu(times.total), batch=batch_index,
+                          shards=self.sampler.shards_of(ids))
+
+    def _mfu(self, step_time: float) -> float:
+        peak = self.config.peak_flops_per_device * self.world_size
+        return self.flops_per_step / step_time / peak if step_time > 0 else 0.0
+
+    def _param_checksum(self) -> str:
+        """A digest of this rank's parameters: DDP replicas must agree bit for bit."""
+        digest = hashlib.blake2b(digest_size=8)
+        for tensor in self.model.module.state_dict().values():
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    # -- evaluation ---------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        """Held-out loss and next-token accuracy, with the excess over the entropy floor."""
+        self.model.eval()
+        totals = torch.zeros(3, device=self.device)  # summed loss, correct tokens, tokens
+        for ids in self._heldout_slices():
+            inputs, targets = _inputs_and_targets(self.corpus.heldout_batch(ids), self.device)
+            logits = self.model.module(inputs)
+            totals[0] += self.model.module.loss(logits, targets) * targets.numel()
+            totals[1] += (logits.argmax(-1) == targets).sum()
+            totals[2] += targets.numel()
+        self.model.train()
+        dist.all_reduce(totals)
+        if self.rank == 0:
+            loss = totals[0] / totals[2]
+            self.log.eval(self.step, {"loss": loss, "accuracy": totals[1] / totals[2],
+                                      "excess_loss": loss - self.entropy_floor},
+                          cum_tokens=self.spent_tokens, cum_flops=self.spent_flops)
+
+    def _heldout_slices(self) -> list[list[int]]:
+        """This rank's share of the held-out samples, in batches of its per-rank batch size."""
+        total = min(self.config.eval_batches * self.config.global_batch, self.config.data.heldout_samples)
+        mine = list(range(self.rank, total, self.world_size))
+        size = self.config.global_batch // self.world_size
+        return [mine[start:start + size] for start in range(0, len(mine), size)]
+
+
+def _inputs_and_targets(samples: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples of ``seq_len + 1`` tokens as inputs and next-token targets."""
+    tokens = torch.from_numpy(samples).to(device)
+    return tokens[:, :-1], tokens[:, 1:]
