@@ -21,6 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, help="run directory to write")
     p.add_argument("--nproc", type=integer_in(1, 1024), default=2, help="ranks on this node (default 2)")
     p.add_argument("--steps", type=integer_in(1, 10**9), help="override the preset's number of steps")
+    p.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                   help="inject a fault with ground truth, e.g. nan:rank=0,step=25 (docs/faults.md); repeatable")
     p.set_defaults(handler=cmd_train)
 
 
@@ -28,7 +30,8 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
     """The torchrun command line that ``bedside train`` runs."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                "-m", TRAINER_MODULE, "--preset", args.preset, "--out", str(args.out)]
-    return command + (["--steps", str(args.steps)] if args.steps else [])
+    command += ["--steps", str(args.steps)] if args.steps else []
+    return command + [option for spec in args.inject for option in ("--inject", spec)]
 
 
 def cmd_train(args: argparse.Namespace) -> int:

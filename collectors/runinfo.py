@@ -8,7 +8,6 @@ import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .errors import RunInfoError

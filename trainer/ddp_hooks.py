@@ -14,16 +14,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from .faults import FaultPlan
+
 
 class LocalGrads:
     """The hook's state: squared local gradient norm and last-bucket time of the current backward."""
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, faults: FaultPlan, process_group: dist.ProcessGroup | None = None) -> None:
+        self.faults = faults
         self.process_group = process_group
+        self.step = 0
         self.squared_norm: torch.Tensor | None = None
         self.last_bucket_ready = 0.0
 
-    def reset(self) -> None:
+    def reset(self, step: int) -> None:
+        self.step = step
         self.squared_norm = None
 
     def local_grad_norm(self) -> torch.Tensor | None:
@@ -31,7 +36,12 @@ class LocalGrads:
 
 
 def allreduce_with_local_norm(state: LocalGrads, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default all-reduce, after adding the bucket's squared norm to ``state`` (no sync)."""
+    """DDP's default all-reduce, after adding the bucket's squared norm to ``state`` (no sync).
+
+    Injected gradient corruption (silent data corruption) happens here, before the
+    norm and the all-reduce, where a faulty chip's error would enter.
+    """
+    state.faults.corrupt_gradients(state.step, bucket.buffer())
     squared = bucket.buffer().detach().float().pow(2).sum()
     state.squared_norm = squared if state.squared_norm is None else state.squared_norm + squared
     state.last_bucket_ready = time.perf_counter()

@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from bedside.collectors.writer import RunLogger, RankPlacement
 
-from .config import PARALLELISMS, PRESETS, preset
+from .config import PARALLELISMS, PRESETS, TrainConfig, preset
+from .faults import FaultPlan
 from .trainer import Trainer
 
 
@@ -25,7 +26,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="run directory")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument("--parallelism", choices=PARALLELISMS, help="override the preset's parallelism")
-    return parser.parse_args(argv)
+    parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                        help="inject a fault, e.g. straggler:rank=1,factor=2,from=20 (docs/faults.md); repeatable")
+    args = parser.parse_args(argv)
+    try:  # a bad spec fails here, before the process group and the run directory exist
+        fault_plan(args.inject, preset(args.preset), rank=_env_int("RANK"), world_size=_env_int("WORLD_SIZE", 1))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _env_int(name: str, default: int = 0) -> int:
+    return int(os.environ.get(name) or default)
+
+
+def fault_plan(specs: list[str], config: TrainConfig, *, rank: int, world_size: int,
+               logger: RunLogger | None = None) -> FaultPlan:
+    """This rank's fault plan, with the corpus layout that bad_shard needs."""
+    return FaultPlan.parse(specs, rank=rank, world_size=world_size, logger=logger,
+                           samples_per_shard=config.data.samples_per_shard, vocab_size=config.data.vocab_size)
 
 
 def init_distributed() -> torch.device:
@@ -55,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     placement = topology[dist.get_rank()]
     with RunLogger(args.out, name=os.path.basename(os.path.abspath(args.out)), config=config.to_json(),
                    placement=placement, topology=topology) as logger:
-        Trainer(config, logger, device).train()
+        faults = fault_plan(args.inject, config, rank=dist.get_rank(), world_size=dist.get_world_size(),
+                            logger=logger)
+        Trainer(config, logger, device, faults=faults).train()
     dist.destroy_process_group()
 
 

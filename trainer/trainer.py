@@ -6,7 +6,6 @@ waits for the device or for telemetry.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from .config import TrainConfig
 from .language import MarkovLanguage, ShardedCorpus
 from .sampler import BatchSampler
 from .ddp_hooks import LocalGrads, allreduce_with_local_norm
+from .faults import FaultPlan
 from .model import Transformer, flops_per_token
 from .schedule import lr_at
 
@@ -42,7 +42,8 @@ class StepTimes:
 class Trainer:
     """One rank of a data-parallel training run, instrumented through RunLogger."""
 
-    def __init__(self, config: TrainConfig, logger: RunLogger, device: torch.device) -> None:
+    def __init__(self, config: TrainConfig, logger: RunLogger, device: torch.device,
+                 faults: FaultPlan | None = None) -> None:
         self.config = config
         self.log = logger
         self.device = device
@@ -57,7 +58,8 @@ class Trainer:
         self.sampler = BatchSampler(self.corpus, global_batch_size=config.global_batch, seed=config.seed)
         self.entropy_floor = self.language.entropy_rate()
         torch.manual_seed(config.seed)
-        self.grads = LocalGrads()
+        self.faults = faults or FaultPlan.none()
+        self.grads = LocalGrads(faults=self.faults)
         self.model = self._wrap(Transformer(config.model).to(device))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr,
                                            weight_decay=config.optim.weight_decay)
@@ -86,8 +88,9 @@ class Trainer:
         batch_index, ids = self.sampler.next_batch()
         inputs, targets = self._batch(self.sampler.rank_slice(ids, self.rank, self.world_size))
         data_done = time.perf_counter()
-        self.grads.reset()
-        loss = self.model.module.loss(self.model(inputs), targets)
+        self.grads.reset(self.step)
+        self.faults.before_compute(self.step)
+        loss = self.faults.corrupt_loss(self.step, self.model.module.loss(self.model(inputs), targets))
         loss.backward()
         backward_done = time.perf_counter()
         grad_norm = self._optimizer_step()
@@ -97,16 +100,26 @@ class Trainer:
         self._emit(loss.detach(), grad_norm, times, batch_index, ids)
 
     def _optimizer_step(self) -> torch.Tensor:
-        lr = lr_at(self.step, self.config.optim, self.config.steps)
+        """Clip, then step unless the gradient is not finite (the update is skipped and said so).
+
+        Reading the norm's finiteness is the one host read the step needs, as in
+        Megatron-LM and AMP's GradScaler: a non-finite update would destroy the weights.
+        """
+        lr = lr_at(self.step, self.config.optim, self.config.steps) * self.faults.lr_scale(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-        self.optimizer.step()
+        if bool(torch.isfinite(grad_norm)):
+            self.optimizer.step()
+            self.faults.corrupt_parameters(self.step, self.model.module)
+        elif self.rank == 0:
+            self.log.log(self.step, f"non-finite gradient norm ({float(grad_norm)}): update skipped", level="error")
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
     def _batch(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return _inputs_and_targets(self.corpus.train_batch(ids), self.device)
+        samples = self.faults.corrupt_samples(self.step, ids, self.corpus.train_batch(ids))
+        return _inputs_and_targets(samples, self.device)
 
     # -- telemetry ----------------------------------------------------------------
     def _emit(self, loss: torch.Tensor, grad_norm: torch.Tensor, times: StepTimes, batch_index: int,
@@ -131,11 +144,14 @@ class Trainer:
         return self.flops_per_step / step_time / peak if step_time > 0 else 0.0
 
     def _param_checksum(self) -> str:
-        """A digest of this rank's parameters: DDP replicas must agree bit for bit."""
-        digest = hashlib.blake2b(digest_size=8)
-        for tensor in self.model.module.state_dict().values():
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-        return digest.hexdigest()
+        """A digest of this rank's parameters: DDP replicas must agree bit for bit.
+
+        Each tensor's bits, read as integers, are summed on its device (wrapping int64),
+        and the sums are weighted by position: any change of one element changes the
+        digest. One host read every ``checksum_every`` steps.
+        """
+        sums = [_bit_sum(t) * (i + 1) for i, t in enumerate(self.model.module.state_dict().values())]
+        return f"{int(torch.stack(sums).sum()) & 0xFFFFFFFFFFFFFFFF:016x}"
 
     # -- evaluation ---------------------------------------------------------------
     @torch.no_grad()
@@ -163,6 +179,15 @@ class Trainer:
         mine = list(range(self.rank, total, self.world_size))
         size = self.config.global_batch // self.world_size
         return [mine[start:start + size] for start in range(0, len(mine), size)]
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bit_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of a tensor's elements read as integers of their width (int64, on its device)."""
+    bits = tensor.detach().contiguous().view(_INT_OF_SIZE[tensor.element_size()])
+    return bits.sum(dtype=torch.int64)
 
 
 def _inputs_and_targets(samples: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
