@@ -9,6 +9,7 @@ process) within ``flush_every_s`` plus the time to encode the backlog.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import threading
@@ -35,7 +36,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 class RunLogger:
-    """Writes one rank's telemetry for a run directory (format v1)."""
+    """Writes one rank's telemetry for a run directory (format v1).
+
+    ``previous_record`` is the last complete record already in this rank's file
+    when the logger opened it (None for a new run): where a restarted rank left off.
+    """
 
     def __init__(
         self,
@@ -63,6 +68,7 @@ class RunLogger:
         if self.rank == 0:
             self._ensure_run_info(name, config, tuple(topology))
         self._files = {Kind.FAULT_INJECTED: AppendFile(self.layout.ground_truth_file(self.rank))}
+        self.previous_record = last_record(self.layout.rank_file(self.rank))
         self._telemetry = AppendFile(self.layout.rank_file(self.rank))
         self._queue: deque[tuple | threading.Event] = deque()
         self._lock = threading.Lock()
@@ -256,6 +262,24 @@ class RunLogger:
             write_run_info(self.layout, info)
         elif existing.world_size != self.world_size:
             write_run_info(self.layout, replace(existing, world_size=self.world_size, topology=topology))
+
+
+def last_record(path: Path, tail_bytes: int = 1 << 16) -> dict[str, Any] | None:
+    """The last complete record of a telemetry file (what a restarted rank resumes after), if any."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - tail_bytes))
+            lines = fh.read().split(b"\n")[:-1]
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            return record
+    return None
 
 
 def _write_lines(channel: AppendFile, lines: list[str]) -> None:

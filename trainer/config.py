@@ -61,13 +61,16 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 2
     checksum_every: int = 10
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
     peak_flops_per_device: float = 1e12
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:
             raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, got {self.parallelism!r}")
-        for name in ("steps", "global_batch", "eval_every", "eval_batches", "checksum_every"):
+        for name in ("steps", "global_batch", "eval_every", "eval_batches", "checksum_every", "checkpoint_every",
+                     "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.model.vocab_size != self.data.vocab_size:

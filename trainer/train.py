@@ -26,6 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="run directory")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument("--parallelism", choices=PARALLELISMS, help="override the preset's parallelism")
+    parser.add_argument("--checkpoint-every", type=int, help="override the preset's checkpoint interval (steps)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint in OUT")
     parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
                         help="inject a fault, e.g. straggler:rank=1,factor=2,from=20 (docs/faults.md); repeatable")
     args = parser.parse_args(argv)
@@ -68,7 +70,8 @@ def gather_topology() -> tuple[RankPlacement, ...]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    config = preset(args.preset, steps=args.steps, parallelism=args.parallelism)
+    config = preset(args.preset, steps=args.steps, parallelism=args.parallelism,
+                    checkpoint_every=args.checkpoint_every)
     device = init_distributed()
     topology = gather_topology()
     placement = topology[dist.get_rank()]
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                    placement=placement, topology=topology) as logger:
         faults = fault_plan(args.inject, config, rank=dist.get_rank(), world_size=dist.get_world_size(),
                             logger=logger)
-        Trainer(config, logger, device, faults=faults).train()
+        Trainer(config, logger, device, faults=faults).train(resume=args.resume)
     dist.destroy_process_group()
 
 

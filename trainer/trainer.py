@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bedside.collectors.writer import RunLogger
 
+from .checkpoint import rng_state, set_rng_state
+from .checkpointing import Checkpointing
 from .config import TrainConfig
 from .language import MarkovLanguage, ShardedCorpus
 from .sampler import BatchSampler
@@ -64,6 +67,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr,
                                            weight_decay=config.optim.weight_decay)
         self.step = 0
+        self.timeline = logger.timeline
         self.flops_per_step = flops_per_token(config.model) * config.tokens_per_step
         self.spent_tokens = 0
         self.spent_flops = 0.0
@@ -74,12 +78,29 @@ class Trainer:
         return ddp
 
     # -- the loop ---------------------------------------------------------------
-    def train(self) -> None:
-        """Run the configured number of steps, evaluating every ``eval_every``."""
+    def train(self, *, resume: bool = False) -> None:
+        """Run to the configured number of steps (from the latest good checkpoint when
+        resuming), evaluating every ``eval_every`` and checkpointing every ``checkpoint_every``."""
+        checkpointing = Checkpointing(self)
+        if resume and not checkpointing.resume() and self.rank == 0:
+            self.log.log(self.step, "no checkpoint to resume from: starting from step 0", level="warning")
         while self.step < self.config.steps:
             self.train_step()
             if self.step % self.config.eval_every == 0 or self.step == self.config.steps:
                 self.evaluate()
+            checkpointing.after_step()
+        checkpointing.finish()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything besides model and optimizer that a rewind or resume restores (JSON)."""
+        return {"step": self.step, "timeline": self.timeline, "sampler": self.sampler.state_dict(),
+                "rng": rng_state(), "spent_tokens": self.spent_tokens, "spent_flops": self.spent_flops}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.timeline = state["step"], state["timeline"]
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.spent_tokens, self.spent_flops = state["spent_tokens"], state["spent_flops"]
 
     def train_step(self) -> None:
         """One optimizer step on the next global batch."""

@@ -1,0 +1,90 @@
+"""Checkpointing around the training loop: save every N steps without waiting,
+report each save when it completes, and resume from the latest good checkpoint.
+
+A resumed rank retrains the steps between its checkpoint and where it stopped.
+Those steps were already recorded, so the resumed run starts a new timeline (as a
+rewind does): every (timeline, step) stays unique and the abandoned steps stay
+visible as a branch.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .checkpoint import CheckpointManager, SaveHandle, SaveResult
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+
+class Checkpointing:
+    """Saves, reports and restores a Trainer's checkpoints (all ranks call every method)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        config = trainer.config
+        self.manager = CheckpointManager(trainer.log.layout.checkpoints, keep_last=config.keep_checkpoints)
+        self._pending: SaveHandle | None = None
+
+    def after_step(self) -> None:
+        """Report a finished save; start one every ``checkpoint_every`` steps."""
+        self._report_if_done()
+        trainer = self.trainer
+        if trainer.step % trainer.config.checkpoint_every == 0 and trainer.step < trainer.config.steps:
+            self._save()
+
+    def finish(self) -> None:
+        """Save the final state and wait for every save to be written and reported."""
+        if self._pending is not None:
+            self._report(self._pending.wait())
+        self._save()
+        self._report(self._pending.wait())
+        self._pending = None
+        self.manager.close()
+
+    def resume(self) -> bool:
+        """Load the latest good checkpoint (reporting corrupt ones passed over); False when none."""
+        trainer = self.trainer
+        choice = self.manager.latest_good()
+        for skipped in choice.skipped if trainer.rank == 0 else ():
+            trainer.log.checkpoint(trainer.step, "corrupt", path=self._relative(skipped.path), message=skipped.reason)
+        if choice.checkpoint is None:
+            return False
+        state = self.manager.load(choice.checkpoint, trainer.model.module, trainer.optimizer)
+        trainer.load_state_dict(state)
+        previous = trainer.log.previous_record or {}
+        if previous.get("step", 0) > trainer.step or previous.get("timeline", 0) > trainer.timeline:
+            trainer.timeline = max(previous.get("timeline", 0), trainer.timeline) + 1
+            trainer.log.timeline = trainer.timeline
+        if trainer.rank == 0:
+            message = "fell back past corrupt checkpoints" if choice.fell_back else None
+            trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path), message=message)
+        return True
+
+    def _save(self) -> None:
+        trainer = self.trainer
+        if trainer.rank == 0:
+            trainer.log.checkpoint(trainer.step, "save_started")
+        self._pending = self.manager.save(trainer.step, trainer.timeline, trainer.model.module, trainer.optimizer,
+                                          trainer.state_dict())
+
+    def _report_if_done(self) -> None:
+        if self._pending is not None and self._pending.done():
+            self._report(self._pending.result())
+            self._pending = None
+
+    def _report(self, result: SaveResult) -> None:
+        trainer = self.trainer
+        if trainer.rank != 0:
+            return
+        trainer.log.checkpoint(result.step, result.status, path=self._relative(result.path),
+                               duration_s=result.duration_s, bytes=result.bytes, message=result.error)
+        for deleted in result.deleted:
+            trainer.log.checkpoint(result.step, "deleted", path=self._relative(deleted))
+
+    def _relative(self, path: Path) -> str:
+        root = self.trainer.log.layout.root
+        try:
+            return str(path.relative_to(root))
+        except ValueError:
+            return str(path)
