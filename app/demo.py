@@ -48,9 +48,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _command_name() -> str:
-    """How the user can run bedside again: the full path when it is not on PATH."""
+    """How the user can run bedside again: ``bedside`` when that is on PATH, else the path they typed."""
     launched = Path(sys.argv[0])
-    return "bedside" if shutil.which("bedside") == str(launched) or not launched.is_absolute() else str(launched)
+    on_path = shutil.which("bedside")
+    if launched.name != "bedside" or (on_path and Path(on_path).resolve() == launched.resolve()):
+        return "bedside"
+    return str(launched)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
