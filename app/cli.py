@@ -16,7 +16,7 @@ from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DEFAULT_QUERY_TIMEOUT_S, Store
 
-from . import demo, train
+from . import action, demo, train
 from .output import FORMATS, Progress, integer_in, positive_seconds, print_frame, warn
 
 MAX_BATCH_MB = 1024
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_query(commands)
     _add_runs(commands)
     train.add_parser(commands)
+    action.add_parser(commands)
     demo.add_parser(commands)
     return parser
 

@@ -5,7 +5,7 @@ RUN/
   run.json                      run metadata (id, name, world size, topology, config)
   telemetry/rank-00000.jsonl    one append-only telemetry file per rank
   ground_truth/rank-00000.jsonl fault_injected records (labels for scoring, not for detectors)
-  control/                      action requests for the trainer
+  control/requests/<id>.json    action requests for the trainer (processed/: handled ones)
   checkpoints/                  checkpoints and their manifests
   bedside.duckdb                the store (written by the collector only)
 ```
@@ -56,6 +56,16 @@ class RunLayout:
     @property
     def control(self) -> Path:
         return self.root / "control"
+
+    @property
+    def control_requests(self) -> Path:
+        """Pending action requests, one JSON file each (written by ``collectors/control.py``)."""
+        return self.control / "requests"
+
+    @property
+    def control_processed(self) -> Path:
+        """Requests the trainer has handled (applied or rejected), moved here by rank 0."""
+        return self.control / "processed"
 
     @property
     def checkpoints(self) -> Path:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .checkpoint import CheckpointManager, SaveHandle, SaveResult
+from .checkpoint import CheckpointInfo, CheckpointManager, SaveHandle, SaveResult
+from .manifest import Skipped
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -25,29 +26,38 @@ class Checkpointing:
         config = trainer.config
         self.manager = CheckpointManager(trainer.log.layout.checkpoints, keep_last=config.keep_checkpoints)
         self._pending: SaveHandle | None = None
+        self._last_saved: tuple[int, int] | None = None  # (timeline, step)
 
     def after_step(self) -> None:
         """Report a finished save; start one every ``checkpoint_every`` steps."""
         self._report_if_done()
         trainer = self.trainer
         if trainer.step % trainer.config.checkpoint_every == 0 and trainer.step < trainer.config.steps:
-            self._save()
+            self.save_now()
 
     def finish(self) -> None:
         """Save the final state and wait for every save to be written and reported."""
+        self.save_now()
+        if self._pending is not None:
+            self._report(self._pending.wait())
+        self._pending = None
+        self.manager.close()
+
+    def save_now(self) -> bool:
+        """Start a save of the current step (after reporting the one in flight); False when it is saved."""
+        trainer = self.trainer
+        if self._last_saved == (trainer.timeline, trainer.step):
+            return False
         if self._pending is not None:
             self._report(self._pending.wait())
         self._save()
-        self._report(self._pending.wait())
-        self._pending = None
-        self.manager.close()
+        return True
 
     def resume(self) -> bool:
         """Load the latest good checkpoint (reporting corrupt ones passed over); False when none."""
         trainer = self.trainer
         choice = self.manager.latest_good()
-        for skipped in choice.skipped if trainer.rank == 0 else ():
-            trainer.log.checkpoint(trainer.step, "corrupt", path=self._relative(skipped.path), message=skipped.reason)
+        self._report_corrupt(choice.skipped)
         if choice.checkpoint is None:
             return False
         state = self.manager.load(choice.checkpoint, trainer.model.module, trainer.optimizer)
@@ -61,8 +71,29 @@ class Checkpointing:
             trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path), message=message)
         return True
 
+    def rewind(self, at_or_before_step: int) -> CheckpointInfo | None:
+        """Load the latest good checkpoint at or before a step and continue on a new timeline; None when none."""
+        trainer = self.trainer
+        highest = trainer.timeline
+        choice = self.manager.latest_good(at_or_before_step)
+        self._report_corrupt(choice.skipped)
+        if choice.checkpoint is None:
+            return None
+        trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.model.module, trainer.optimizer))
+        trainer.timeline = trainer.log.timeline = max(highest, trainer.timeline) + 1
+        if trainer.rank == 0:
+            trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path),
+                                   message=f"rewind: continuing on timeline {trainer.timeline}")
+        return choice.checkpoint
+
+    def _report_corrupt(self, skipped: tuple[Skipped, ...]) -> None:
+        trainer = self.trainer
+        for passed in skipped if trainer.rank == 0 else ():
+            trainer.log.checkpoint(trainer.step, "corrupt", path=self._relative(passed.path), message=passed.reason)
+
     def _save(self) -> None:
         trainer = self.trainer
+        self._last_saved = (trainer.timeline, trainer.step)
         if trainer.rank == 0:
             trainer.log.checkpoint(trainer.step, "save_started")
         self._pending = self.manager.save(trainer.step, trainer.timeline, trainer.model.module, trainer.optimizer,

@@ -19,6 +19,7 @@ from bedside.collectors.writer import RunLogger
 
 from .checkpoint import rng_state, set_rng_state
 from .checkpointing import Checkpointing
+from .control import ControlChannel
 from .config import TrainConfig
 from .language import MarkovLanguage, ShardedCorpus
 from .sampler import BatchSampler
@@ -80,16 +81,20 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------
     def train(self, *, resume: bool = False) -> None:
         """Run to the configured number of steps (from the latest good checkpoint when
-        resuming), evaluating every ``eval_every`` and checkpointing every ``checkpoint_every``."""
+        resuming), evaluating every ``eval_every`` and checkpointing every ``checkpoint_every``;
+        control requests (rewind, skip, pause, stop...) are applied at step boundaries."""
         checkpointing = Checkpointing(self)
+        control = ControlChannel(self, checkpointing)
         if resume and not checkpointing.resume() and self.rank == 0:
             self.log.log(self.step, "no checkpoint to resume from: starting from step 0", level="warning")
-        while self.step < self.config.steps:
+        while self.step < self.config.steps and control.at_step_boundary():
             self.train_step()
             if self.step % self.config.eval_every == 0 or self.step == self.config.steps:
                 self.evaluate()
             checkpointing.after_step()
         checkpointing.finish()
+        if control.stop_reason is not None:
+            self.log.close("aborted", control.stop_reason)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides model and optimizer that a rewind or resume restores (JSON)."""

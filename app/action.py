@@ -1,0 +1,53 @@
+"""``bedside action``: file a control request (rewind, skip, ...) for a live run."""
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+from pathlib import Path
+
+from bedside.collectors.control import ACTIONS, request_action
+from bedside.collectors.errors import BedsideError
+from bedside.collectors.layout import RunLayout, require_run_dir
+
+from .output import integer_in
+
+_OPTIONS = {"to_step": "--to-step", "first_batch": "--first-batch", "last_batch": "--last-batch", "shard": "--shard"}
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register ``bedside action``."""
+    p = commands.add_parser("action", help="ask a live run to rewind, skip batches, pause, stop...",
+                            description="File a control request in RUN/control/requests/; the trainer applies it "
+                                        "at its next step boundary and acknowledges it in telemetry.")
+    p.add_argument("run", type=Path, help="run directory")
+    p.add_argument("action", choices=ACTIONS, help="what the run should do")
+    p.add_argument("--to-step", type=integer_in(0), metavar="N", help="rewind: the step to go back to (or before)")
+    p.add_argument("--first-batch", type=integer_in(0), metavar="B", help="skip: first global batch index")
+    p.add_argument("--last-batch", type=integer_in(0), metavar="B", help="skip: last global batch index (inclusive)")
+    p.add_argument("--shard", type=integer_in(0), metavar="S", help="quarantine: the data shard to stop reading")
+    p.add_argument("--reason", required=True, help="why (kept with the request and its acknowledgement)")
+    p.add_argument("--operator", default=_default_operator(), help="who asks (default: $USER)")
+    p.set_defaults(handler=cmd_action)
+
+
+def _default_operator() -> str:
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def cmd_action(args: argparse.Namespace) -> int:
+    """Write the request and print its id."""
+    layout = RunLayout(require_run_dir(args.run))
+    given = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
+    try:
+        request_id = request_action(layout, args.action, given, operator=args.operator, reason=args.reason)
+    except ValueError as error:
+        message = str(error)
+        for name, option in _OPTIONS.items():
+            message = message.replace(name, option)
+        raise BedsideError(message) from None
+    print(request_id)
+    return 0

@@ -1,0 +1,97 @@
+"""Filing control requests for a live run (the writer side of ``RUN/control/``).
+
+One JSON file per request, ``RUN/control/requests/<request_id>.json``, written
+atomically (a hidden temporary file, fsync, rename) so the trainer never reads half
+a request. The trainer reads, applies and acknowledges them (``trainer/control.py``)
+and moves each handled file to ``RUN/control/processed/``. Format:
+docs/telemetry-format.md, "Control requests".
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .layout import RunLayout
+
+ACTION_ARGS: dict[str, tuple[str, ...]] = {
+    "rewind": ("to_step",),
+    "skip": ("first_batch", "last_batch"),
+    "quarantine": ("shard",),
+    "pause": (),
+    "resume": (),
+    "checkpoint": (),
+    "stop": (),
+}
+ACTIONS = tuple(ACTION_ARGS)
+
+
+def request_action(layout: RunLayout, action: str, args: Mapping[str, Any] | None = None, *,
+                   operator: str, reason: str) -> str:
+    """File one request for the run at ``layout``; its request id. ValueError on a bad request."""
+    request = build_request(action, args or {}, operator=operator, reason=reason)
+    write_request(layout.control_requests, request)
+    return request["request_id"]
+
+
+def build_request(action: str, args: Mapping[str, Any], *, operator: str, reason: str) -> dict[str, Any]:
+    """A checked request with a new id (unique: the time in nanoseconds and 32 random bits)."""
+    checked = check_args(action, args)
+    if not str(reason or "").strip():
+        raise ValueError("a request needs a reason")
+    if not str(operator or "").strip():
+        raise ValueError("a request needs an operator")
+    return {"request_id": new_request_id(), "action": action, "args": checked, "operator": str(operator),
+            "reason": str(reason), "requested_at": time.time()}
+
+
+def check_args(action: str, args: Mapping[str, Any]) -> dict[str, int]:
+    """``args`` of ``action`` as integers >= 0; ValueError naming what is unknown, missing or wrong."""
+    if action not in ACTION_ARGS:
+        raise ValueError(f"unknown action {action!r}: expected one of {', '.join(ACTIONS)}")
+    expected = ACTION_ARGS[action]
+    if unknown := sorted(set(args) - set(expected)):
+        raise ValueError(f"{action} takes {_names(expected) or 'no arguments'}, not {', '.join(unknown)}")
+    if missing := [name for name in expected if args.get(name) is None]:
+        raise ValueError(f"{action} needs {', '.join(missing)}")
+    checked = {name: _non_negative_int(name, args[name]) for name in expected}
+    if action == "skip" and checked["first_batch"] > checked["last_batch"]:
+        raise ValueError(f"skip needs first_batch <= last_batch, got {checked['first_batch']} > "
+                         f"{checked['last_batch']}")
+    return checked
+
+
+def new_request_id() -> str:
+    """``req-<unix ns>-<8 hex>``: unique, and sorting by id sorts by filing time."""
+    return f"req-{time.time_ns():019d}-{secrets.token_hex(4)}"
+
+
+def write_request(folder: Path, request: Mapping[str, Any]) -> Path:
+    """Write ``request`` as ``folder/<request_id>.json`` atomically; the path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{request['request_id']}.json"
+    partial = folder / f".{final.name}.tmp"
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(request, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, final)
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return final
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(names)

@@ -1,0 +1,220 @@
+"""The control channel with the real trainer: requests filed with ``bedside action`` into a live
+two-rank gloo run are applied by every rank at the same step, rejected with a reason, or
+rejected as duplicates; plus the request writer's checks."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bedside.app.cli import main as bedside
+from bedside.collectors.control import ACTIONS, build_request, check_args, request_action
+from bedside.collectors.ingest import Collector
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.store import Store
+
+STEPS, EVERY, FILE_AT = 100, 10, 25
+SKIPPED = (40, 44)
+
+
+def action(run: Path, *args: str) -> str:
+    """Run ``bedside action RUN ...``; the request id it prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert bedside(["action", str(run), *args, "--operator", "tester"]) == 0
+    return out.getvalue().strip()
+
+
+def wait_for(condition, what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def reached_step(run: Path, step: int) -> bool:
+    path = RunLayout(run).rank_file(0)
+    if not path.exists():
+        return False
+    lines = path.read_text().splitlines()
+    return any(json.loads(line).get("step", 0) >= step for line in lines[-20:] if line.endswith("}"))
+
+
+def start_training(run: Path, *options: str) -> subprocess.Popen:
+    """``bedside train --nproc 2 --out RUN ...`` in the background."""
+    command = [sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--out", str(run), *options]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def finish_and_collect(trainer: subprocess.Popen, run: Path) -> Store:
+    """Wait for the run to end successfully; its store, with everything ingested."""
+    output, _ = trainer.communicate(timeout=120)
+    assert trainer.returncode == 0, output[-3000:]
+    store = Store.open(run / "bedside.duckdb")
+    Collector(run, store).ingest_available()
+    return store
+
+
+@pytest.fixture(scope="module")
+def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
+    run = tmp_path_factory.mktemp("control") / "run"
+    trainer = start_training(run, "--steps", str(STEPS), "--checkpoint-every", str(EVERY))
+    try:
+        wait_for(lambda: reached_step(run, FILE_AT), f"step {FILE_AT}")
+        ids = {"rewind": action(run, "rewind", "--to-step", "20", "--reason", "loss spike"),
+               "skip": action(run, "skip", "--first-batch", str(SKIPPED[0]), "--last-batch", str(SKIPPED[1]),
+                              "--reason", "bad data"),
+               "too_early": action(run, "rewind", "--to-step", "1", "--reason", "start over")}
+        processed = RunLayout(run).control_processed / f"{ids['rewind']}.json"
+        wait_for(processed.exists, "the rewind to be processed")
+        (RunLayout(run).control_requests / processed.name).write_text(processed.read_text())  # filed again
+        store = finish_and_collect(trainer, run)
+    finally:
+        trainer.kill()
+    yield store, ids
+    store.close()
+
+
+def rows(store: Store, query: str, *params) -> list[tuple]:
+    return store.cursor().execute(query, list(params)).fetchall()
+
+
+def test_each_request_is_acknowledged_as_requested_then_applied_or_rejected_with_a_reason(controlled) -> None:
+    store, ids = controlled
+    acks = rows(store, "SELECT request_id, action, status, operator, reason, message FROM action_events "
+                       "ORDER BY time, status DESC")
+    by_id = {name: [row[2:] for row in acks if row[0] == request_id] for name, request_id in ids.items()}
+    assert [status for status, *_ in by_id["skip"]] == ["requested", "applied"]
+    assert by_id["skip"][1][1:3] == ("tester", "bad data")
+    assert by_id["too_early"][-1][0] == "rejected"
+    assert by_id["too_early"][-1][3] == "no checkpoint at or before step 1"
+    assert [status for status, *_ in by_id["rewind"]][:2] == ["requested", "applied"]
+    assert "timeline 1" in by_id["rewind"][1][3]
+
+
+def test_a_duplicate_request_id_is_applied_once_and_rejected_once(controlled) -> None:
+    store, ids = controlled
+    statuses = rows(store, "SELECT status, message FROM action_events WHERE request_id = ? ORDER BY time",
+                    ids["rewind"])
+    assert [status for status, _ in statuses] == ["requested", "applied", "requested", "rejected"]
+    assert "duplicate" in statuses[-1][1]
+
+
+def test_the_rewind_starts_a_new_timeline_at_step_21_on_every_rank_at_the_same_step(controlled) -> None:
+    store, _ = controlled
+    assert rows(store, "SELECT rank, min(step) FROM rank_step_metrics WHERE timeline = 1 GROUP BY rank "
+                       "ORDER BY rank") == [(0, 21), (1, 21)]
+    left = rows(store, "SELECT DISTINCT max(step) FROM rank_step_metrics WHERE timeline = 0 GROUP BY rank")
+    assert len(left) == 1 and left[0][0] >= FILE_AT
+    assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 1, STEPS)]
+
+
+def test_the_skipped_batches_are_never_trained_on_the_live_timeline(controlled) -> None:
+    store, _ = controlled
+    batches = [int(b) for (b,) in rows(store, "SELECT extra['batch'] FROM step_metrics WHERE timeline = 1 "
+                                              "ORDER BY step")]
+    first, last = SKIPPED
+    assert batches == list(range(20, first)) + list(range(last + 1, last + 1 + STEPS - first))
+
+
+# -- the request writer ---------------------------------------------------------------
+def test_a_request_is_one_json_file_with_a_unique_id(tmp_path) -> None:
+    layout = RunLayout(tmp_path)
+    ids = {request_action(layout, "rewind", {"to_step": 5}, operator="ana", reason="spike") for _ in range(20)}
+    assert len(ids) == 20 and sorted(p.stem for p in layout.control_requests.iterdir()) == sorted(ids)
+    body = json.loads((layout.control_requests / f"{min(ids)}.json").read_text())
+    assert body.keys() == {"request_id", "action", "args", "operator", "reason", "requested_at"}
+    assert (body["action"], body["args"], body["operator"], body["reason"]) == ("rewind", {"to_step": 5}, "ana", "spike")
+
+
+@pytest.mark.parametrize("action_name", ACTIONS)
+def test_every_action_accepts_its_arguments(action_name: str) -> None:
+    args = {"rewind": {"to_step": 3}, "skip": {"first_batch": 2, "last_batch": 2}, "quarantine": {"shard": 1}}
+    assert build_request(action_name, args.get(action_name, {}), operator="a", reason="r")["action"] == action_name
+
+
+@pytest.mark.parametrize(("action_name", "args", "problem"), [
+    ("explode", {}, "unknown action 'explode'"),
+    ("rewind", {}, "rewind needs to_step"),
+    ("rewind", {"to_step": -1}, "to_step must be an integer >= 0, got -1"),
+    ("rewind", {"to_step": "5"}, "to_step must be an integer >= 0, got '5'"),
+    ("rewind", {"to_step": True}, "to_step must be an integer >= 0, got True"),
+    ("skip", {"first_batch": 3}, "skip needs last_batch"),
+    ("skip", {"first_batch": 5, "last_batch": 4}, "skip needs first_batch <= last_batch, got 5 > 4"),
+    ("quarantine", {"shard": 1, "to_step": 2}, "quarantine takes shard, not to_step"),
+    ("pause", {"shard": 1}, "pause takes no arguments, not shard"),
+])
+def test_a_bad_request_is_refused_with_a_clear_reason(action_name: str, args: dict, problem: str) -> None:
+    with pytest.raises(ValueError, match=f"^{problem}"):
+        check_args(action_name, args)
+
+
+@pytest.mark.parametrize(("operator", "reason", "problem"), [("ana", " ", "a reason"), ("", "why", "an operator")])
+def test_a_request_needs_a_reason_and_an_operator(operator: str, reason: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        build_request("pause", {}, operator=operator, reason=reason)
+
+
+def test_the_command_line_refuses_a_missing_run_and_bad_arguments(tmp_path, capsys) -> None:
+    assert bedside(["action", str(tmp_path / "nope"), "pause", "--reason", "x"]) == 2
+    (tmp_path / "telemetry").mkdir()
+    assert bedside(["action", str(tmp_path), "skip", "--first-batch", "4", "--reason", "x"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert errors == [f"bedside: error: no run directory at {tmp_path / 'nope'}", "bedside: error: skip needs --last-batch"]
+    assert not RunLayout(tmp_path).control_requests.exists()
+
+
+@pytest.fixture(scope="module")
+def paused_then_stopped(tmp_path_factory) -> tuple[Store, dict[str, str]]:
+    """pause, then (while paused) checkpoint and quarantine, resume, stop."""
+    run = tmp_path_factory.mktemp("pause") / "run"
+    trainer = start_training(run, "--steps", "1000")
+    processed = RunLayout(run).control_processed
+    try:
+        wait_for(lambda: reached_step(run, 10), "step 10")
+        ids = {"pause": action(run, "pause", "--reason", "look at it")}
+        wait_for(lambda: (processed / f"{ids['pause']}.json").exists(), "the pause")
+        time.sleep(2.5)
+        ids["checkpoint"] = action(run, "checkpoint", "--reason", "keep this")
+        ids["quarantine"] = action(run, "quarantine", "--shard", "1", "--reason", "bad shard")
+        ids["resume"] = action(run, "resume", "--reason", "carry on")
+        wait_for(lambda: (processed / f"{ids['resume']}.json").exists(), "the resume")
+        ids["stop"] = action(run, "stop", "--reason", "enough")
+        store = finish_and_collect(trainer, run)
+    finally:
+        trainer.kill()
+    yield store, ids
+    store.close()
+
+
+def test_a_paused_run_heartbeats_applies_requests_and_resumes_where_it_stopped(paused_then_stopped) -> None:
+    store, ids = paused_then_stopped
+    applied = dict(rows(store, "SELECT action, step FROM action_events WHERE status = 'applied'"))
+    assert applied["pause"] == applied["checkpoint"] == applied["quarantine"] == applied["resume"]
+    paused_at = applied["pause"]
+    beats = rows(store, "SELECT rank, count(*) FROM event_log WHERE kind = 'heartbeat' AND step = ? GROUP BY rank "
+                        "ORDER BY rank", paused_at)
+    assert [rank for rank, _ in beats] == [0, 1] and all(n >= 2 for _, n in beats)
+    assert ("saved", paused_at) in rows(store, "SELECT event, step FROM checkpoint_events")
+    before = rows(store, "SELECT shards FROM step_metrics WHERE step <= ?", paused_at)
+    after = rows(store, "SELECT shards FROM step_metrics WHERE step > ?", paused_at)
+    assert any(1 in json.loads(read) for read, in before)
+    assert after and all(1 not in json.loads(read) for read, in after)
+
+
+def test_stop_saves_a_checkpoint_and_ends_the_run_as_aborted_with_the_reason(paused_then_stopped) -> None:
+    store, _ = paused_then_stopped
+    (status, last_step), = rows(store, "SELECT status, last_step FROM run")
+    assert status == "aborted" and last_step < 1000
+    assert ("saved", last_step) in rows(store, "SELECT event, step FROM checkpoint_events")
+    ends = rows(store, "SELECT rank, message FROM event_log WHERE kind = 'run_end' ORDER BY rank")
+    assert [rank for rank, _ in ends] == [0, 1]
+    assert all(message.startswith("stopped by tester at step") and message.endswith(": enough") for _, message in ends)
