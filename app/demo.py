@@ -1,12 +1,14 @@
-"""``bedside demo``: a simulated multi-rank run, followed live into its store, then queried."""
+"""``bedside demo``: train ``tiny_cpu`` under torchrun with one fault of each kind, follow
+the run live into its store, and print what the store shows of each incident."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -16,35 +18,97 @@ from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
+from . import train
+from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
-from .simulate import MIN_RANKS, MIN_STEPS, Scenario, start_ranks
-
-
-def summary_queries(s: Scenario) -> list[tuple[str, str, dict[str, Any]]]:
-    """(title, named query, parameters) of what the demo prints, aimed at the scenario's faults."""
-    return [
-        ("run", "demo_run", {}),
-        (f"loss around the bad shard at step {s.spike_step}", "demo_loss_spike", {"spike_step": s.spike_step}),
-        (f"per-rank median times from step {s.straggler_from} (rank {s.straggler_rank} straggles)",
-         "demo_rank_times", {"straggler_from": s.straggler_from}),
-        ("non-finite values", "demo_nonfinite", {}),
-        ("held-out evals", "demo_evals", {}),
-    ]
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Add ``bedside demo`` to the CLI's sub-commands."""
-    p = commands.add_parser("demo", help="simulate a 4-rank run, follow it into a store, and query it",
-                            description="Write a simulated 4-rank run (a loss spike, a straggler, a NaN), follow it "
-                                        "live into its store, and print what the store shows.")
+    p = commands.add_parser("demo", help="train a small model with injected faults, follow it into a store, query it",
+                            description="Train tiny_cpu under torchrun with one fault of each kind (a straggler, a "
+                                        "bad data shard, bit flips in a gradient and in a replica, a NaN), follow "
+                                        "the run live into its store, and print what the store shows.")
     p.add_argument("--out", type=Path, default=Path("bedside-demo"), help="folder for the demo run (default bedside-demo)")
-    p.add_argument("--steps", type=integer_in(MIN_STEPS), default=300, metavar="N",
-                   help=f"simulated steps, at least {MIN_STEPS} (default 300)")
-    p.add_argument("--ranks", type=integer_in(MIN_RANKS), default=4, metavar="N",
-                   help=f"simulated ranks, at least {MIN_RANKS} (default 4)")
+    p.add_argument("--steps", type=integer_in(MIN_STEPS), default=200, metavar="N",
+                   help=f"training steps, at least {MIN_STEPS} (default 200)")
+    p.add_argument("--nproc", type=integer_in(2, 8), default=2, metavar="N", help="ranks, 2 to 8 (default 2)")
     p.add_argument("--crash-rank", type=integer_in(0), metavar="R",
-                   help="make rank R die halfway through, as an OOM kill would (the demo then fails)")
+                   help="also make rank R crash halfway through (the demo then fails and says so)")
     p.set_defaults(handler=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Train with the fault plan, follow the run into its store, and print each incident's evidence."""
+    if args.crash_rank is not None and args.crash_rank >= args.nproc:
+        raise BedsideError(f"--crash-rank {args.crash_rank} is not one of the {args.nproc} ranks")
+    faults = DemoFaults(args.steps, crash_rank=args.crash_rank)
+    run_dir = args.out / time.strftime("run-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True)
+    print(f"training tiny_cpu on {args.nproc} ranks for {args.steps} steps into {run_dir}; injecting:\n  "
+          + "\n  ".join(faults.specs()), file=sys.stderr)
+    with _start_training(run_dir, args.nproc, args.steps, faults.specs()) as training:
+        with Store.open(RunLayout(run_dir).store) as store:
+            follow_until_exit(Collector(run_dir, store, warn=warn), training)
+            if training.returncode:
+                raise BedsideError(f"training exited with code {training.returncode}; what the run wrote is in "
+                                   f'its store, see: {_command_name()} query {run_dir} "SELECT * FROM run"')
+            for title, name, params in summary_queries(faults):
+                print(f"\n== {title}")
+                print_frame(store.fetch_named(name, params), "table")
+    print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
+    return 0
+
+
+def summary_queries(faults: DemoFaults) -> list[tuple[str, str, dict[str, Any]]]:
+    """(title, named query, parameters) of what the demo prints, aimed at each injected fault."""
+    first, last = faults.straggler_window
+    return [
+        ("run", "demo_run", {}),
+        ("held-out loss against compute (above_floor: nats above the language's entropy)", "demo_evals", {}),
+        (f"bad data shard from step {faults.bad_shard_step}: the loss jumps", "demo_loss_spike",
+         {"spike_step": faults.bad_shard_step}),
+        (f"straggler, steps {first}-{last}: rank {faults.straggler_rank} computes slowly, its peers wait",
+         "demo_rank_times", {"first": first, "last": last}),
+        (f"bit flip in rank 1's gradient at step {faults.grad_flip_step}", "demo_grad_norms",
+         {"step": faults.grad_flip_step}),
+        (f"bit flip in rank 0's parameters at step {faults.param_flip_step}: replicas disagree", "demo_checksums",
+         {"from_step": faults.param_flip_step}),
+        ("updates the trainer skipped", "demo_skipped", {}),
+        ("ground truth: what was injected", "demo_ground_truth", {}),
+    ]
+
+
+def _start_training(run_dir: Path, nproc: int, steps: int, specs: list[str]) -> subprocess.Popen:
+    """``bedside train`` with the fault plan, as a child process (its ranks are torchrun's)."""
+    parser = argparse.ArgumentParser()
+    train.add_parser(parser.add_subparsers())
+    options = ["train", "--out", str(run_dir), "--nproc", str(nproc), "--steps", str(steps)]
+    args = parser.parse_args(options + [option for spec in specs for option in ("--inject", spec)])
+    env = {"OMP_NUM_THREADS": "1", **os.environ}
+    return subprocess.Popen(train.torchrun_command(args), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def follow_until_exit(collector: Collector, training: subprocess.Popen) -> None:
+    """Follow the run until it ends or the training process exits, then ingest what is left."""
+    progress = Progress()
+    stop = threading.Event()
+    follower = Follower(collector, rescan_every_s=0.5, on_pass=progress.update, warn=warn)
+    watcher = threading.Thread(target=_stop_when_exited, args=(training, stop, follower), name="training-watcher",
+                               daemon=True)
+    watcher.start()
+    follower.run(stop, until_finished=True)
+    watcher.join()
+    collector.ingest_available(on_pass=progress.update)
+    progress.report("done:")
+
+
+def _stop_when_exited(training: subprocess.Popen, stop: threading.Event, follower: Follower) -> None:
+    """Wait for the training process (draining its stderr), then stop the follower."""
+    training.communicate()
+    stop.set()
+    follower.wake()
 
 
 def _command_name() -> str:
@@ -54,53 +118,3 @@ def _command_name() -> str:
     if launched.name != "bedside" or (on_path and Path(on_path).resolve() == launched.resolve()):
         return "bedside"
     return str(launched)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """``bedside demo``: simulate a run, follow it into its store, and print what the store shows."""
-    run_dir = args.out / time.strftime("run-%Y%m%d-%H%M%S")
-    try:
-        scenario = Scenario.scaled(args.ranks, args.steps, crash_rank=args.crash_rank)
-    except ValueError as exc:
-        raise BedsideError(str(exc)) from exc
-    print(f"simulating {scenario.ranks} ranks x {scenario.steps} steps into {run_dir}", file=sys.stderr)
-    run_dir.mkdir(parents=True)
-    procs = start_ranks(run_dir, scenario)
-    with Store.open(RunLayout(run_dir).store) as store:
-        follow_ranks(Collector(run_dir, store, warn=warn), procs)
-        _check_exit_codes(procs, run_dir)
-        for title, name, params in summary_queries(scenario):
-            print(f"\n== {title}")
-            print_frame(store.fetch_named(name, params), "table")
-    print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
-    return 0
-
-
-def follow_ranks(collector: Collector, procs: list[BaseProcess]) -> None:
-    """Follow the run until it ends or every rank process has exited, then ingest what is left."""
-    progress = Progress()
-    stop = threading.Event()
-    follower = Follower(collector, rescan_every_s=0.5, on_pass=progress.update, warn=warn)
-    watcher = threading.Thread(target=_stop_when_exited, args=(procs, stop, follower), name="rank-watcher",
-                               daemon=True)
-    watcher.start()
-    follower.run(stop, until_finished=True)
-    watcher.join()
-    collector.ingest_available(on_pass=progress.update)
-    progress.report("done:")
-
-
-def _stop_when_exited(procs: list[BaseProcess], stop: threading.Event, follower: Follower) -> None:
-    """Wait for every rank process (the only thread that joins them), then stop the follower."""
-    for proc in procs:
-        proc.join()
-    stop.set()
-    follower.wake()
-
-
-def _check_exit_codes(procs: list[BaseProcess], run_dir: Path) -> None:
-    """Raise BedsideError naming every rank process that exited with a non-zero code."""
-    failed = [f"rank {rank} exited with code {proc.exitcode}" for rank, proc in enumerate(procs) if proc.exitcode]
-    if failed:
-        raise BedsideError(f"{', '.join(failed)}; what the run wrote is in its store, see: "
-                           f'{_command_name()} query {run_dir} "SELECT * FROM run"')

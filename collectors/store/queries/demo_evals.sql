@@ -1,2 +1,7 @@
--- bedside demo: the held-out eval scores and the compute spent to reach them.
-SELECT step, name, round(value, 3) AS value, cum_flops FROM eval_scores ORDER BY step, name;
+-- bedside demo: held-out loss, and how far it is above the language's entropy floor, against compute spent.
+SELECT step, cum_flops,
+       round(max(value) FILTER (name = 'loss'), 3) AS heldout_loss,
+       round(max(value) FILTER (name = 'excess_loss'), 3) AS above_floor
+FROM eval_scores
+GROUP BY step, cum_flops
+ORDER BY step;
