@@ -21,6 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, help="run directory to write")
     p.add_argument("--nproc", type=integer_in(1, 1024), default=2, help="ranks on this node (default 2)")
     p.add_argument("--steps", type=integer_in(1, 10**9), help="override the preset's number of steps")
+    p.add_argument("--parallelism", choices=("ddp", "fsdp"),
+                   help="override the preset's data parallelism: ddp, or fsdp (FSDP2 fully_shard, ZeRO-3 style)")
     p.add_argument("--checkpoint-every", type=integer_in(1, 10**9), metavar="N",
                    help="override the preset's checkpoint interval (steps)")
     p.add_argument("--resume", action="store_true",
@@ -35,6 +37,7 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                "-m", TRAINER_MODULE, "--preset", args.preset, "--out", str(args.out)]
     command += ["--steps", str(args.steps)] if args.steps else []
+    command += ["--parallelism", args.parallelism] if args.parallelism else []
     command += ["--checkpoint-every", str(args.checkpoint_every)] if args.checkpoint_every else []
     command += ["--resume"] if args.resume else []
     return command + [option for spec in args.inject for option in ("--inject", spec)]

@@ -60,7 +60,7 @@ class Checkpointing:
         self._report_corrupt(choice.skipped)
         if choice.checkpoint is None:
             return False
-        state = self.manager.load(choice.checkpoint, trainer.model.module, trainer.optimizer)
+        state = self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer)
         trainer.load_state_dict(state)
         previous = trainer.log.previous_record or {}
         if previous.get("step", 0) > trainer.step or previous.get("timeline", 0) > trainer.timeline:
@@ -79,7 +79,7 @@ class Checkpointing:
         self._report_corrupt(choice.skipped)
         if choice.checkpoint is None:
             return None
-        trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.model.module, trainer.optimizer))
+        trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer))
         trainer.timeline = trainer.log.timeline = max(highest, trainer.timeline) + 1
         if trainer.rank == 0:
             trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path),
@@ -96,7 +96,7 @@ class Checkpointing:
         self._last_saved = (trainer.timeline, trainer.step)
         if trainer.rank == 0:
             trainer.log.checkpoint(trainer.step, "save_started")
-        self._pending = self.manager.save(trainer.step, trainer.timeline, trainer.model.module, trainer.optimizer,
+        self._pending = self.manager.save(trainer.step, trainer.timeline, trainer.core, trainer.optimizer,
                                           trainer.state_dict())
 
     def _report_if_done(self) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from .model import ModelConfig, tiny_model_config
 
-PARALLELISMS = ("ddp",)
+PARALLELISMS = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,11 @@ from .faults import FaultPlan
 
 
 class LocalGrads:
-    """The hook's state: squared local gradient norm and last-bucket time of the current backward."""
+    """The hook's state: squared local gradient norm and last-bucket time of the current backward.
+
+    ``blocked_s`` is the host time spent inside reduction calls so far (FSDP2's
+    reduce-scatters on gloo block; DDP's all-reduce hook never does and leaves it 0).
+    """
 
     def __init__(self, faults: FaultPlan, process_group: dist.ProcessGroup | None = None) -> None:
         self.faults = faults
@@ -26,10 +30,12 @@ class LocalGrads:
         self.step = 0
         self.squared_norm: torch.Tensor | None = None
         self.last_bucket_ready = 0.0
+        self.blocked_s = 0.0
 
     def reset(self, step: int) -> None:
         self.step = step
         self.squared_norm = None
+        self.blocked_s = 0.0
 
     def local_grad_norm(self) -> torch.Tensor | None:
         return None if self.squared_norm is None else self.squared_norm.sqrt()

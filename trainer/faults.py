@@ -309,15 +309,18 @@ class GradBitflip(Fault):
 
 
 class ParamBitflip(GradBitflip):
-    """One bit of one element of this replica's parameters flipped after the optimizer step."""
+    """One bit of one element of this replica's parameters flipped after the optimizer step
+    (under FSDP, of this rank's own shards: ``index`` counts local elements)."""
 
     name, default_bit = "param_bitflip", 22
 
     @torch.no_grad()
     def corrupt(self, step: int, module: torch.nn.Module) -> None:
+        from .parallel import local  # parallel -> ddp_hooks -> faults: import at use
+
         if not self.window.covers(step):
             return
-        named = [(name, p) for name, p in module.named_parameters()]
+        named = [(name, local(p)) for name, p in module.named_parameters()]
         index = self.element(step, sum(p.numel() for _, p in named))
         for name, param in named:
             if index < param.numel():
@@ -391,7 +394,8 @@ class FaultPlan:
         return loss
 
     def corrupt_gradients(self, step: int, flat_grads: Tensor) -> None:
-        """Called per DDP bucket before its all-reduce; bit flips hit the step's first bucket only."""
+        """Called per DDP bucket before its all-reduce (per FSDP group before its reduce-scatter);
+        bit flips hit the step's first bucket only."""
         for timer in self._timers:
             timer.bucket_ready()
         if not self._grads or step == self._grad_step:

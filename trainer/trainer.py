@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from bedside.collectors.writer import RunLogger
 
@@ -23,9 +22,10 @@ from .control import ControlChannel
 from .config import TrainConfig
 from .language import MarkovLanguage, ShardedCorpus
 from .sampler import BatchSampler
-from .ddp_hooks import LocalGrads, allreduce_with_local_norm
+from .ddp_hooks import LocalGrads
 from .faults import FaultPlan
 from .model import Transformer, flops_per_token
+from .parallel import clip_grad_norm, local, wrap
 from .schedule import lr_at
 
 
@@ -64,7 +64,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.faults = faults or FaultPlan.none()
         self.grads = LocalGrads(faults=self.faults)
-        self.model = self._wrap(Transformer(config.model).to(device))
+        self.model, self.core = wrap(Transformer(config.model).to(device), config.parallelism, device, self.grads)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr,
                                            weight_decay=config.optim.weight_decay)
         self.step = 0
@@ -72,11 +72,6 @@ class Trainer:
         self.flops_per_step = flops_per_token(config.model) * config.tokens_per_step
         self.spent_tokens = 0
         self.spent_flops = 0.0
-
-    def _wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
-        ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        ddp.register_comm_hook(state=self.grads, hook=allreduce_with_local_norm)
-        return ddp
 
     # -- the loop ---------------------------------------------------------------
     def train(self, *, resume: bool = False) -> None:
@@ -116,7 +111,7 @@ class Trainer:
         data_done = time.perf_counter()
         self.grads.reset(self.step)
         self.faults.before_compute(self.step)
-        loss = self.faults.corrupt_loss(self.step, self.model.module.loss(self.model(inputs), targets))
+        loss = self.faults.corrupt_loss(self.step, self.core.loss(self.model(inputs), targets))
         loss.backward()
         backward_done = time.perf_counter()
         grad_norm = self._optimizer_step()
@@ -134,10 +129,10 @@ class Trainer:
         lr = lr_at(self.step, self.config.optim, self.config.steps) * self.faults.lr_scale(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        grad_norm = clip_grad_norm(self.model.parameters(), self.config.optim.grad_clip)
         if bool(torch.isfinite(grad_norm)):
             self.optimizer.step()
-            self.faults.corrupt_parameters(self.step, self.model.module)
+            self.faults.corrupt_parameters(self.step, self.core)
         elif self.rank == 0:
             self.log.log(self.step, f"non-finite gradient norm ({float(grad_norm)}): update skipped", level="error")
         self.optimizer.zero_grad(set_to_none=True)
@@ -170,13 +165,14 @@ class Trainer:
         return self.flops_per_step / step_time / peak if step_time > 0 else 0.0
 
     def _param_checksum(self) -> str:
-        """A digest of this rank's parameters: DDP replicas must agree bit for bit.
+        """A digest of this rank's parameters: DDP replicas must agree bit for bit; under FSDP
+        it covers this rank's own shards (ranks differ, and each shard is checked over time).
 
         Each tensor's bits, read as integers, are summed on its device (wrapping int64),
         and the sums are weighted by position: any change of one element changes the
         digest. One host read every ``checksum_every`` steps.
         """
-        sums = [_bit_sum(t) * (i + 1) for i, t in enumerate(self.model.module.state_dict().values())]
+        sums = [_bit_sum(local(t)) * (i + 1) for i, t in enumerate(self.core.state_dict().values())]
         return f"{int(torch.stack(sums).sum()) & 0xFFFFFFFFFFFFFFFF:016x}"
 
     # -- evaluation ---------------------------------------------------------------
@@ -187,8 +183,8 @@ class Trainer:
         totals = torch.zeros(3, device=self.device)  # summed loss, correct tokens, tokens
         for ids in self._heldout_slices():
             inputs, targets = _inputs_and_targets(self.corpus.heldout_batch(ids), self.device)
-            logits = self.model.module(inputs)
-            totals[0] += self.model.module.loss(logits, targets) * targets.numel()
+            logits = self.core(inputs)
+            totals[0] += self.core.loss(logits, targets) * targets.numel()
             totals[1] += (logits.argmax(-1) == targets).sum()
             totals[2] += targets.numel()
         self.model.train()
@@ -202,6 +198,7 @@ class Trainer:
     def _heldout_slices(self) -> list[list[int]]:
         """This rank's share of the held-out samples, in batches of its per-rank batch size."""
         total = min(self.config.eval_batches * self.config.global_batch, self.config.data.heldout_samples)
+        total -= total % self.world_size  # equal shares: FSDP's forward is a collective
         mine = list(range(self.rank, total, self.world_size))
         size = self.config.global_batch // self.world_size
         return [mine[start:start + size] for start in range(0, len(mine), size)]
