@@ -72,7 +72,9 @@ def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
         ids = {"rewind": action(run, "rewind", "--to-step", "20", "--reason", "loss spike"),
                "skip": action(run, "skip", "--first-batch", str(SKIPPED[0]), "--last-batch", str(SKIPPED[1]),
                               "--reason", "bad data"),
-               "too_early": action(run, "rewind", "--to-step", "1", "--reason", "start over")}
+               "too_early": action(run, "rewind", "--to-step", "1", "--reason", "start over"),
+               "forward": action(run, "rewind", "--to-step", "500", "--reason", "typo"),
+               "bad_time": file_by_hand(run, "req-by-hand", requested_at="now")}
         processed = RunLayout(run).control_processed / f"{ids['rewind']}.json"
         wait_for(processed.exists, "the rewind to be processed")
         (RunLayout(run).control_requests / processed.name).write_text(processed.read_text())  # filed again
@@ -81,6 +83,16 @@ def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
         trainer.kill()
     yield store, ids
     store.close()
+
+
+def file_by_hand(run: Path, request_id: str, **fields: object) -> str:
+    """A request written without our writer, as a third party might."""
+    body = {"request_id": request_id, "action": "pause", "args": {}, "operator": "script", "reason": "test",
+            **fields}
+    requests = RunLayout(run).control_requests
+    (requests / f".{request_id}.tmp").write_text(json.dumps(body))
+    (requests / f".{request_id}.tmp").rename(requests / f"{request_id}.json")
+    return request_id
 
 
 def rows(store: Store, query: str, *params) -> list[tuple]:
@@ -96,6 +108,10 @@ def test_each_request_is_acknowledged_as_requested_then_applied_or_rejected_with
     assert by_id["skip"][1][1:3] == ("tester", "bad data")
     assert by_id["too_early"][-1][0] == "rejected"
     assert by_id["too_early"][-1][3] == "no checkpoint at or before step 1"
+    status, *_, message = by_id["forward"][-1]
+    assert status == "rejected" and message.startswith("cannot rewind forward: to_step 500 is after the current step")
+    assert by_id["bad_time"][-1][0] == "rejected"
+    assert by_id["bad_time"][-1][3] == "requested_at must be unix seconds, got 'now'"
     assert [status for status, *_ in by_id["rewind"]][:2] == ["requested", "applied"]
     assert "timeline 1" in by_id["rewind"][1][3]
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+import torch.distributed as dist
+
 from .checkpoint import CheckpointInfo, CheckpointManager, SaveHandle, SaveResult
 from .manifest import Skipped
 
@@ -62,14 +65,20 @@ class Checkpointing:
             return False
         state = self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer)
         trainer.load_state_dict(state)
-        previous = trainer.log.previous_record or {}
-        if previous.get("step", 0) > trainer.step or previous.get("timeline", 0) > trainer.timeline:
-            trainer.timeline = max(previous.get("timeline", 0), trainer.timeline) + 1
-            trainer.log.timeline = trainer.timeline
+        timeline, step = self._where_the_run_left_off()
+        if step > trainer.step or timeline > trainer.timeline:
+            trainer.timeline = trainer.log.timeline = max(timeline, trainer.timeline) + 1
         if trainer.rank == 0:
             message = "fell back past corrupt checkpoints" if choice.fell_back else None
             trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path), message=message)
         return True
+
+    def _where_the_run_left_off(self) -> tuple[int, int]:
+        """The highest (timeline, step) any rank recorded before this restart, agreed by all ranks."""
+        previous = self.trainer.log.previous_record or {}
+        seen = torch.tensor([int(previous.get("timeline", 0)), int(previous.get("step", 0))], dtype=torch.int64)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.manager.group)
+        return int(seen[0]), int(seen[1])
 
     def rewind(self, at_or_before_step: int) -> CheckpointInfo | None:
         """Load the latest good checkpoint at or before a step and continue on a new timeline; None when none."""

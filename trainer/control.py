@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
+from .manifest import CheckpointError
+
 if TYPE_CHECKING:
     from .checkpointing import Checkpointing
     from .trainer import Trainer
@@ -89,9 +91,12 @@ class RequestInbox:
         if body.get("request_id") != request_id:
             return Request(request_id, problem=f"request_id {body.get('request_id')!r} does not match its file name")
         args = body.get("args") or {}
+        try:
+            requested_at = float(body.get("requested_at") or 0.0)
+        except (TypeError, ValueError):
+            return Request(request_id, problem=f"requested_at must be unix seconds, got {body.get('requested_at')!r}")
         return Request(request_id, action=str(body.get("action", "")), args=args if isinstance(args, dict) else {},
-                       operator=body.get("operator"), reason=body.get("reason"),
-                       requested_at=float(body.get("requested_at") or 0.0))
+                       operator=body.get("operator"), reason=body.get("reason"), requested_at=requested_at)
 
 
 class ControlChannel:
@@ -118,6 +123,14 @@ class ControlChannel:
             self.trainer.log.heartbeat(self.trainer.step)
             self._handle(self._receive())
         return self.stop_reason is None
+
+    def close(self) -> None:
+        """At the end of the run: reject what is still filed, so that every request gets an answer."""
+        for request in self._receive():
+            self._acknowledge(request, "requested")
+            self._acknowledge(request, "rejected", "the run finished before it could be applied")
+            if self.inbox is not None:
+                self.inbox.archive(request)
 
     def _receive(self) -> list[Request]:
         requests = self.inbox.poll() if self.inbox is not None else []
@@ -154,9 +167,14 @@ class ControlChannel:
     def _rewind(self, request: Request) -> str:
         to_step = _int_arg(request, "to_step")
         trainer, sampler = self.trainer, self.trainer.sampler
+        if to_step > trainer.step:
+            raise Rejected(f"cannot rewind forward: to_step {to_step} is after the current step {trainer.step}")
         edits = sampler.skip_ranges, sampler.quarantined_shards  # operators' edits outlive a rewind
         before = (trainer.timeline, trainer.step)
-        loaded = self.checkpointing.rewind(to_step)
+        try:
+            loaded = self.checkpointing.rewind(to_step)
+        except CheckpointError as error:
+            raise Rejected(f"the checkpoint could not be loaded: {error}") from None
         if loaded is None:
             raise Rejected(f"no checkpoint at or before step {to_step}")
         for first, last in edits[0]:

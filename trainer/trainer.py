@@ -54,6 +54,9 @@ class Trainer:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if config.global_batch % self.world_size:
             raise ValueError(f"global_batch {config.global_batch} is not divisible by {self.world_size} ranks")
+        if config.data.heldout_samples < self.world_size:
+            raise ValueError(f"data.heldout_samples ({config.data.heldout_samples}) must be at least the "
+                             f"{self.world_size} ranks, or evaluation has nothing to read")
         self.language = MarkovLanguage(vocab_size=config.data.vocab_size, branching=config.data.branching,
                                        seed=config.data.seed)
         self.corpus = ShardedCorpus(self.language, seq_len=config.model.seq_len, num_shards=config.data.num_shards,
@@ -87,6 +90,8 @@ class Trainer:
             if self.step % self.config.eval_every == 0 or self.step == self.config.steps:
                 self.evaluate()
             checkpointing.after_step()
+        if control.stop_reason is None:
+            control.close()
         checkpointing.finish()
         if control.stop_reason is not None:
             self.log.close("aborted", control.stop_reason)
@@ -98,6 +103,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.timeline = state["step"], state["timeline"]
+        self.log.timeline = self.timeline
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.spent_tokens, self.spent_flops = state["spent_tokens"], state["spent_flops"]
