@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bedside.collectors.errors import BedsideError
+
 from .output import integer_in
 
 TRAINER_MODULE = "bedside.trainer.train"
@@ -43,7 +45,21 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
     return command + [option for spec in args.inject for option in ("--inject", spec)]
 
 
+def check_before_launch(args: argparse.Namespace) -> None:
+    """Refuse a bad preset, override or fault spec here, once, rather than in every rank."""
+    from bedside.trainer.config import preset  # torch is needed by this command only
+    from bedside.trainer.train import fault_plan
+
+    try:
+        config = preset(args.preset, steps=args.steps, parallelism=args.parallelism,
+                        checkpoint_every=args.checkpoint_every)
+        fault_plan(args.inject, config, rank=0, world_size=args.nproc)
+    except ValueError as exc:
+        raise BedsideError(str(exc)) from exc
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    """Launch the ranks and wait; the exit status is torchrun's."""
+    """Check the options, launch the ranks and wait; the exit status is torchrun's."""
+    check_before_launch(args)
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     return subprocess.run(torchrun_command(args), env=env, check=False).returncode

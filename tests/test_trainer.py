@@ -74,3 +74,15 @@ def test_the_learning_rate_warms_up_then_decays_to_its_floor() -> None:
     assert lr_at(10, optim, 100) == pytest.approx(1.0)
     assert lr_at(100, optim, 100) == pytest.approx(0.1)
     assert lr_at(55, optim, 100) == pytest.approx(0.55)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--preset", "nope"), "unknown preset 'nope'; known: tiny_cpu"),
+    (("--inject", "straggler:rank=5,from=3"), "rank 5 is out of range for world size 2"),
+], ids=["unknown preset", "fault on a rank outside the run"])
+def test_bad_training_options_are_refused_once_before_any_rank_starts(tmp_path, args: tuple, message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "bedside.app.cli", "train", "--out", str(tmp_path / "run"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("bedside: error:") == 1 and message in done.stderr
+    assert not (tmp_path / "run").exists()
