@@ -213,15 +213,6 @@ BAD_CSV = [
 ]
 
 
-@pytest.mark.parametrize("text, message", BAD_CSV, ids=[m for _, m in BAD_CSV])
-def test_bad_csv_is_refused(tmp_path, text, message):
-    src = tmp_path / "bad.csv"
-    src.write_text(text)
-    with pytest.raises(ImportFormatError, match=re.escape(f"{src}, {message}")):
-        import_csv(src, tmp_path / "run")
-    assert not (tmp_path / "run").exists()
-
-
 BAD_JSONL = [
     ('{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', "line 2: not valid JSON"),
     ('[1, 2]\n', "line 1: expected a JSON object, got list"),
@@ -233,12 +224,16 @@ BAD_JSONL = [
 ]
 
 
-@pytest.mark.parametrize("text, message", BAD_JSONL, ids=[m for _, m in BAD_JSONL])
-def test_bad_jsonl_is_refused(tmp_path, text, message):
-    src = tmp_path / "bad.jsonl"
+BAD_INPUTS = [(import_csv, "bad.csv", *case) for case in BAD_CSV] + [
+    (import_jsonl, "bad.jsonl", *case) for case in BAD_JSONL]
+
+
+@pytest.mark.parametrize("importer, name, text, message", BAD_INPUTS, ids=[m for *_, m in BAD_INPUTS])
+def test_bad_input_is_refused_and_nothing_is_written(tmp_path, importer, name, text, message):
+    src = tmp_path / name
     src.write_text(text)
     with pytest.raises(ImportFormatError, match=re.escape(f"{src}, {message}")):
-        import_jsonl(src, tmp_path / "run")
+        importer(src, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 

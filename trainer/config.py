@@ -11,6 +11,13 @@ from .model import ModelConfig, tiny_model_config
 PARALLELISMS = ("ddp", "fsdp")
 
 
+def _require_positive(config: Any, prefix: str, names: tuple[str, ...]) -> None:
+    """ValueError naming the first of ``names`` whose value is below 1."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{prefix}{name} must be >= 1, got {getattr(config, name)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """The synthetic language and its corpus."""
@@ -23,9 +30,8 @@ class DataConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "branching", "num_shards", "samples_per_shard", "heldout_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        _require_positive(self, "data.", ("vocab_size", "branching", "num_shards", "samples_per_shard",
+                                          "heldout_samples"))
         if self.branching > self.vocab_size:
             raise ValueError(f"data.branching ({self.branching}) cannot exceed vocab_size ({self.vocab_size})")
 
@@ -69,10 +75,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:
             raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, got {self.parallelism!r}")
-        for name in ("steps", "global_batch", "eval_every", "eval_batches", "checksum_every", "checkpoint_every",
-                     "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        _require_positive(self, "", ("steps", "global_batch", "eval_every", "eval_batches", "checksum_every",
+                                     "checkpoint_every", "keep_checkpoints"))
         if self.model.vocab_size != self.data.vocab_size:
             raise ValueError(f"model.vocab_size ({self.model.vocab_size}) != data.vocab_size ({self.data.vocab_size})")
 
