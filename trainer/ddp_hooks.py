@@ -3,7 +3,8 @@
 It records this rank's local gradient norm (a device tensor, no sync) and the
 moment the last gradient bucket was ready, which splits backward into local
 compute and the wait for the all-reduce: a slow rank shows long compute, its
-peers show long communication waits.
+peers show long communication waits. The rank's loss rides with the last bucket,
+so the job's mean loss costs no collective of its own.
 
 No ``from __future__ import annotations`` here: DDP checks the hook's
 annotations at registration and needs real types, not strings.
@@ -31,11 +32,15 @@ class LocalGrads:
         self.squared_norm: torch.Tensor | None = None
         self.last_bucket_ready = 0.0
         self.blocked_s = 0.0
+        self.loss: torch.Tensor | None = None
+        self.mean_loss: torch.Tensor | None = None
 
-    def reset(self, step: int) -> None:
+    def reset(self, step: int, loss: torch.Tensor | None = None) -> None:
+        """Start a backward pass; ``loss`` rides along with the last bucket's all-reduce (DDP)."""
         self.step = step
         self.squared_norm = None
         self.blocked_s = 0.0
+        self.loss, self.mean_loss = loss, None
 
     def local_grad_norm(self) -> torch.Tensor | None:
         return None if self.squared_norm is None else self.squared_norm.sqrt()
@@ -51,4 +56,24 @@ def allreduce_with_local_norm(state: LocalGrads, bucket: dist.GradBucket) -> tor
     squared = bucket.buffer().detach().float().pow(2).sum()
     state.squared_norm = squared if state.squared_norm is None else state.squared_norm + squared
     state.last_bucket_ready = time.perf_counter()
-    return default_hooks.allreduce_hook(state.process_group, bucket)
+    if state.loss is None or not bucket.is_last():
+        return default_hooks.allreduce_hook(state.process_group, bucket)
+    return _allreduce_with_loss(state, bucket)
+
+
+def _allreduce_with_loss(state: LocalGrads, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The last bucket's all-reduce with this rank's loss appended: the job's mean loss
+    arrives with the gradients, with no collective of its own (``state.mean_loss``)."""
+    gradients = bucket.buffer()
+    group = state.process_group or dist.group.WORLD
+    packed = torch.cat([gradients, state.loss.detach().reshape(1).to(gradients.dtype)])
+    packed.div_(dist.get_world_size(group))
+    reduction = dist.all_reduce(packed, group=group, async_op=True).get_future()
+
+    def unpack(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        reduced = done.value()[0]
+        state.mean_loss = reduced[-1]
+        gradients.copy_(reduced[:-1])
+        return gradients
+
+    return reduction.then(unpack)

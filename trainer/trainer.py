@@ -115,9 +115,9 @@ class Trainer:
         batch_index, ids = self.sampler.next_batch()
         inputs, targets = self._batch(self.sampler.rank_slice(ids, self.rank, self.world_size))
         data_done = time.perf_counter()
-        self.grads.reset(self.step)
         self.faults.before_compute(self.step)
         loss = self.faults.corrupt_loss(self.step, self.core.loss(self.model(inputs), targets))
+        self.grads.reset(self.step, loss)
         loss.backward()
         backward_done = time.perf_counter()
         grad_norm = self._optimizer_step()
@@ -153,9 +153,11 @@ class Trainer:
               ids: list[int]) -> None:
         self.spent_tokens += self.config.tokens_per_step
         self.spent_flops += self.flops_per_step
-        mean_loss = loss.clone()
-        dist.all_reduce(mean_loss)  # a scalar collective; read later by the writer thread, no host sync
-        mean_loss /= self.world_size
+        mean_loss = self.grads.mean_loss  # reduced with the last gradient bucket under DDP
+        if mean_loss is None:  # FSDP: a scalar collective of its own, read later by the writer thread
+            mean_loss = loss.clone()
+            dist.all_reduce(mean_loss)
+            mean_loss /= self.world_size
         checksum = self._param_checksum() if self.step % self.config.checksum_every == 0 else None
         self.log.rank_step(self.step, step_time=times.total, data_time=times.data, compute_time=times.compute,
                            comm_time=times.comm, optimizer_time=times.optimizer,
