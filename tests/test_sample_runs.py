@@ -10,12 +10,30 @@ from bedside.collectors.store import Store
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_runs"
 
 
+def ingested(name: str, tmp_path: Path) -> Store:
+    """A copy of a sample run, ingested into a fresh store."""
+    run = shutil.copytree(SAMPLES / name, tmp_path / name)
+    store = Store.open(run / "bedside.duckdb")
+    Collector(run, store).ingest_available()
+    return store
+
+
 def test_the_tiny_faults_run_ingests_cleanly_with_each_fault_labelled(tmp_path: Path) -> None:
-    run = shutil.copytree(SAMPLES / "tiny-faults", tmp_path / "tiny-faults")
-    with Store.open(run / "bedside.duckdb") as store:
-        Collector(run, store).ingest_available()
+    with ingested("tiny-faults", tmp_path) as store:
         cursor = store.cursor()
         assert cursor.execute("SELECT count(*) FROM rejected").fetchall() == [(0,)]
         assert cursor.execute("SELECT status, world_size, last_step FROM run").fetchall() == [("finished", 2, 200)]
         faults = cursor.execute("SELECT fault FROM fault_labels ORDER BY step").fetchall()
         assert [f for (f,) in faults] == ["straggler", "bad_shard", "grad_bitflip", "param_bitflip", "nan"]
+
+
+def test_the_tiny_rewind_run_keeps_both_timelines_and_the_operators_actions(tmp_path: Path) -> None:
+    with ingested("tiny-rewind", tmp_path) as store:
+        cursor = store.cursor()
+        assert cursor.execute("SELECT count(*) FROM rejected").fetchall() == [(0,)]
+        assert cursor.execute("SELECT timeline, min(step) FROM step_metrics GROUP BY ALL ORDER BY 1").fetchall() == [
+            (0, 1), (1, 61)]
+        applied = cursor.execute("SELECT action FROM action_events WHERE status = 'applied' ORDER BY time").fetchall()
+        assert [a for (a,) in applied] == ["rewind", "quarantine", "quarantine"]
+        faults = cursor.execute("SELECT fault FROM fault_labels ORDER BY step").fetchall()
+        assert [f for (f,) in faults] == ["bad_shard", "repeat_batch"]
