@@ -1,6 +1,6 @@
 """Bulk ingest throughput and live (follow mode) latency of the collector.
 
-Run:  /work/venv/bin/python bench/ingest.py [--ranks 64] [--steps 20000] [--workdir DIR] [--trials 3]
+Run:  python bench/ingest.py [--ranks 64] [--steps 20000] [--workdir DIR] [--trials 3]
 
 Bulk: a run of RANKS files of STEPS ``rank_step`` records each (format v1, written
 with encode_line; generated once and cached under --workdir) is ingested from an

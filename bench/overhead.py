@@ -1,6 +1,6 @@
 """Per-call cost of RunLogger.step in the calling thread, against other loggers.
 
-Run:  /work/venv/bin/python bench/overhead.py [--iterations 20000] [--skip-wandb] [--skip-tensorboard]
+Run:  python bench/overhead.py [--iterations 20000] [--skip-wandb] [--skip-tensorboard]
 
 Every backend logs the same 10 scalars per step and is timed call by call with
 ``time.perf_counter_ns`` in one process: RunLogger (Python floats, and 0-d CPU
