@@ -1,8 +1,10 @@
 """An append-only JSONL file that one process owns: tail repair and line numbering."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 _COUNT_CHUNK = 1 << 20
 
@@ -69,3 +71,26 @@ def _count_lines_and_repair(path: Path, fd: int) -> int:
         os.write(fd, b"\n")
         lines += 1
     return lines
+
+
+def tail_records(path: Path, tail_bytes: int = 1 << 16) -> list[dict[str, Any]]:
+    """The complete, parseable records in the last ``tail_bytes`` of a JSONL file ([] when absent)."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - tail_bytes))
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")[:-1]
+    if size > tail_bytes:
+        lines = lines[1:]  # the first line of the window may be cut
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records

@@ -8,13 +8,12 @@ docs/telemetry-format.md, "Control requests".
 """
 from __future__ import annotations
 
-import json
-import os
 import secrets
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from .atomicjson import write_json_atomic
 from .layout import RunLayout
 
 ACTION_ARGS: dict[str, tuple[str, ...]] = {
@@ -71,19 +70,8 @@ def new_request_id() -> str:
 
 def write_request(folder: Path, request: Mapping[str, Any]) -> Path:
     """Write ``request`` as ``folder/<request_id>.json`` atomically; the path."""
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{request['request_id']}.json"
-    partial = folder / f".{final.name}.tmp"
-    with open(partial, "w", encoding="utf-8") as handle:
-        json.dump(request, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, final)
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    write_json_atomic(final, request)
     return final
 
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .atomicjson import write_json_atomic
 from .errors import RunInfoError
 from .format import SCHEMA_VERSION
 from .layout import RunLayout
@@ -73,14 +73,7 @@ def default_placement(rank: int, local_rank: int, dp: int | None = None) -> Rank
 
 def write_run_info(layout: RunLayout, info: RunInfo) -> None:
     """Write ``run.json`` atomically (temporary file, fsync, rename)."""
-    layout.root.mkdir(parents=True, exist_ok=True)
-    tmp = layout.run_info.with_suffix(f".json.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(info.to_json(), fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, layout.run_info)
+    write_json_atomic(layout.run_info, info.to_json(), indent=2)
 
 
 def read_run_info(layout: RunLayout) -> RunInfo | None:

@@ -1,11 +1,11 @@
 """Summaries of the runs in a directory, read from the files (no store needed)."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .appendfile import tail_records
 from .errors import RunInfoError
 from .layout import RunLayout, is_run_dir, rank_of_file
 from .runinfo import read_run_info
@@ -48,7 +48,7 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
     except RunInfoError:
         info = None
     files = sorted(layout.telemetry.glob("*.jsonl")) if layout.telemetry.is_dir() else []
-    records = [r for f in files for r in _tail_records(f)]
+    records = [r for f in files for r in tail_records(f, TAIL_BYTES)]
     last_seen = max((r["time"] for r in records if _is_number(r.get("time"))), default=None)
     steps = [r["step"] for r in records if r.get("kind") == "step" and _is_integer(r.get("step"))]
     rank_files = {rank_of_file(f) for f in files} - {None}
@@ -100,21 +100,3 @@ def _status(ends: dict[int, str], world: int | None, last_seen: float | None, no
     if last_seen is None:
         return "empty"
     return "live" if now - last_seen <= LIVE_WITHIN_S else "stalled"
-
-
-def _tail_records(path: Path) -> list[dict]:
-    """The complete, parseable records in the last ``TAIL_BYTES`` of ``path``."""
-    with open(path, "rb") as fh:
-        size = fh.seek(0, 2)
-        fh.seek(max(0, size - TAIL_BYTES))
-        data = fh.read()
-    lines = data.split(b"\n")[1:-1] if size > TAIL_BYTES else data.split(b"\n")[:-1]
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records

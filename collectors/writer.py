@@ -9,7 +9,6 @@ process) within ``flush_every_s`` plus the time to encode the backlog.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import sys
 import threading
@@ -19,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .appendfile import AppendFile
+from .appendfile import AppendFile, tail_records
 from .capture import Pending, capture, capture_field, capture_metrics, capture_shards, capture_step, resolve
 from .format import ENVELOPE_FIELDS, Kind, encode_line
 from .layout import RunLayout
@@ -264,22 +263,10 @@ class RunLogger:
             write_run_info(self.layout, replace(existing, world_size=self.world_size, topology=topology))
 
 
-def last_record(path: Path, tail_bytes: int = 1 << 16) -> dict[str, Any] | None:
+def last_record(path: Path) -> dict[str, Any] | None:
     """The last complete record of a telemetry file (what a restarted rank resumes after), if any."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - tail_bytes))
-            lines = fh.read().split(b"\n")[:-1]
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            return record
-    return None
+    records = tail_records(path)
+    return records[-1] if records else None
 
 
 def _write_lines(channel: AppendFile, lines: list[str]) -> None:

@@ -45,16 +45,17 @@ class LocalGrads:
     def local_grad_norm(self) -> torch.Tensor | None:
         return None if self.squared_norm is None else self.squared_norm.sqrt()
 
+    def observe(self, gradients: torch.Tensor) -> None:
+        """See one flat group of this rank's gradients before their reduction: inject gradient
+        corruption (where a faulty chip's error would enter), then add their squared norm (no sync)."""
+        self.faults.corrupt_gradients(self.step, gradients)
+        squared = gradients.detach().float().pow(2).sum()
+        self.squared_norm = squared if self.squared_norm is None else self.squared_norm + squared
+
 
 def allreduce_with_local_norm(state: LocalGrads, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default all-reduce, after adding the bucket's squared norm to ``state`` (no sync).
-
-    Injected gradient corruption (silent data corruption) happens here, before the
-    norm and the all-reduce, where a faulty chip's error would enter.
-    """
-    state.faults.corrupt_gradients(state.step, bucket.buffer())
-    squared = bucket.buffer().detach().float().pow(2).sum()
-    state.squared_norm = squared if state.squared_norm is None else state.squared_norm + squared
+    """DDP's default all-reduce, after ``state`` has seen the bucket (no sync)."""
+    state.observe(bucket.buffer())
     state.last_bucket_ready = time.perf_counter()
     if state.loss is None or not bucket.is_last():
         return default_hooks.allreduce_hook(state.process_group, bucket)

@@ -74,9 +74,7 @@ class ReduceScatterWithLocalNorm(ReduceScatter):
                  op: dist.ReduceOp, async_op: bool = False) -> dist.Work | None:
         state = self.grads
         issued = time.perf_counter()
-        state.faults.corrupt_gradients(state.step, input_tensor)
-        squared = input_tensor.detach().float().pow(2).sum()
-        state.squared_norm = squared if state.squared_norm is None else state.squared_norm + squared
+        state.observe(input_tensor)
         state.last_bucket_ready = issued - state.blocked_s
         work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op, group=group,
                                           async_op=async_op)
