@@ -1,0 +1,128 @@
+"""The one output type of every detector: a ``Finding`` with its evidence and suggested action."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+
+class Severity(str, Enum):
+    """How loudly a finding should be raised: info is logged, warning notifies, critical pages."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def level(self) -> int:
+        return ("info", "warning", "critical").index(self.value)
+
+
+FINDING_KINDS = (
+    "loss_spike", "grad_spike", "nonfinite", "straggler", "sdc",
+    "eval_stall", "hang", "bad_shard", "throughput_drop",
+)
+"""Every kind a finding can have (``bedside detect --json`` prints only these)."""
+
+ACTION_NAMES = ("rewind", "skip", "quarantine", "evict", "investigate", "none")
+"""What a finding can suggest; rewind, skip and quarantine map onto control requests."""
+
+JSON_KEYS = ("kind", "severity", "timeline", "start_step", "end_step", "ranks", "score",
+             "summary", "evidence", "suggested_action")
+"""The keys of a finding as ``bedside detect --json`` prints it, in this order."""
+
+
+@dataclass(frozen=True)
+class SuggestedAction:
+    """What the on-call should do, with the arguments a control request would need."""
+
+    action: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTION_NAMES:
+            raise ValueError(f"unknown action {self.action!r}: expected one of {', '.join(ACTION_NAMES)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "args": dict(self.args), "why": self.why}
+
+
+NO_ACTION = SuggestedAction("none")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something a detector saw, from ``start_step`` to ``end_step`` on one timeline.
+
+    ``ranks`` is empty for a job-level finding. ``active`` is True while the condition
+    lasts (a spike not yet recovered, a rank still slow); a detector reports the same
+    finding again (same ``finding_id``) when it grows, changes severity or clears.
+    """
+
+    kind: str
+    severity: Severity
+    timeline: int
+    start_step: int
+    end_step: int
+    ranks: tuple[int, ...]
+    score: float
+    summary: str
+    evidence: Mapping[str, Any]
+    suggested_action: SuggestedAction = NO_ACTION
+    active: bool = False
+    detector: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FINDING_KINDS:
+            raise ValueError(f"unknown finding kind {self.kind!r}: expected one of {', '.join(FINDING_KINDS)}")
+        if self.end_step < self.start_step:
+            raise ValueError(f"end_step {self.end_step} is before start_step {self.start_step}")
+        object.__setattr__(self, "severity", Severity(self.severity))
+        object.__setattr__(self, "ranks", tuple(sorted(int(r) for r in self.ranks)))
+
+    @property
+    def finding_id(self) -> str:
+        """Stable across updates and replays: kind, timeline, onset and ranks."""
+        ranks = "-".join(map(str, self.ranks[:8])) + ("+" if len(self.ranks) > 8 else "")
+        return f"{self.kind}@{self.timeline}:{self.start_step}" + (f"/r{ranks}" if ranks else "")
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding as ``bedside detect --json`` prints it: exactly ``JSON_KEYS``."""
+        return {
+            "kind": self.kind, "severity": self.severity.value, "timeline": self.timeline,
+            "start_step": self.start_step, "end_step": self.end_step, "ranks": list(self.ranks),
+            "score": json_number(self.score), "summary": self.summary,
+            "evidence": json_safe(self.evidence), "suggested_action": self.suggested_action.to_json(),
+        }
+
+
+def json_number(value: float) -> float | str | None:
+    """A float that strict JSON can carry (non-finite as a string, as in the telemetry format)."""
+    if value is None:
+        return None
+    value = float(value)
+    if math.isfinite(value):
+        return round(value, 6)
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with numpy scalars, tuples and non-finite floats made strict-JSON friendly."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return json_number(value)
+    return str(value)

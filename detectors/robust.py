@@ -1,0 +1,49 @@
+"""Robust statistics shared by the detectors: median/MAD scale, robust z-scores, one-sided CUSUM."""
+from __future__ import annotations
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+"""MAD times this estimates the standard deviation of normal data."""
+
+
+def mad_sigma(values: np.ndarray, axis: int | None = None, floor: float = 0.0) -> np.ndarray | float:
+    """Robust standard deviation (scaled median absolute deviation), at least ``floor``; NaNs ignored."""
+    center = np.nanmedian(values, axis=axis, keepdims=axis is not None)
+    scale = MAD_TO_SIGMA * np.nanmedian(np.abs(values - center), axis=axis)
+    return np.maximum(scale, floor)
+
+
+def robust_z(values: np.ndarray, axis: int | None = None, floor: float = 1e-12) -> np.ndarray:
+    """(x - median) / robust sigma along ``axis``; NaNs stay NaN."""
+    center = np.nanmedian(values, axis=axis, keepdims=axis is not None)
+    scale = mad_sigma(values, axis=axis, floor=floor)
+    if axis is not None:
+        scale = np.expand_dims(scale, axis)
+    return (values - center) / scale
+
+
+class Cusum:
+    """One-sided upper CUSUM per series: ``S = max(0, S + z - k)``, alarm when ``S > h``.
+
+    ``z`` are standardized observations (mean 0, sd 1 in control); ``k`` is half the
+    shift (in sd) to detect fastest, ``h`` sets the false-alarm rate (ARL0). Inputs are
+    clipped at ``clip`` so one heavy-tailed outlier cannot raise an alarm alone.
+    """
+
+    def __init__(self, size: int, *, k: float, h: float, clip: float = 4.0) -> None:
+        self.k, self.h, self.clip = k, h, clip
+        self.s = np.zeros(size)
+
+    def resize(self, size: int) -> None:
+        if size > len(self.s):
+            self.s = np.concatenate([self.s, np.zeros(size - len(self.s))])
+
+    def update(self, z: np.ndarray) -> np.ndarray:
+        """Add one observation per series (NaN: no observation); True where the alarm is raised."""
+        z = np.clip(np.nan_to_num(z, nan=self.k), -self.clip, self.clip)
+        self.s = np.maximum(0.0, self.s + z - self.k)
+        return self.s > self.h
+
+    def reset(self, where: np.ndarray) -> None:
+        self.s[where] = 0.0

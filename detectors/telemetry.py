@@ -1,0 +1,93 @@
+"""What detectors read: new telemetry rows as DataFrames, and what is known of the run so far."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+STEP_COLUMNS = ("timeline", "step", "time", "rank", "seq", "loss", "grad_norm", "lr", "tokens", "flops", "shards")
+RANK_STEP_COLUMNS = ("timeline", "step", "time", "rank", "seq", "step_time", "data_time", "compute_time",
+                     "comm_time", "optimizer_time", "local_grad_norm", "param_checksum")
+EVAL_COLUMNS = ("timeline", "step", "time", "split", "name", "value", "cum_tokens", "cum_flops")
+CHECKPOINT_COLUMNS = ("timeline", "step", "time", "rank", "event", "duration_s")
+EVENT_COLUMNS = ("timeline", "step", "time", "rank", "kind")
+TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
+
+
+def empty_frame(columns: tuple[str, ...]) -> pd.DataFrame:
+    return pd.DataFrame({name: pd.Series(dtype="float64") for name in columns})
+
+
+@dataclass
+class TelemetryBatch:
+    """Rows not seen by the detectors before, each frame in the order the ranks wrote them.
+
+    ``steps``: job-level step records; ``rank_steps``: per-rank timings, local gradient
+    norms and parameter checksums; ``evals``: one row per (eval, score name);
+    ``checkpoints``: checkpoint events; ``events``: heartbeats, run_end and other kinds.
+    Missing metrics are NaN; a run from another trainer may have any frame empty.
+    """
+
+    steps: pd.DataFrame = field(default_factory=lambda: empty_frame(STEP_COLUMNS))
+    rank_steps: pd.DataFrame = field(default_factory=lambda: empty_frame(RANK_STEP_COLUMNS))
+    evals: pd.DataFrame = field(default_factory=lambda: empty_frame(EVAL_COLUMNS))
+    checkpoints: pd.DataFrame = field(default_factory=lambda: empty_frame(CHECKPOINT_COLUMNS))
+    events: pd.DataFrame = field(default_factory=lambda: empty_frame(EVENT_COLUMNS))
+
+    def __len__(self) -> int:
+        return sum(len(f) for f in (self.steps, self.rank_steps, self.evals, self.checkpoints, self.events))
+
+    def split(self, parts: int) -> list["TelemetryBatch"]:
+        """This batch cut into ``parts`` consecutive pieces (every frame cut alike), to replay it in chunks."""
+        def cut(frame: pd.DataFrame) -> list[pd.DataFrame]:
+            bounds = np.linspace(0, len(frame), parts + 1).astype(int)
+            return [frame.iloc[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        frames = [cut(f) for f in (self.steps, self.rank_steps, self.evals, self.checkpoints, self.events)]
+        return [TelemetryBatch(*(f[i] for f in frames)) for i in range(parts)]
+
+
+@dataclass
+class RunState:
+    """What the runner knows of the run, shared by every detector: topology and checkpoints."""
+
+    world_size: int | None = None
+    topology: pd.DataFrame = field(default_factory=lambda: empty_frame(TOPOLOGY_COLUMNS))
+    good_checkpoints: dict[int, list[int]] = field(default_factory=dict)
+    last_time: float = float("-inf")
+
+    def observe(self, batch: TelemetryBatch) -> None:
+        """Take the checkpoints saved or verified, and the newest record time, from ``batch``."""
+        ck = batch.checkpoints
+        good = ck[ck["event"].isin(("saved", "verified"))] if len(ck) else ck
+        for timeline, step in zip(good["timeline"].astype(int), good["step"].astype(int)):
+            steps = self.good_checkpoints.setdefault(timeline, [])
+            if step not in steps:
+                bisect.insort(steps, step)
+        for frame in (batch.steps, batch.rank_steps, batch.events):
+            if len(frame):
+                self.last_time = max(self.last_time, float(frame["time"].max()))
+
+    def checkpoint_before(self, timeline: int, step: int) -> int | None:
+        """The newest good checkpoint strictly before ``step`` (on ``timeline`` or, failing that, any)."""
+        candidates = self.good_checkpoints.get(timeline) or sorted(
+            {s for steps in self.good_checkpoints.values() for s in steps})
+        i = bisect.bisect_left(candidates, step)
+        return candidates[i - 1] if i else None
+
+    def host_of(self, rank: int) -> str | None:
+        row = self.topology[self.topology["rank"] == rank]
+        return None if row.empty or pd.isna(row["host"].iloc[0]) else str(row["host"].iloc[0])
+
+    def place_of(self, rank: int) -> dict[str, object]:
+        """The rank's host and mesh coordinates, as far as the run declared them."""
+        row = self.topology[self.topology["rank"] == rank]
+        if row.empty:
+            return {"rank": rank}
+        place = {"rank": rank}
+        for name in ("host", "dp", "tp", "pp"):
+            value = row[name].iloc[0]
+            if not pd.isna(value):
+                place[name] = value if name == "host" else int(value)
+        return place
