@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from ..errors import QueryError, StoreError, StoreLockedError
 
@@ -123,9 +124,28 @@ class Store:
         rows = self._con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()
         return bool(rows[0][0])
 
-    def fetch_named(self, name: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """Run the named query ``queries/<name>.sql`` with its ``$name`` parameters bound; a DataFrame."""
-        return self.cursor().execute(sql(name), params or {}).df()
+    def fetch_named(self, name: str, params: dict[str, Any] | None = None,
+                    tables: dict[str, pa.Table] | None = None) -> pd.DataFrame:
+        """Run the named query ``queries/<name>.sql`` with its ``$name`` parameters bound; a DataFrame.
+
+        ``tables`` are Arrow tables the query reads by name, registered for this call only.
+        """
+        cur = self.cursor()
+        for table_name, table in (tables or {}).items():
+            cur.register(table_name, table)
+        return cur.execute(sql(name), params or {}).df()
+
+    def write_named(self, writes: list[tuple[str, dict[str, pa.Table]]]) -> None:
+        """Run named write queries, each reading its Arrow tables by name, in one transaction."""
+        with self.transaction() as con:
+            for name, tables in writes:
+                for table_name, table in tables.items():
+                    con.register(table_name, table)
+                try:
+                    con.execute(sql(name))
+                finally:
+                    for table_name in tables:
+                        con.unregister(table_name)
 
     def run_user_query(self, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> pd.DataFrame:
         """Run a user's read-only SQL (one SELECT) with a time limit; errors name the problem.

@@ -1,0 +1,1 @@
+SELECT source_id, committed_offset FROM sources;

@@ -1,0 +1,1 @@
+SELECT finding_id, incident_id FROM finding_rows;

@@ -1,0 +1,40 @@
+"""New rows from a run's store, as detector batches: what was committed since the last read."""
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+
+from bedside.collectors.store import Store
+
+from .telemetry import TelemetryBatch
+
+_WINDOW_SCHEMA = pa.schema([("source_id", pa.int32()), ("from_offset", pa.int64()), ("to_offset", pa.int64())])
+
+
+class StoreFeed:
+    """Reads a store's rows by byte range of each source file, so each row is read exactly once."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._read_to: dict[int, int] = {}
+
+    def next_batch(self) -> TelemetryBatch:
+        """Every row committed since the previous call (all of them on the first)."""
+        sources = self.store.fetch_named("detect_sources")
+        window = [(int(s), self._read_to.get(int(s), 0), int(o))
+                  for s, o in zip(sources["source_id"], sources["committed_offset"]) if o > self._read_to.get(int(s), 0)]
+        if not window:
+            return TelemetryBatch()
+        table = pa.Table.from_pylist([dict(zip(("source_id", "from_offset", "to_offset"), w)) for w in window],
+                                     schema=_WINDOW_SCHEMA)
+        frames = {name: self.store.fetch_named(f"detect_{name}", tables={"detect_window": table})
+                  for name in ("steps", "rank_steps", "evals", "checkpoints", "events")}
+        self._read_to.update({source_id: to for source_id, _, to in window})
+        return TelemetryBatch(**frames)
+
+    def world_size(self) -> int | None:
+        value = self.store.fetch_named("detect_run")["world_size"].iloc[0]
+        return None if pd.isna(value) else int(value)
+
+    def topology(self) -> pd.DataFrame:
+        return self.store.fetch_named("detect_topology")

@@ -1,0 +1,122 @@
+"""Incidents: findings that share a cause and a time window, with a lifecycle.
+
+A finding joins the incident of its family (training health, performance, learning)
+on its timeline whose step window it touches within ``gap`` steps; otherwise it opens
+a new incident, named after it. Findings are assigned once and never move, so an
+incident's id is stable while it grows (what alerts and acknowledgements refer to).
+An incident is resolved when every finding in it has cleared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .finding import Finding, Severity, SuggestedAction
+
+FAMILIES = {
+    "loss_spike": "training", "grad_spike": "training", "nonfinite": "training", "sdc": "training",
+    "bad_shard": "training", "straggler": "performance", "hang": "performance",
+    "throughput_drop": "performance", "eval_stall": "learning",
+}
+"""Which findings can share a cause: numerics and data, speed, and learning itself."""
+
+ACTIONABLE = ("rewind", "quarantine", "evict", "skip")
+TITLES = {"training": "Training instability", "performance": "Slow or stuck ranks", "learning": "Not learning"}
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A group of findings with one cause, as the on-call sees it."""
+
+    incident_id: str
+    title: str
+    severity: Severity
+    resolved: bool
+    cause: str
+    timeline: int
+    start_step: int
+    end_step: int
+    kinds: tuple[str, ...]
+    ranks: tuple[int, ...]
+    findings: tuple[Finding, ...]
+    summary: str
+    suggested_action: SuggestedAction
+
+
+class IncidentBook:
+    """Assigns findings to incidents (remembering past assignments) and describes each incident."""
+
+    def __init__(self, assignments: dict[str, str] | None = None, *, gap: int = 25) -> None:
+        self.gap = gap
+        self._incident_of: dict[str, str] = dict(assignments or {})
+        self._members: dict[str, dict[str, Finding]] = {}
+
+    def add(self, findings: list[Finding]) -> list[Incident]:
+        """Take new or changed findings; the incidents they changed."""
+        touched = []
+        for finding in findings:
+            incident_id = self._incident_of.get(finding.finding_id) or self._place(finding)
+            self._incident_of[finding.finding_id] = incident_id
+            self._members.setdefault(incident_id, {})[finding.finding_id] = finding
+            if incident_id not in touched:
+                touched.append(incident_id)
+        return [self.describe(i) for i in touched]
+
+    def incident_of(self, finding: Finding) -> str:
+        return self._incident_of[finding.finding_id]
+
+    def _place(self, finding: Finding) -> str:
+        family = FAMILIES[finding.kind]
+        for incident_id, members in self._members.items():
+            first = next(iter(members.values()))
+            if FAMILIES[first.kind] != family or first.timeline != finding.timeline:
+                continue
+            start = min(f.start_step for f in members.values())
+            end = max(f.end_step for f in members.values())
+            if finding.start_step <= end + self.gap and finding.end_step >= start - self.gap:
+                return incident_id
+        return finding.finding_id
+
+    def describe(self, incident_id: str) -> Incident:
+        members = sorted(self._members[incident_id].values(), key=lambda f: (f.start_step, f.kind))
+        worst = max(members, key=lambda f: (f.severity.level, f.score))
+        kinds = tuple(dict.fromkeys(f.kind for f in members))
+        family = FAMILIES[members[0].kind]
+        extra = len(members) - 1
+        return Incident(
+            incident_id=incident_id, title=f"{TITLES[family]}: {', '.join(kinds)}",
+            severity=worst.severity, resolved=not any(f.active for f in members), cause=_cause(members),
+            timeline=members[0].timeline, start_step=min(f.start_step for f in members),
+            end_step=max(f.end_step for f in members), kinds=kinds,
+            ranks=tuple(sorted({r for f in members for r in f.ranks})), findings=tuple(members),
+            summary=worst.summary + (f" (+{extra} related finding{'s' if extra > 1 else ''})" if extra else ""),
+            suggested_action=_action(members, worst))
+
+
+def _cause(members: list[Finding]) -> str:
+    """The likeliest cause the findings point to, in words."""
+    kinds = {f.kind for f in members}
+    first = {kind: min(f.start_step for f in members if f.kind == kind) for kind in kinds}
+    if "sdc" in kinds:
+        ranks = sorted({r for f in members if f.kind == "sdc" for r in f.ranks})
+        return f"hardware-suspect: silent data corruption on rank {', '.join(map(str, ranks))}"
+    if "bad_shard" in kinds:
+        return "data: a bad shard"
+    if {"loss_spike", "grad_spike"} <= kinds and first["grad_spike"] < first["loss_spike"]:
+        return f"optimisation: the gradient norm led the loss by {first['loss_spike'] - first['grad_spike']} steps"
+    if "hang" in kinds:
+        return "a rank stopped stepping"
+    if "straggler" in kinds:
+        return "slow worker(s)"
+    if "eval_stall" in kinds:
+        return "the job computes but the model stopped improving"
+    if kinds & {"loss_spike", "grad_spike", "nonfinite"}:
+        return "unexplained by data or hardware signals so far"
+    return "throughput"
+
+
+def _action(members: list[Finding], worst: Finding) -> SuggestedAction:
+    """The most severe actionable suggestion of the incident's findings, else the worst finding's."""
+    actionable = [f for f in members if f.suggested_action.action in ACTIONABLE]
+    if not actionable:
+        return worst.suggested_action
+    return max(actionable, key=lambda f: (f.severity.level, f.score)).suggested_action

@@ -1,0 +1,191 @@
+"""Loss and gradient-norm spikes: robust deviation from a baseline that follows the falling trend.
+
+Each value is compared on log scale with a rolling robust line through the recent
+accepted points (``trend.RobustTrend``); its robust z is the deviation over the
+residuals' MAD sigma. A point at or above ``z_alarm`` (times the tail factor, which
+raises the bar when recent residuals are heavier-tailed than normal) opens a finding at
+once; consecutive elevated points grow it; it closes when the series stays below
+``z_recover`` for ``recover_steps`` points. One that stays elevated for
+``diverge_steps`` is a divergence: critical, the baseline restarts on the new level.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .detector import Detector, register
+from .finding import Finding, Severity, SuggestedAction
+from .telemetry import TelemetryBatch
+from .trend import RobustTrend, Score
+
+
+@dataclass
+class _Episode:
+    """A spike in progress."""
+
+    finding: Finding
+    baseline: float
+    peak_z: float
+    peak_value: float
+    peak_step: int
+    last_high: int
+    below: int = 0
+
+
+class SpikeDetector(Detector):
+    """Spikes of one job-level step metric (see the module docstring)."""
+
+    metric: str
+    label: str
+
+    def __init__(self, *, z_alarm: float = 4.0, z_recover: float = 2.5, recover_steps: int = 2,
+                 diverge_steps: int = 50, critical_ratio: float = 4.0, window: int = 100,
+                 min_points: int = 30) -> None:
+        super().__init__()
+        self.z_alarm, self.z_recover, self.recover_steps = z_alarm, z_recover, recover_steps
+        self.diverge_steps, self.critical_ratio = diverge_steps, critical_ratio
+        self.trend = RobustTrend(window=window, min_points=min_points)
+        self._episode: _Episode | None = None
+        self._timeline: int | None = None
+
+    def update(self, batch: TelemetryBatch) -> list[Finding]:
+        rows = batch.steps
+        if rows.empty:
+            return []
+        out: list[Finding] = []
+        values = rows[self.metric].to_numpy(dtype=float, na_value=np.nan)
+        for timeline, step, value in zip(rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), values):
+            found = self._observe(int(timeline), int(step), float(value))
+            if found is not None:
+                out.append(found)
+        return out
+
+    def _observe(self, timeline: int, step: int, value: float) -> Finding | None:
+        changed = self._switch_timeline(timeline, step)
+        if not (math.isfinite(value) and value > 0):
+            return changed  # the nonfinite detector reports these; they neither open nor close a spike
+        y = math.log(value)
+        score = self.trend.score(step, y)
+        if score is None or not score.ready:
+            self.trend.admit(step, y, score.predicted if score else None)
+            return changed
+        if self._episode is None:
+            return self._maybe_open(timeline, step, value, y, score) or changed
+        return self._follow(step, value, y, score)
+
+    def _switch_timeline(self, timeline: int, step: int) -> Finding | None:
+        """A rewind: the episode on the abandoned branch ends there."""
+        if timeline == self._timeline:
+            return None
+        self._timeline = timeline
+        self.trend.on_timeline(timeline, step)
+        episode, self._episode = self._episode, None
+        if episode is None:
+            return None
+        evidence = {**episode.finding.evidence, "ended_by": f"rewind to step {step} on timeline {timeline}"}
+        return replace(episode.finding, active=False, evidence=evidence)
+
+    def _maybe_open(self, timeline: int, step: int, value: float, y: float, score: Score) -> Finding | None:
+        threshold = self.z_alarm * score.tail
+        if score.z < threshold:
+            self.trend.admit(step, y, score.predicted)
+            return None
+        baseline = math.exp(score.predicted)
+        episode = _Episode(finding=None, baseline=baseline, peak_z=score.z, peak_value=value,  # type: ignore[arg-type]
+                           peak_step=step, last_high=step)
+        episode.finding = self._finding(episode, timeline, step, score, active=True)
+        self._episode = episode
+        return episode.finding
+
+    def _follow(self, step: int, value: float, y: float, score: Score) -> Finding | None:
+        ep = self._episode
+        assert ep is not None
+        if score.z >= self.z_recover * score.tail:
+            ep.below, ep.last_high = 0, step
+            grew = score.z > ep.peak_z
+            if grew:
+                ep.peak_z, ep.peak_value, ep.peak_step = score.z, value, step
+            if step - ep.finding.start_step >= self.diverge_steps:
+                return self._diverged(ep, step, score)
+            if grew:
+                ep.finding = self._finding(ep, ep.finding.timeline, ep.finding.start_step, score, active=True)
+                return ep.finding
+            return None
+        ep.below += 1
+        self.trend.admit(step, y, None)
+        if ep.below < self.recover_steps:
+            return None
+        self._episode = None
+        return replace(self._finding(ep, ep.finding.timeline, ep.finding.start_step, score, active=False),
+                       evidence={**self._evidence(ep, score), "recovered_at_step": step})
+
+    def _diverged(self, ep: _Episode, step: int, score: Score) -> Finding:
+        """No recovery within ``diverge_steps``: critical, and the baseline restarts on the new level."""
+        self._episode = None
+        self.trend.restart()
+        finding = self._finding(ep, ep.finding.timeline, ep.finding.start_step, score, active=True,
+                                diverged_at=step)
+        return finding
+
+    def _finding(self, ep: _Episode, timeline: int, start: int, score: Score, *, active: bool,
+                 diverged_at: int | None = None) -> Finding:
+        ratio = ep.peak_value / ep.baseline
+        critical = diverged_at is not None or ratio >= self.critical_ratio
+        evidence = self._evidence(ep, score)
+        if diverged_at is not None:
+            evidence["diverged_at_step"] = diverged_at
+        return Finding(
+            kind=self.kind, severity=Severity.CRITICAL if critical else Severity.WARNING, timeline=timeline,
+            start_step=start, end_step=diverged_at or ep.last_high, ranks=(), score=round(ep.peak_z, 3),
+            summary=self._summary(ep, start, diverged_at), evidence=evidence,
+            suggested_action=self._action(timeline, start, active, diverged_at is not None),
+            active=active, detector=self.name)
+
+    def _evidence(self, ep: _Episode, score: Score) -> dict:
+        return {
+            "metric": self.metric, "onset_step": ep.finding.start_step if ep.finding else ep.peak_step,
+            "peak_step": ep.peak_step, "peak_value": ep.peak_value, "baseline_value": ep.baseline,
+            "ratio_to_baseline": ep.peak_value / ep.baseline, "peak_z": ep.peak_z,
+            "threshold_z": self.z_alarm * score.tail, "tail_factor": score.tail, "sigma_log": score.sigma,
+            "last_elevated_step": ep.last_high,
+        }
+
+    def _summary(self, ep: _Episode, start: int, diverged_at: int | None) -> str:
+        ratio = ep.peak_value / ep.baseline
+        what = (f"{self.label} diverged: no recovery in {diverged_at - start} steps" if diverged_at is not None
+                else f"{self.label} spiked")
+        return (f"{what} from step {start}: peak {ep.peak_value:.4g} at step {ep.peak_step}, "
+                f"{ratio:.2f}x the trend ({ep.peak_z:.1f} robust sigma)")
+
+    def _action(self, timeline: int, start: int, active: bool, diverged: bool) -> SuggestedAction:
+        target = self.run.checkpoint_before(timeline, start)
+        if not active and not diverged:
+            return SuggestedAction("investigate", {"step": start},
+                                   "recovered on its own; if spikes recur, rewind before them and skip their batches")
+        if target is None:
+            return SuggestedAction("investigate", {"step": start}, "no good checkpoint before the onset to rewind to")
+        return SuggestedAction("rewind", {"to_step": target}, f"the newest good checkpoint before step {start}")
+
+
+@register
+class LossSpikeDetector(SpikeDetector):
+    """Spikes and divergence of the training loss."""
+
+    name = "loss_spike"
+    kinds = ("loss_spike",)
+    kind = "loss_spike"
+    metric = "loss"
+    label = "loss"
+
+
+@register
+class GradSpikeDetector(SpikeDetector):
+    """Spikes of the global gradient norm (often a few steps ahead of the loss)."""
+
+    name = "grad_spike"
+    kinds = ("grad_spike",)
+    kind = "grad_spike"
+    metric = "grad_norm"
+    label = "gradient norm"

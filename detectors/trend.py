@@ -1,0 +1,92 @@
+"""A robust baseline that follows a falling training curve, for one series per timeline.
+
+The baseline is a line through the last ``window`` accepted points, log value against
+log step (training curves are close to power laws in the step, so the line bends with
+the fast early fall as well as the slow late one): its slope is the difference of the medians of the window's two halves over their distance,
+its level the median of the detrended points. The spread is the robust sigma (MAD) of
+the one-step-ahead residuals of the last ``memory`` accepted points: the error of the
+forecast itself, trend error included, learned over a longer span than the line. An
+outlier is scored against the baseline and not admitted to it,
+so a spike or a divergence cannot drag the baseline up behind it. A rewind starts a new
+timeline from the parent's points before the branch step.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .robust import MAD_TO_SIGMA
+
+GAUSSIAN_Q99 = 2.5758
+"""The 99th percentile of |z| for normal data: the yardstick for the tail factor."""
+MIN_FORECAST_ERRORS = 40
+"""Forecast errors seen before a score counts: early curvature must have had its say in sigma."""
+
+
+@dataclass(frozen=True)
+class Score:
+    """One point against its baseline: log-scale residual, robust z and the threshold's tail factor."""
+
+    predicted: float
+    sigma: float
+    z: float
+    tail: float
+    ready: bool = True
+
+
+class RobustTrend:
+    """Rolling robust linear trend of log values, with the spread and tails of its forecast errors."""
+
+    def __init__(self, *, window: int = 100, min_points: int = 30, sigma_floor: float = 1e-4,
+                 memory: int = 1000, tail_power: float = 2.0) -> None:
+        self.window, self.min_points, self.sigma_floor, self.tail_power = window, min_points, sigma_floor, tail_power
+        self._points: dict[int, deque[tuple[int, float]]] = {}
+        self._residuals: deque[float] = deque(maxlen=memory)
+        self._timeline: int | None = None
+
+    def on_timeline(self, timeline: int, step: int) -> None:
+        """Switch to ``timeline``; a new one starts from the current one's points before ``step``."""
+        if timeline == self._timeline:
+            return
+        if timeline not in self._points:
+            parent = self._points.get(self._timeline, deque())
+            self._points[timeline] = deque(((s, y) for s, y in parent if s < step), maxlen=self.window)
+        self._timeline = timeline
+
+    def score(self, step: int, y: float) -> Score | None:
+        """``y`` (a log value) against the baseline at ``step``; None while too few points.
+
+        Not ``ready`` until ``MIN_FORECAST_ERRORS`` forecasts have been checked against
+        what came: until then sigma is the line's own spread, too hopeful early in a run.
+        """
+        points = self._points.get(self._timeline)
+        if points is None or len(points) < self.min_points:
+            return None
+        steps = np.log1p(np.fromiter((s for s, _ in points), float, len(points)))
+        ys = np.fromiter((v for _, v in points), float, len(points))
+        half = len(ys) // 2
+        run = np.median(steps[half:]) - np.median(steps[:half])
+        slope = (np.median(ys[half:]) - np.median(ys[:half])) / run if run > 0 else 0.0
+        detrended = ys - slope * steps
+        level = float(np.median(detrended))
+        predicted = level + slope * math.log1p(step)
+        ready = len(self._residuals) >= MIN_FORECAST_ERRORS
+        spread = np.fromiter(self._residuals, float) if ready else detrended - level
+        deviation = np.abs(spread - np.median(spread))
+        sigma = max(MAD_TO_SIGMA * float(np.median(deviation)), self.sigma_floor)
+        tail = 1.0 if len(deviation) < 100 else \
+            max(1.0, float(np.quantile(deviation, 0.99)) / sigma / GAUSSIAN_Q99) ** self.tail_power
+        return Score(predicted, sigma, (y - predicted) / sigma, tail, ready)
+
+    def admit(self, step: int, y: float, predicted: float | None) -> None:
+        """Add an accepted point (and its forecast error, when it had a forecast) to the baseline."""
+        self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, y))
+        if predicted is not None:
+            self._residuals.append(y - predicted)
+
+    def restart(self) -> None:
+        """Forget the current timeline's points (after a level shift that did not recover)."""
+        self._points[self._timeline] = deque(maxlen=self.window)
