@@ -10,13 +10,14 @@ from pathlib import Path
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.importers import import_csv, import_jsonl
-from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector
+from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector, PassResult
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DEFAULT_QUERY_TIMEOUT_S, Store
 
-from . import action, demo, train
+from . import action, demo, detect, simulate, train
+from .detect import LiveDetection
 from .output import FORMATS, Progress, integer_in, positive_seconds, print_frame, warn
 
 MAX_BATCH_MB = 1024
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(commands)
     action.add_parser(commands)
     demo.add_parser(commands)
+    detect.add_parser(commands)
+    simulate.add_parser(commands)
     return parser
 
 
@@ -49,6 +52,8 @@ def _add_collect(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-mb", type=integer_in(1, MAX_BATCH_MB), default=DEFAULT_BATCH_BYTES >> 20, metavar="MB",
                    help=f"most megabytes ingested per transaction, 1 to {MAX_BATCH_MB} "
                         f"(default {DEFAULT_BATCH_BYTES >> 20})")
+    p.add_argument("--no-detect", dest="detect", action="store_false",
+                   help="with --follow: do not run the detectors (by default they run after every batch)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(handler=cmd_collect)
 
@@ -102,9 +107,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _follow(collector: Collector, progress: Progress, args: argparse.Namespace) -> None:
-    """Follow the run until SIGINT or SIGTERM (or, with --until-finished, its end)."""
+    """Follow the run, detecting as it goes, until SIGINT or SIGTERM (or, with --until-finished, its end)."""
     stop = threading.Event()
-    follower = Follower(collector, rescan_every_s=args.rescan_every, on_pass=progress.update, warn=warn)
+    live = LiveDetection(collector.store, quiet=args.quiet) if args.detect else None
+
+    def on_pass(result: PassResult) -> None:
+        progress.update(result)
+        if live:
+            live.update()
+
+    follower = Follower(collector, rescan_every_s=args.rescan_every, on_pass=on_pass,
+                        on_idle=live.tick if live else (lambda: None), warn=warn)
 
     def request_stop(signum: int, frame: object) -> None:
         stop.set()
@@ -113,6 +126,8 @@ def _follow(collector: Collector, progress: Progress, args: argparse.Namespace) 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     follower.run(stop, until_finished=args.until_finished)
+    if live and follower.run_ended():
+        live.finish()
 
 
 def cmd_import(args: argparse.Namespace) -> int:

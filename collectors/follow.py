@@ -52,12 +52,14 @@ class Follower:
         *,
         rescan_every_s: float = DEFAULT_RESCAN_EVERY_S,
         on_pass: Callable[[PassResult], None] = lambda result: None,
+        on_idle: Callable[[], None] = lambda: None,
         warn: Callable[[str], None] = lambda message: None,
         observer_factory: Callable[[], BaseObserver] = Observer,
     ) -> None:
         self.collector = collector
         self.rescan_every_s = rescan_every_s
         self.on_pass = on_pass
+        self.on_idle = on_idle
         self.warn = warn
         self._observer_factory = observer_factory
         self._observer: BaseObserver | None = None
@@ -66,15 +68,21 @@ class Follower:
         self._watched: set[str] = set()
 
     def run(self, stop: threading.Event, *, until_finished: bool = False) -> None:
-        """Ingest on every file event and every rescan until ``stop`` is set."""
+        """Ingest on every file event and every rescan until ``stop`` is set.
+
+        ``on_pass`` follows every committed pass; ``on_idle`` every wake-up that found
+        nothing new (so that a quiet run is noticed).
+        """
         self._start_events()
         try:
             while not stop.is_set():
                 self._watch_new_dirs()
                 self._wake.clear()
                 result = self.collector.ingest_available(on_pass=self.on_pass, stop=stop)
-                if until_finished and result.bytes == 0 and self.run_ended():
-                    return
+                if result.bytes == 0:
+                    if until_finished and self.run_ended():
+                        return
+                    self.on_idle()
                 self._wake.wait(self.rescan_every_s)
         finally:
             self._stop_events()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from . import catalog  # noqa: F401  (every detector registered)
 from .detector import Detector, build_detectors
 from .finding import Finding
 from .telemetry import RunState, TelemetryBatch
