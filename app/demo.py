@@ -14,11 +14,12 @@ from typing import Any
 
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import Follower
-from bedside.collectors.ingest import Collector
+from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
 from . import train
+from .detect import LiveDetection
 from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
 
@@ -65,6 +66,8 @@ def summary_queries(faults: DemoFaults) -> list[tuple[str, str, dict[str, Any]]]
     first, last = faults.straggler_window
     return [
         ("run", "demo_run", {}),
+        ("incidents the detectors opened (bedside detect RUN lists every finding)", "demo_incidents", {}),
+        ("each injected fault and the findings that caught it", "demo_scorecard", {"margin": 20}),
         ("held-out loss against compute (above_floor: nats above the language's entropy)", "demo_evals", {}),
         (f"bad data shard from step {faults.bad_shard_step}: the loss jumps", "demo_loss_spike",
          {"spike_step": faults.bad_shard_step}),
@@ -91,16 +94,23 @@ def _start_training(run_dir: Path, nproc: int, steps: int, specs: list[str]) -> 
 
 
 def follow_until_exit(collector: Collector, training: subprocess.Popen) -> None:
-    """Follow the run until it ends or the training process exits, then ingest what is left."""
+    """Follow the run, detecting as it goes, until it ends or the training process exits; then the rest."""
     progress = Progress()
+    live = LiveDetection(collector.store)
     stop = threading.Event()
-    follower = Follower(collector, rescan_every_s=0.5, on_pass=progress.update, warn=warn)
+
+    def on_pass(result: PassResult) -> None:
+        progress.update(result)
+        live.update()
+
+    follower = Follower(collector, rescan_every_s=0.5, on_pass=on_pass, on_idle=live.tick, warn=warn)
     watcher = threading.Thread(target=_stop_when_exited, args=(training, stop, follower), name="training-watcher",
                                daemon=True)
     watcher.start()
     follower.run(stop, until_finished=True)
     watcher.join()
-    collector.ingest_available(on_pass=progress.update)
+    collector.ingest_available(on_pass=on_pass)
+    live.finish()
     progress.report("done:")
 
 
