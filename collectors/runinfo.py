@@ -51,9 +51,18 @@ class RunInfo:
         if len(set(ranks)) != len(ranks) or any(r >= self.world_size for r in ranks):
             raise RunInfoError(f"run.json: topology ranks must be distinct and < world_size {self.world_size}")
 
+    @property
+    def mesh(self) -> dict[str, int] | None:
+        """The mesh's shape, each dimension's size as the topology places ranks on it; None without a topology."""
+        if not self.topology:
+            return None
+        return {dim: 1 + max(getattr(p, dim) for p in self.topology) for dim in ("dp", "tp", "pp")}
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["topology"] = [asdict(p) for p in self.topology]
+        if self.topology:
+            data["mesh"] = self.mesh
         return data
 
     @classmethod

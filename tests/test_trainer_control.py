@@ -1,24 +1,27 @@
 """The control channel with the real trainer: requests filed with ``bedside action`` into a live
 two-rank gloo run are applied by every rank at the same step, rejected with a reason, or
-rejected as duplicates; plus the request writer's checks."""
+rejected as duplicates; a paused run stays paused across a crash and a restart; plus the
+request writer's checks."""
 from __future__ import annotations
 
 import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from bedside.app.cli import main as bedside
+from bedside.app.cli import build_parser, main as bedside
+from bedside.app.train import torchrun_command
 from bedside.collectors.control import ACTIONS, build_request, check_args, request_action
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
+from bedside.trainer.control import RETAKEN_NOTE
 
 STEPS, EVERY, FILE_AT = 100, 10, 25
 SKIPPED = (40, 44)
@@ -48,10 +51,17 @@ def reached_step(run: Path, step: int) -> bool:
 
 
 def start_training(run: Path, *options: str) -> subprocess.Popen:
-    """``bedside train --nproc 2 --out RUN ...`` in the background."""
-    command = [sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--out", str(run), *options]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    """The torchrun command of ``bedside train --nproc 2 --out RUN ...``, in the background."""
+    args = build_parser().parse_args(["train", "--nproc", "2", "--out", str(run), *options])
+    return subprocess.Popen(torchrun_command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def stop(trainer: subprocess.Popen) -> None:
+    """End a run that is still going as an operator would: SIGTERM to torchrun, which stops its ranks."""
+    if trainer.poll() is None:
+        trainer.terminate()
+        trainer.communicate(timeout=120)
 
 
 def finish_and_collect(trainer: subprocess.Popen, run: Path) -> Store:
@@ -80,7 +90,7 @@ def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
         (RunLayout(run).control_requests / processed.name).write_text(processed.read_text())  # filed again
         store = finish_and_collect(trainer, run)
     finally:
-        trainer.kill()
+        stop(trainer)
     yield store, ids
     store.close()
 
@@ -206,7 +216,7 @@ def paused_then_stopped(tmp_path_factory) -> tuple[Store, dict[str, str]]:
         ids["stop"] = action(run, "stop", "--reason", "enough")
         store = finish_and_collect(trainer, run)
     finally:
-        trainer.kill()
+        stop(trainer)
     yield store, ids
     store.close()
 
@@ -234,3 +244,89 @@ def test_stop_saves_a_checkpoint_and_ends_the_run_as_aborted_with_the_reason(pau
     ends = rows(store, "SELECT rank, message FROM event_log WHERE kind = 'run_end' ORDER BY rank")
     assert [rank for rank, _ in ends] == [0, 1]
     assert all(message.startswith("stopped by tester at step") and message.endswith(": enough") for _, message in ends)
+
+
+# -- a pause across crashes ------------------------------------------------------------------
+def records(run: Path, rank: int = 0) -> list[dict]:
+    """The complete records of a rank's telemetry file so far."""
+    path = RunLayout(run).rank_file(rank)
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def applied(run: Path, request_id: str) -> list[dict]:
+    return [r for r in records(run) if r.get("request_id") == request_id and r["status"] == "applied"]
+
+
+def restored_paused(run: Path) -> bool:
+    """Rank 0 said it came back paused, and has heartbeated since."""
+    found = records(run)
+    said = [r["time"] for r in found if r["kind"] == "log" and r["message"].startswith("restored paused")]
+    return bool(said) and any(r["kind"] == "heartbeat" and r["time"] > said[-1] for r in found)
+
+
+def saved_since(run: Path, when: float) -> bool:
+    """A checkpoint was published (its manifest written) after ``when``."""
+    manifests = RunLayout(run).checkpoints.glob("step-*/manifest.json")
+    return any(m.parent.suffix != ".partial" and m.stat().st_mtime > when for m in manifests)
+
+
+def crash_rank_1(trainer: subprocess.Popen, run: Path) -> None:
+    """Kill rank 1 as a lost node would (SIGKILL); torchrun then stops rank 0 and fails."""
+    os.kill([r["pid"] for r in records(run, 1) if r["kind"] == "rank_info"][-1], signal.SIGKILL)
+    output, _ = trainer.communicate(timeout=120)
+    assert trainer.returncode != 0, output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def paused_across_crashes(tmp_path_factory) -> tuple[Store, dict[str, str]]:
+    """Paused, crashed; restarted from a checkpoint saved before the pause (the pause is taken again),
+    checkpointed while paused, crashed; restarted from that checkpoint (paused), resumed, finished."""
+    run = tmp_path_factory.mktemp("pause-crash") / "run"
+    options = ("--steps", "60", "--checkpoint-every", "10")
+    ids: dict[str, str] = {}
+    trainer = start_training(run, *options)
+    try:
+        wait_for(lambda: reached_step(run, 12), "step 12")
+        ids["pause"] = action(run, "pause", "--reason", "look at it")
+        wait_for(lambda: applied(run, ids["pause"]), "the pause")
+        crash_rank_1(trainer, run)
+        trainer = start_training(run, *options, "--resume")
+        wait_for(lambda: len(applied(run, ids["pause"])) == 2, "the pause, taken again")
+        filed = time.time()
+        ids["checkpoint"] = action(run, "checkpoint", "--reason", "keep the paused state")
+        wait_for(lambda: saved_since(run, filed), "the checkpoint")
+        crash_rank_1(trainer, run)
+        trainer = start_training(run, *options, "--resume")
+        wait_for(lambda: restored_paused(run), "the run restored paused")
+        ids["resume"] = action(run, "resume", "--reason", "carry on")
+        store = finish_and_collect(trainer, run)
+    finally:
+        stop(trainer)
+    yield store, ids
+    store.close()
+
+
+def test_a_pause_lost_with_a_crash_is_taken_again_after_the_restart(paused_across_crashes) -> None:
+    store, ids = paused_across_crashes
+    pause = rows(store, "SELECT status, step, message FROM action_events WHERE request_id = ? ORDER BY time, "
+                        "status DESC", ids["pause"])
+    assert [status for status, *_ in pause] == ["requested", "applied", "requested", "applied"]
+    assert pause[2][2] == RETAKEN_NOTE
+    [(loaded,)] = rows(store, "SELECT step FROM checkpoint_events WHERE event = 'loaded' ORDER BY time LIMIT 1")
+    assert pause[3][1] == loaded <= pause[1][1]
+
+
+def test_a_run_restarted_from_a_checkpoint_saved_while_paused_comes_back_paused(paused_across_crashes) -> None:
+    store, ids = paused_across_crashes
+    (timeline, step, restarted), = rows(store, "SELECT timeline, step, time FROM event_log WHERE kind = 'log' "
+                                               "AND message LIKE 'restored paused%'")
+    [(resumed,)] = rows(store, "SELECT time FROM action_events WHERE request_id = ? AND status = 'applied'",
+                        ids["resume"])
+    beats = rows(store, "SELECT DISTINCT rank FROM event_log WHERE kind = 'heartbeat' AND timeline = ? AND step = ? "
+                        "AND time BETWEEN ? AND ? ORDER BY rank", timeline, step, restarted, resumed)
+    assert beats == [(0,), (1,)]
+    first_trained = rows(store, "SELECT step, time > ? FROM step_metrics WHERE timeline = ? AND time > ? "
+                                "ORDER BY time LIMIT 1", resumed, timeline, restarted)
+    assert first_trained == [(step + 1, True)]
+    assert rows(store, "SELECT status, last_step FROM run") == [("finished", 60)]

@@ -1,5 +1,6 @@
 """Fault injection: the spec language, each hook on real tensors, and every fault's signature
-in a real two-rank run (gloo under torchrun), checked in the store against its ground truth."""
+in a real two-rank run (gloo under torchrun), checked in the store against its ground truth
+(the hang's is in test_trainer_hang.py)."""
 from __future__ import annotations
 
 import json
@@ -254,42 +255,6 @@ def test_ground_truth_is_written_once_per_firing_by_the_lowest_targeted_rank(tmp
                                                                                    "after": 2.0 ** 127}
 
 
-HANG_OR_CRASH = """
-import sys, time
-from bedside.collectors.writer import RunLogger
-from bedside.trainer.faults import FaultPlan
-logger = RunLogger(sys.argv[1], rank=0, world_size=1)
-faults = FaultPlan.parse([sys.argv[2]], rank=0, world_size=1, logger=logger)
-for step in range(1, 4):
-    faults.before_compute(step)
-    print(step, flush=True)
-"""
-
-
-def start_rank(tmp_path: Path, spec: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", HANG_OR_CRASH, str(tmp_path), spec], stdout=subprocess.PIPE,
-                            text=True)
-
-
-def test_a_hang_stops_stepping_and_stays_alive_and_a_crash_exits_with_its_code(tmp_path: Path, read_records) -> None:
-    hung, crashed = start_rank(tmp_path / "hang", "hang:rank=0,step=2"), start_rank(tmp_path / "crash",
-                                                                                  "crash:rank=0,step=3,code=7")
-    try:
-        assert crashed.wait(timeout=60) == 7 and crashed.stdout.read().split() == ["1", "2"]
-        assert hung.stdout.readline() == "1\n"
-        truth = tmp_path / "hang" / "ground_truth" / "rank-00000.jsonl"
-        deadline = time.monotonic() + 30
-        while not truth.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)
-        assert hung.poll() is None and [r["fault"] for r in read_records(truth)] == ["hang"]
-    finally:
-        hung.kill()
-        hung.wait()
-    assert [(r["step"], r["fault"]) for r in read_records(tmp_path / "crash" / "ground_truth" / "rank-00000.jsonl")] \
-        == [(3, "crash")]
-
-
 # -- end to end: two gloo ranks under torchrun, then the store ----------------------------
 
 FAULTY = ["grad_bitflip:rank=1,step=8", "nan:rank=0,step=12", "param_bitflip:rank=1,step=13",
@@ -297,10 +262,10 @@ FAULTY = ["grad_bitflip:rank=1,step=8", "nan:rank=0,step=12", "param_bitflip:ran
 BROKEN = ["shuffle_targets:from=1", "crash:rank=1,step=20,code=3"]
 
 
-def train(run: Path, specs: list[str]) -> tuple[subprocess.CompletedProcess, Store]:
+def train(run: Path, specs: list[str], steps: int = 30) -> tuple[subprocess.CompletedProcess, Store]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     inject = [option for spec in specs for option in ("--inject", spec)]
-    done = subprocess.run([sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--steps", "30",
+    done = subprocess.run([sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--steps", str(steps),
                            "--out", str(run), *inject], capture_output=True, text=True, timeout=300, env=env)
     store = Store.open(run / "bedside.duckdb")
     Collector(run, store).ingest_available()
@@ -323,12 +288,26 @@ def broken(tmp_path_factory) -> tuple[int, Store]:
     store.close()
 
 
+@pytest.fixture(scope="module")
+def repeating(tmp_path_factory) -> Store:
+    """100 steps, evaluated at steps 50 and 100 (eval_every); from step 51 each rank trains on one batch."""
+    done, store = train(tmp_path_factory.mktemp("repeat") / "run", ["repeat_batch:from=51"], steps=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    yield store
+    store.close()
+
+
 def rows(store: Store, query: str, *params) -> list[tuple]:
     return store.cursor().execute(query, list(params)).fetchall()
 
 
 def by_rank(store: Store, column: str, step: int) -> list:
     return [v for (v,) in rows(store, f"SELECT {column} FROM rank_step_metrics WHERE step = ? ORDER BY rank", step)]
+
+
+def tiny_language() -> MarkovLanguage:
+    data = preset("tiny_cpu").data
+    return MarkovLanguage(vocab_size=data.vocab_size, branching=data.branching, seed=data.seed)
 
 
 def test_the_ground_truth_of_every_injection_is_in_fault_labels(faulty: Store) -> None:
@@ -378,8 +357,7 @@ def test_a_bad_shard_raises_the_loss_of_the_rank_that_reads_it(faulty: Store) ->
     """Paired by step, so the learning trend cancels: the rank with more of shards 0-3 has the higher loss."""
     config = preset("tiny_cpu")
     data = config.data
-    language = MarkovLanguage(vocab_size=data.vocab_size, branching=data.branching, seed=data.seed)
-    corpus = ShardedCorpus(language, seq_len=config.model.seq_len, num_shards=data.num_shards,
+    corpus = ShardedCorpus(tiny_language(), seq_len=config.model.seq_len, num_shards=data.num_shards,
                            samples_per_shard=data.samples_per_shard, heldout_samples=data.heldout_samples,
                            seed=data.seed)
     sampler = BatchSampler(corpus, global_batch_size=config.global_batch, seed=config.seed)
@@ -407,8 +385,7 @@ def test_an_lr_blip_multiplies_the_learning_rate_and_spikes_the_loss(faulty: Sto
 
 def test_shuffled_targets_keep_the_job_busy_but_stop_it_learning(broken: tuple[int, Store]) -> None:
     _, store = broken
-    data = preset("tiny_cpu").data
-    pi = MarkovLanguage(vocab_size=data.vocab_size, branching=data.branching, seed=data.seed).stationary_distribution()
+    pi = tiny_language().stationary_distribution()
     unigram_entropy = float(-(pi * np.log(pi)).sum())
     losses = [loss for (loss,) in rows(store, "SELECT loss FROM step_metrics WHERE step >= 10 ORDER BY step")]
     assert len(losses) >= 5 and min(losses) > unigram_entropy - 0.1  # a clean run is near 3.5 by step 15
@@ -423,3 +400,13 @@ def test_a_crash_kills_the_rank_and_the_launcher_exits_non_zero(broken: tuple[in
                        "WHERE fault = 'crash'") == [(20, 1, "crash", "3")]
     assert rows(store, "SELECT max(step) FROM rank_step_metrics WHERE rank = 1") == [(19,)]
     assert rows(store, "SELECT count(*) FROM event_log WHERE kind = 'run_end' AND rank = 1") == [(0,)]
+
+
+def test_a_repeated_batch_keeps_the_job_busy_while_the_heldout_loss_stops_improving(repeating: Store) -> None:
+    config = preset("tiny_cpu")
+    assert rows(repeating, "SELECT count(*), min(tokens), max(tokens), count(DISTINCT extra['batch']) "
+                           "FROM step_metrics") == [(100, config.tokens_per_step, config.tokens_per_step, 100)]
+    heldout = dict(rows(repeating, "SELECT step, value FROM eval_scores WHERE name = 'loss'"))
+    assert sorted(heldout) == [50, 100] and heldout[100] > heldout[50]  # a clean run gains about 0.2 here
+    [(last,)] = rows(repeating, "SELECT loss FROM step_metrics WHERE step = 100")
+    assert last < tiny_language().entropy_rate() - 0.1  # below the entropy floor: it memorises one batch

@@ -1,6 +1,8 @@
-"""Crash, resume and checkpoint fallback with the real trainer: two gloo ranks under torchrun."""
+"""Crash, resume and checkpoint fallback with the real trainer: two gloo ranks under torchrun;
+control requests across a crash and a resume."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -8,13 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from bedside.collectors.control import request_action
 from bedside.collectors.ingest import Collector
+from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
+from bedside.trainer.control import RETAKEN_NOTE
 
 STEPS, EVERY, CRASH = 30, 10, 25
 
 
 def train(run: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``bedside train`` over two ranks, to its end (a crash included)."""
     command = [sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--steps", str(STEPS),
                "--checkpoint-every", str(EVERY), "--out", str(run), *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=300,
@@ -29,26 +35,31 @@ def corrupt_one_byte(checkpoint: Path) -> Path:
     return victim
 
 
+def collect(run: Path) -> Store:
+    store = Store.open(run / "bedside.duckdb")
+    Collector(run, store).ingest_available()
+    return store
+
+
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory) -> tuple[Store, Path]:
+def resumed(tmp_path_factory) -> tuple[Store, Path, Path]:
     run = tmp_path_factory.mktemp("resume") / "run"
     crashed = train(run, "--inject", f"crash:rank=1,step={CRASH}")
     assert crashed.returncode != 0
     victim = corrupt_one_byte(run / "checkpoints" / "step-00000020-t0")
     done = train(run, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
-    store = Store.open(run / "bedside.duckdb")
-    Collector(run, store).ingest_available()
-    yield store, victim
+    store = collect(run)
+    yield store, victim, run
     store.close()
 
 
-def rows(store: Store, query: str) -> list[tuple]:
-    return store.cursor().execute(query).fetchall()
+def rows(store: Store, query: str, *params) -> list[tuple]:
+    return store.cursor().execute(query, list(params)).fetchall()
 
 
 def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_loaded(resumed) -> None:
-    store, victim = resumed
+    store, victim, _ = resumed
     events = rows(store, "SELECT event, path, message FROM checkpoint_events WHERE event IN ('corrupt', 'loaded') "
                          "ORDER BY time")
     assert [(event, path) for event, path, _ in events] == [
@@ -57,7 +68,7 @@ def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_loaded(resumed) -
 
 
 def test_the_resumed_run_retrains_on_a_new_timeline_and_reproduces_the_lost_steps(resumed) -> None:
-    store, _ = resumed
+    store, *_ = resumed
     assert rows(store, "SELECT timeline, min(step), max(step) FROM step_metrics GROUP BY ALL ORDER BY 1") == [
         (0, 1, CRASH - 1), (1, EVERY + 1, STEPS)]
     replayed = rows(store, "SELECT a.loss = b.loss FROM step_metrics a JOIN step_metrics b USING (step) "
@@ -66,8 +77,55 @@ def test_the_resumed_run_retrains_on_a_new_timeline_and_reproduces_the_lost_step
 
 
 def test_the_resumed_run_finishes_with_its_checkpoints_saved(resumed) -> None:
-    store, _ = resumed
+    store, *_ = resumed
     assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 1, STEPS)]
     saved = rows(store, "SELECT timeline, step FROM checkpoint_events WHERE event = 'saved' ORDER BY time")
     assert saved == [(0, 10), (0, 20), (1, 20), (1, 30)]
     assert rows(store, "SELECT step, rank, fault FROM fault_labels") == [(CRASH, 1, "crash")]
+
+
+def test_run_json_records_the_mesh_and_each_ranks_coordinates(resumed) -> None:
+    """Data parallel only: a mesh of dp=2, tp=1, pp=1, rank r at dp=r (kept by the relaunch)."""
+    *_, run = resumed
+    info = json.loads((run / "run.json").read_text())
+    assert info["world_size"] == 2 and info["mesh"] == {"dp": 2, "tp": 1, "pp": 1}
+    assert [(p["rank"], p["dp"], p["tp"], p["pp"]) for p in info["topology"]] == [(0, 0, 0, 0), (1, 1, 0, 0)]
+
+
+# -- a request across crashes: applied once to the history the run continues -----------------
+@pytest.fixture(scope="module")
+def rewound_across_crashes(tmp_path_factory) -> tuple[Store, str]:
+    """A rewind to step 10, filed after a crash at step 25 (checkpoints at 10 and 20 on timeline 0), then:
+
+    1. resumed from step 20 (timeline 1): the rewind is applied (timeline 2), and rank 1 crashes at step
+       15, before any checkpoint holds the rewind;
+    2. resumed from step 20 of timeline 0 again: the rewind's effect was lost, so it is applied again
+       (timelines 3, then 4), saved at step 20, and rank 1 crashes at step 29;
+    3. the request's file is put back where a crash between applying and archiving it would leave it,
+       and the run resumed from step 20 of timeline 4, whose state holds the rewind: it is not applied.
+    """
+    run = tmp_path_factory.mktemp("rewound") / "run"
+    layout = RunLayout(run)
+    assert train(run, "--inject", f"crash:rank=1,step={CRASH}").returncode != 0
+    rewind = request_action(layout, "rewind", {"to_step": EVERY}, operator="tester", reason="before the spike")
+    for crash in (15, 29):
+        assert train(run, "--resume", "--inject", f"crash:rank=1,step={crash}").returncode != 0
+    assert (layout.checkpoints / "step-00000020-t4").is_dir()
+    os.replace(layout.control_processed / f"{rewind}.json", layout.control_requests / f"{rewind}.json")
+    done = train(run, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = collect(run)
+    yield store, rewind
+    store.close()
+
+
+def test_a_request_whose_effect_a_crash_lost_is_applied_again_and_never_twice(rewound_across_crashes) -> None:
+    store, rewind = rewound_across_crashes
+    assert rows(store, "SELECT timeline, min(step), max(step) FROM step_metrics GROUP BY ALL ORDER BY 1") == [
+        (0, 1, CRASH - 1), (2, EVERY + 1, 14), (4, EVERY + 1, 28), (5, 21, STEPS)]
+    acks = rows(store, "SELECT timeline, status, message FROM action_events WHERE request_id = ? "
+                       "ORDER BY time, status DESC", rewind)
+    assert [(timeline, status) for timeline, status, _ in acks] == [
+        (1, "requested"), (2, "applied"), (3, "requested"), (4, "applied"), (5, "requested"), (5, "rejected")]
+    assert acks[2][2] == RETAKEN_NOTE and acks[5][2] == f"duplicate: request {rewind} was already received"
+    assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 5, STEPS)]

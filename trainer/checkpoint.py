@@ -10,8 +10,9 @@ newest first and reports the corrupt ones it passed; ``load`` restores model,
 optimizer and this rank's trainer state on all ranks.
 
 Each rank's ``extra`` (JSON: step, timeline, sampler state, RNG states from
-``rng_state()``) is stored as ``extra-rank-NNNNN.json`` in the checkpoint, covered
-by the manifest; rank 0's copy is also in the manifest itself.
+``rng_state()``, the control channel's handled requests and pause) is stored as
+``extra-rank-NNNNN.json`` in the checkpoint, covered by the manifest; rank 0's copy is
+also in the manifest itself.
 """
 from __future__ import annotations
 

@@ -1,19 +1,26 @@
-"""The control channel on the trainer's side: read action requests, agree, apply, acknowledge.
+"""The control channel on the trainer's side: take action requests, agree, apply, acknowledge.
 
 At every step boundary rank 0 stats ``RUN/control/requests/`` (it lists the folder only
-when its mtime changed), every rank joins one broadcast of the number of new requests,
-and only when there are some rank 0 broadcasts the parsed requests. So every rank
-applies the same requests, in request order, at the same step. Rank 0 acknowledges each
-one in telemetry (``action`` records: requested, then applied or rejected with the
-reason) and moves its file to ``RUN/control/processed/``; a request whose id was already
-processed is rejected as a duplicate. Format: docs/telemetry-format.md, "Control requests".
+when its mtime changed) and takes each new request by moving its file to
+``RUN/control/processed/`` before anything is applied; every rank joins one broadcast of
+the number of requests taken, and only when there are some rank 0 broadcasts them. So
+every rank applies the same requests, in request order, at the same step. Rank 0
+acknowledges each one in telemetry (``action`` records: requested, then applied or
+rejected with the reason); a request whose id was already taken is rejected as a duplicate.
+
+The ids handled and the pause are trainer state (``ControlState``), saved in every
+checkpoint and kept across a rewind. After a restart, each request taken since the
+restored checkpoint was saved is handled again: applied again when its effect is trainer
+state (``REPEATABLE_ACTIONS``: that effect was lost with the restart), otherwise rejected
+with the reason. So the history a run continues holds each request once, and none goes
+unanswered. Format: docs/telemetry-format.md, "Control requests".
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -28,6 +35,11 @@ if TYPE_CHECKING:
 
 PAUSE_POLL_S = 1.0
 _SETTLE_NS = 50_000_000  # a folder changed this recently may change again within its mtime's resolution
+_DUPLICATE = ".duplicate-"  # processed/<id>.duplicate-<ns>.json: a request filed again under a taken id
+# Actions whose effect is trainer state, lost when a restart restores a checkpoint saved before them: applied
+# again. checkpoint and stop act on the process that received them, at that moment: not repeated.
+REPEATABLE_ACTIONS = frozenset({"rewind", "skip", "quarantine", "pause", "resume"})
+RETAKEN_NOTE = "handled again: the run restarted from a checkpoint saved before this request was handled"
 
 
 class Rejected(Exception):
@@ -36,7 +48,8 @@ class Rejected(Exception):
 
 @dataclass(frozen=True)
 class Request:
-    """One parsed request; ``problem`` is set when it must be rejected unread (bad file, duplicate)."""
+    """One parsed request; ``problem`` is set when it must be rejected unread (bad file, duplicate),
+    ``retaken`` when a restart hands it over again."""
 
     request_id: str
     action: str = ""
@@ -45,18 +58,45 @@ class Request:
     reason: str | None = None
     requested_at: float = 0.0
     problem: str | None = None
-    duplicate: bool = False
+    retaken: bool = False
+
+
+@dataclass
+class ControlState:
+    """The control channel's part of the trainer state: the ids of the requests handled, and the pause."""
+
+    handled: set[str] = field(default_factory=set)
+    paused: bool = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"handled": sorted(self.handled), "paused": self.paused}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> ControlState:
+        return cls(handled=set(state["handled"]), paused=bool(state["paused"]))
 
 
 class RequestInbox:
-    """Rank 0's view of ``control/requests/``: new requests, cheaply; handled ones archived."""
+    """Rank 0's view of ``control/``: new requests, cheaply, taken into ``processed/`` before they are applied."""
 
     def __init__(self, requests: Path, processed: Path) -> None:
         self.requests, self.processed = requests, processed
         self._seen_mtime: int | None = None
+        self._retaken: list[Request] = []
 
-    def poll(self) -> list[Request]:
-        """Requests filed since the last look, oldest first (one stat when nothing changed)."""
+    def poll(self, handled: set[str]) -> list[Request]:
+        """Requests filed since the last look (and those to retake), taken, oldest first; one stat when
+        nothing changed. An id in ``handled`` or already taken is a duplicate."""
+        requests, self._retaken = self._retaken + self._take_new(handled), []
+        return sorted(requests, key=lambda r: (r.requested_at, r.request_id))
+
+    def retake(self, handled: set[str]) -> None:
+        """After a restart: the next ``poll`` hands over again the taken requests that ``handled`` (the
+        restored state's) lacks."""
+        files = [p for p in self.processed.glob("*.json") if p.stem not in handled and _DUPLICATE not in p.name]
+        self._retaken = [replace(_read(path), retaken=True) for path in files]
+
+    def _take_new(self, handled: set[str]) -> list[Request]:
         try:
             mtime = os.stat(self.requests).st_mtime_ns
         except FileNotFoundError:
@@ -65,38 +105,42 @@ class RequestInbox:
             return []
         self._seen_mtime = mtime if time.time_ns() - mtime > _SETTLE_NS else None
         files = [p for p in self.requests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
-        return sorted((self._read(path) for path in files), key=lambda r: (r.requested_at, r.request_id))
+        return [request for path in files if (request := self._take(path, handled)) is not None]
 
-    def archive(self, request: Request) -> None:
-        """Move a handled request to ``processed/`` (a duplicate keeps the original there)."""
+    def _take(self, path: Path, handled: set[str]) -> Request | None:
+        """Move a request into ``processed/`` and read it there; None when its author withdrew it meanwhile."""
+        request_id, target = path.stem, self.processed / path.name
+        duplicate = request_id in handled or target.exists()
+        if target.exists():
+            target = self.processed / f"{request_id}{_DUPLICATE}{time.time_ns()}.json"
         self.processed.mkdir(parents=True, exist_ok=True)
-        name = f"{request.request_id}.duplicate-{time.time_ns()}.json" if request.duplicate \
-            else f"{request.request_id}.json"
         try:
-            os.replace(self.requests / f"{request.request_id}.json", self.processed / name)
-        except FileNotFoundError:  # withdrawn by its author meanwhile: nothing to move
-            pass
+            os.replace(path, target)
+        except FileNotFoundError:
+            return None
+        if duplicate:
+            return Request(request_id, problem=f"duplicate: request {request_id} was already received")
+        return _read(target)
 
-    def _read(self, path: Path) -> Request:
-        request_id = path.stem
-        if (self.processed / path.name).exists():
-            return Request(request_id, problem=f"duplicate: request {request_id} was already processed",
-                           duplicate=True)
-        try:
-            body = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(body, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as error:
-            return Request(request_id, problem=f"unreadable request: {error}")
-        if body.get("request_id") != request_id:
-            return Request(request_id, problem=f"request_id {body.get('request_id')!r} does not match its file name")
-        args = body.get("args") or {}
-        try:
-            requested_at = float(body.get("requested_at") or 0.0)
-        except (TypeError, ValueError):
-            return Request(request_id, problem=f"requested_at must be unix seconds, got {body.get('requested_at')!r}")
-        return Request(request_id, action=str(body.get("action", "")), args=args if isinstance(args, dict) else {},
-                       operator=body.get("operator"), reason=body.get("reason"), requested_at=requested_at)
+
+def _read(path: Path) -> Request:
+    """The request in ``path``, or one carrying the problem that makes it unreadable."""
+    request_id = path.stem
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(body, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as error:
+        return Request(request_id, problem=f"unreadable request: {error}")
+    if body.get("request_id") != request_id:
+        return Request(request_id, problem=f"request_id {body.get('request_id')!r} does not match its file name")
+    args = body.get("args") or {}
+    try:
+        requested_at = float(body.get("requested_at") or 0.0)
+    except (TypeError, ValueError):
+        return Request(request_id, problem=f"requested_at must be unix seconds, got {body.get('requested_at')!r}")
+    return Request(request_id, action=str(body.get("action", "")), args=args if isinstance(args, dict) else {},
+                   operator=body.get("operator"), reason=body.get("reason"), requested_at=requested_at)
 
 
 class ControlChannel:
@@ -107,33 +151,41 @@ class ControlChannel:
         self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")  # a CPU channel
         layout = trainer.log.layout
         self.inbox = RequestInbox(layout.control_requests, layout.control_processed) if trainer.rank == 0 else None
-        self.paused = False
         self.stop_reason: str | None = None
         self._count = torch.zeros(1, dtype=torch.int64)
         self._apply: dict[str, Callable[[Request], str]] = {
             "rewind": self._rewind, "skip": self._skip, "quarantine": self._quarantine,
             "checkpoint": self._checkpoint, "pause": self._pause, "resume": self._resume, "stop": self._stop}
 
+    @property
+    def state(self) -> ControlState:
+        return self.trainer.control_state
+
     def at_step_boundary(self) -> bool:
         """Apply what was requested (waiting while paused); False once the run must stop."""
         self._handle(self._receive())
-        while self.paused and self.stop_reason is None:
+        while self.state.paused and self.stop_reason is None:
             if self.inbox is not None:  # rank 0 sets the pace; the others wait in the broadcast
                 time.sleep(PAUSE_POLL_S)
             self.trainer.log.heartbeat(self.trainer.step)
             self._handle(self._receive())
         return self.stop_reason is None
 
+    def recover(self) -> None:
+        """After a restart: retake, at the next boundary, what the restored state lacks; a run restored
+        paused stays paused, and says so."""
+        if self.inbox is not None:
+            self.inbox.retake(self.state.handled)
+        if self.state.paused and self.trainer.rank == 0:
+            self.trainer.log.log(self.trainer.step, "restored paused: file a resume request to continue",
+                                 level="warning")
+
     def close(self) -> None:
         """At the end of the run: reject what is still filed, so that every request gets an answer."""
-        for request in self._receive():
-            self._acknowledge(request, "requested")
-            self._acknowledge(request, "rejected", "the run finished before it could be applied")
-            if self.inbox is not None:
-                self.inbox.archive(request)
+        self._handle(self._receive(), refusal="the run finished before it could be applied")
 
     def _receive(self) -> list[Request]:
-        requests = self.inbox.poll() if self.inbox is not None else []
+        requests = self.inbox.poll(self.state.handled) if self.inbox is not None else []
         self._count[0] = len(requests)
         dist.broadcast(self._count, src=0, group=self.group)
         if int(self._count[0]) == 0:
@@ -142,20 +194,25 @@ class ControlChannel:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-    def _handle(self, requests: list[Request]) -> None:
+    def _handle(self, requests: list[Request], refusal: str | None = None) -> None:
         for request in requests:
-            self._acknowledge(request, "requested")
-            try:
-                if request.problem:
-                    raise Rejected(request.problem)
-                if request.action not in self._apply:
-                    raise Rejected(f"unknown action {request.action!r}")
-                status, message = "applied", self._apply[request.action](request)
-            except Rejected as error:
-                status, message = "rejected", str(error)
-            self._acknowledge(request, status, message)
-            if self.inbox is not None:
-                self.inbox.archive(request)
+            self._acknowledge(request, "requested", RETAKEN_NOTE if request.retaken else None)
+            self.state.handled.add(request.request_id)
+            self._acknowledge(request, *self._outcome(request, request.problem or refusal))
+
+    def _outcome(self, request: Request, problem: str | None) -> tuple[str, str]:
+        """``("applied", what was done)`` or ``("rejected", why not)``."""
+        try:
+            if problem:
+                raise Rejected(problem)
+            if request.action not in self._apply:
+                raise Rejected(f"unknown action {request.action!r}")
+            if request.retaken and request.action not in REPEATABLE_ACTIONS:
+                raise Rejected(f"not repeated after a restart: a {request.action} request acts on the process "
+                               "that received it")
+            return "applied", self._apply[request.action](request)
+        except Rejected as error:
+            return "rejected", str(error)
 
     def _acknowledge(self, request: Request, status: str, message: str | None = None) -> None:
         if self.trainer.rank == 0:
@@ -169,7 +226,8 @@ class ControlChannel:
         trainer, sampler = self.trainer, self.trainer.sampler
         if to_step > trainer.step:
             raise Rejected(f"cannot rewind forward: to_step {to_step} is after the current step {trainer.step}")
-        edits = sampler.skip_ranges, sampler.quarantined_shards  # operators' edits outlive a rewind
+        # the operators' edits and the control state outlive a rewind: the checkpoint loaded predates them
+        skips, shards, control = sampler.skip_ranges, sampler.quarantined_shards, trainer.control_state
         before = (trainer.timeline, trainer.step)
         try:
             loaded = self.checkpointing.rewind(to_step)
@@ -177,9 +235,10 @@ class ControlChannel:
             raise Rejected(f"the checkpoint could not be loaded: {error}") from None
         if loaded is None:
             raise Rejected(f"no checkpoint at or before step {to_step}")
-        for first, last in edits[0]:
+        trainer.control_state = control
+        for first, last in skips:
             sampler.skip(first, last)
-        for shard in edits[1]:
+        for shard in shards:
             sampler.quarantine(shard)
         return (f"rewound from step {before[1]} of timeline {before[0]} to the checkpoint of step {trainer.step} "
                 f"({loaded.path.name}); continuing on timeline {trainer.timeline}")
@@ -206,15 +265,15 @@ class ControlChannel:
         return f"checkpoint of step {self.trainer.step} started"
 
     def _pause(self, request: Request) -> str:
-        if self.paused:
+        if self.state.paused:
             raise Rejected("already paused")
-        self.paused = True
+        self.state.paused = True
         return f"paused after step {self.trainer.step}"
 
     def _resume(self, request: Request) -> str:
-        if not self.paused:
+        if not self.state.paused:
             raise Rejected("not paused")
-        self.paused = False
+        self.state.paused = False
         return f"resumed after step {self.trainer.step}"
 
     def _stop(self, request: Request) -> str:

@@ -61,11 +61,13 @@ def init_distributed() -> torch.device:
 
 
 def gather_topology() -> tuple[RankPlacement, ...]:
-    """Every rank's host and local rank (data parallel only: dp = rank)."""
+    """Every rank's host, local rank and mesh coordinates: data parallel only, so dp = rank and the
+    tensor- and pipeline-parallel coordinates are 0 (a mesh of world_size x 1 x 1)."""
     mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)))
     everyone: list[tuple[str, int]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, mine)
-    return tuple(RankPlacement(rank=r, host=host, local_rank=local, dp=r) for r, (host, local) in enumerate(everyone))
+    return tuple(RankPlacement(rank=r, host=host, local_rank=local, dp=r, tp=0, pp=0)
+                 for r, (host, local) in enumerate(everyone))
 
 
 def main(argv: list[str] | None = None) -> None:

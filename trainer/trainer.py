@@ -18,7 +18,7 @@ from bedside.collectors.writer import RunLogger
 
 from .checkpoint import rng_state, set_rng_state
 from .checkpointing import Checkpointing
-from .control import ControlChannel
+from .control import ControlChannel, ControlState
 from .config import TrainConfig
 from .language import MarkovLanguage, ShardedCorpus
 from .sampler import BatchSampler
@@ -72,6 +72,7 @@ class Trainer:
                                            weight_decay=config.optim.weight_decay)
         self.step = 0
         self.timeline = logger.timeline
+        self.control_state = ControlState()
         self.flops_per_step = flops_per_token(config.model) * config.tokens_per_step
         self.spent_tokens = 0
         self.spent_flops = 0.0
@@ -83,8 +84,10 @@ class Trainer:
         control requests (rewind, skip, pause, stop...) are applied at step boundaries."""
         checkpointing = Checkpointing(self)
         control = ControlChannel(self, checkpointing)
-        if resume and not checkpointing.resume() and self.rank == 0:
-            self.log.log(self.step, "no checkpoint to resume from: starting from step 0", level="warning")
+        if resume:
+            if not checkpointing.resume() and self.rank == 0:
+                self.log.log(self.step, "no checkpoint to resume from: starting from step 0", level="warning")
+            control.recover()
         while self.step < self.config.steps and control.at_step_boundary():
             self.train_step()
             if self.step % self.config.eval_every == 0 or self.step == self.config.steps:
@@ -99,7 +102,8 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything besides model and optimizer that a rewind or resume restores (JSON)."""
         return {"step": self.step, "timeline": self.timeline, "sampler": self.sampler.state_dict(),
-                "rng": rng_state(), "spent_tokens": self.spent_tokens, "spent_flops": self.spent_flops}
+                "rng": rng_state(), "spent_tokens": self.spent_tokens, "spent_flops": self.spent_flops,
+                "control": self.control_state.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.timeline = state["step"], state["timeline"]
@@ -107,6 +111,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.spent_tokens, self.spent_flops = state["spent_tokens"], state["spent_flops"]
+        self.control_state = ControlState.from_state_dict(state["control"])
 
     def train_step(self) -> None:
         """One optimizer step on the next global batch."""
