@@ -1,0 +1,47 @@
+"""Parameter checksums: the replicas of a pipeline stage agree, until one's parameters diverge."""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import SimulationConfig
+from .models import stream
+
+FIELD = ',"param_checksum":"%016x"'
+_MASK = (1 << 63) - 1
+
+
+class Checksums:
+    """The ``param_checksum`` of every rank's rank_step records, every ``checksum_every`` steps.
+
+    A stage's replicas report one digest per checksum step; a rank whose parameters diverged
+    (``corruptions``: rank -> steps) reports another from that step on, changed again at
+    each further divergence.
+    """
+
+    def __init__(self, config: SimulationConfig, corruptions: dict[int, list[int]]) -> None:
+        self.steps = config.steps
+        self.every = config.checksum_every
+        self.checked = np.arange(self.every, config.steps + 1, self.every)
+        self.base = stream(config.seed, "checksum").integers(0, _MASK, (config.pp, len(self.checked)), dtype=np.int64)
+        self.stage = config.topology.stage()
+        self.corruptions = {rank: sorted(steps) for rank, steps in corruptions.items()}
+        self._replicas = [self._fields(row.tolist()) for row in self.base]
+
+    def fields(self, rank: int) -> list[str]:
+        """For steps 1..steps: the checksum field to append to the rank_step record, or ``""``."""
+        if rank not in self.corruptions:
+            return self._replicas[self.stage[rank]]
+        hits = np.searchsorted(self.corruptions[rank], self.checked, side="right")
+        row = self.base[self.stage[rank]].tolist()
+        return self._fields([value ^ _mix(rank, int(n)) if n else value for value, n in zip(row, hits)])
+
+    def _fields(self, digests: list[int]) -> list[str]:
+        out = [""] * self.steps
+        for step, digest in zip(self.checked.tolist(), digests):
+            out[step - 1] = FIELD % digest
+        return out
+
+
+def _mix(rank: int, divergences: int) -> int:
+    """A non-zero 63-bit pattern, distinct per rank and divergence count."""
+    return (((rank + 1) * 0x9E3779B97F4A7C15 + divergences * 0xBF58476D1CE4E5B9) & _MASK) | 1
