@@ -106,10 +106,10 @@ class BadShardDetector(Detector):
         y = math.log(loss)
         score = self.trend.score(step, y)
         if score is None or not score.ready:
-            self.trend.admit(step, y, score.predicted if score else None)
+            self.trend.admit(step, y, score)
             return None
         if score.z < self.high_z:
-            self.trend.admit(step, y, score.predicted)
+            self.trend.admit(step, y, score)
         return float(np.clip(score.z, -self.clip, self.clip))
 
     def _tally(self, read: list[int], step: int, z: float) -> None:

@@ -69,7 +69,7 @@ class SpikeDetector(Detector):
         y = math.log(value)
         score = self.trend.score(step, y)
         if score is None or not score.ready:
-            self.trend.admit(step, y, score.predicted if score else None)
+            self.trend.admit(step, y, score)
             return changed
         if self._episode is None:
             return self._maybe_open(timeline, step, value, y, score) or changed
@@ -90,7 +90,7 @@ class SpikeDetector(Detector):
     def _maybe_open(self, timeline: int, step: int, value: float, y: float, score: Score) -> Finding | None:
         threshold = self.z_alarm * score.tail
         if score.z < threshold:
-            self.trend.admit(step, y, score.predicted)
+            self.trend.admit(step, y, score)
             return None
         baseline = math.exp(score.predicted)
         episode = _Episode(finding=None, baseline=baseline, peak_z=score.z, peak_value=value,  # type: ignore[arg-type]

@@ -41,10 +41,11 @@ class RobustTrend:
     """Rolling robust linear trend of log values, with the spread and tails of its forecast errors."""
 
     def __init__(self, *, window: int = 100, min_points: int = 30, sigma_floor: float = 1e-4,
-                 memory: int = 1000, tail_power: float = 2.0) -> None:
+                 memory: int = 300, tail_memory: int = 1000, tail_power: float = 2.0) -> None:
         self.window, self.min_points, self.sigma_floor, self.tail_power = window, min_points, sigma_floor, tail_power
         self._points: dict[int, deque[tuple[int, float]]] = {}
         self._residuals: deque[float] = deque(maxlen=memory)
+        self._zs: deque[float] = deque(maxlen=tail_memory)
         self._timeline: int | None = None
 
     def on_timeline(self, timeline: int, step: int) -> None:
@@ -75,17 +76,26 @@ class RobustTrend:
         predicted = level + slope * math.log1p(step)
         ready = len(self._residuals) >= MIN_FORECAST_ERRORS
         spread = np.fromiter(self._residuals, float) if ready else detrended - level
-        deviation = np.abs(spread - np.median(spread))
-        sigma = max(MAD_TO_SIGMA * float(np.median(deviation)), self.sigma_floor)
-        tail = 1.0 if len(deviation) < 100 else \
-            max(1.0, float(np.quantile(deviation, 0.99)) / sigma / GAUSSIAN_Q99) ** self.tail_power
-        return Score(predicted, sigma, (y - predicted) / sigma, tail, ready)
+        sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(spread - np.median(spread)))), self.sigma_floor)
+        return Score(predicted, sigma, (y - predicted) / sigma, self._tail(), ready)
 
-    def admit(self, step: int, y: float, predicted: float | None) -> None:
-        """Add an accepted point (and its forecast error, when it had a forecast) to the baseline."""
+    def _tail(self) -> float:
+        """(q99 of recent |z| / the normal q99) ** tail_power, at least 1: heavier tails, a higher bar.
+
+        From z-scores, each taken against the sigma of its day, so that the large errors of
+        a run's steep start do not pass for heavy tails later.
+        """
+        if len(self._zs) < 100:
+            return 1.0
+        q99 = float(np.quantile(np.fromiter(self._zs, float), 0.99))
+        return max(1.0, q99 / GAUSSIAN_Q99) ** self.tail_power
+
+    def admit(self, step: int, y: float, score: Score | None) -> None:
+        """Add an accepted point (and its forecast error, when it was scored) to the baseline."""
         self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, y))
-        if predicted is not None:
-            self._residuals.append(y - predicted)
+        if score is not None:
+            self._residuals.append(y - score.predicted)
+            self._zs.append(abs(score.z))
 
     def restart(self) -> None:
         """Forget the current timeline's points (after a level shift that did not recover)."""
