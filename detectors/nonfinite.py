@@ -1,0 +1,231 @@
+"""Non-finite values (NaN, +-Inf) in the job's loss, gradient norm or learning rate, or in any rank's metrics.
+
+The job-level ``steps`` rows are judged as they arrive (rank 0 writes them), so the
+job-level finding never waits for the other ranks. Per-rank rows go through a
+``StepAssembler``: a step's non-finite ranks are named once every rank has reported
+it, so that the ranks of a finding do not depend on how the rows were batched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .crossrank import StepAssembler, StepMatrix
+from .detector import Detector, register
+from .finding import Finding, Severity, SuggestedAction, json_number
+from .telemetry import TelemetryBatch
+
+JOB_METRICS = ("loss", "grad_norm", "lr")
+RANK_METRICS = ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm")
+MASK = "_nonfinite"
+"""The column, added to per-rank rows, whose bit k is set when metric k of the row is non-finite."""
+JOB = -1
+"""The label of job-level values (per-rank values carry their rank)."""
+EVIDENCE_RANKS = 8
+"""At most this many ranks are detailed in a finding's evidence (all are counted)."""
+
+
+def nonfinite_mask(frame: pd.DataFrame, metrics: tuple[str, ...], measured: np.ndarray) -> np.ndarray:
+    """Per row, bit k set where ``metrics[k]`` is non-finite; ``measured`` (per metric) is updated in place.
+
+    The frames carry a metric that was not reported as NaN too, so a NaN only counts once
+    the metric has been finite on an earlier row: a metric a trainer never reports stays quiet.
+    An infinity always counts.
+    """
+    mask = np.zeros(len(frame), dtype=np.int64)
+    for k, name in enumerate(metrics):
+        x = _numbers(frame[name])
+        finite = np.isfinite(x)
+        before = measured[k] | np.concatenate(([False], np.logical_or.accumulate(finite)[:-1]))
+        mask |= (np.isinf(x) | (np.isnan(x) & before)).astype(np.int64) << k
+        measured[k] |= finite.any()
+    return mask
+
+
+def _numbers(column: pd.Series) -> np.ndarray:
+    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+class _LastFinite:
+    """The last finite value of each metric, and its step, per label (rank, or ``JOB``)."""
+
+    def __init__(self, metrics: tuple[str, ...]) -> None:
+        self.metrics = metrics
+        self.steps = np.full((0, len(metrics)), -1, dtype=np.int64)
+        self.values = np.full((0, len(metrics)), np.nan)
+
+    def update(self, steps: np.ndarray, labels: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        """Take rows of ``values[name][i, j]`` (step ``steps[i]``, label ``labels[j]``), in step order."""
+        if not len(steps):
+            return
+        slots = labels + 1
+        self._grow(int(slots.max()) + 1)
+        for k, name in enumerate(self.metrics):
+            finite = np.isfinite(values[name])
+            has = finite.any(axis=0)
+            last = len(steps) - 1 - np.argmax(finite[::-1], axis=0)
+            self.steps[slots[has], k] = steps[last[has]]
+            self.values[slots[has], k] = values[name][last[has], np.flatnonzero(has)]
+
+    def of(self, label: int, name: str) -> dict[str, float] | None:
+        slot, k = label + 1, self.metrics.index(name)
+        if slot >= len(self.steps) or self.steps[slot, k] < 0:
+            return None
+        return {"step": int(self.steps[slot, k]), "value": float(self.values[slot, k])}
+
+    def _grow(self, size: int) -> None:
+        if size > len(self.steps):
+            more = size - len(self.steps)
+            self.steps = np.vstack([self.steps, np.full((more, len(self.metrics)), -1, dtype=np.int64)])
+            self.values = np.vstack([self.values, np.full((more, len(self.metrics)), np.nan)])
+
+
+@dataclass
+class _Episode:
+    """Consecutive non-finite steps of one stream (the job, or the ranks)."""
+
+    timeline: int
+    start: int
+    end: int
+    ranks: tuple[int, ...]
+    onset: dict
+    latest: dict
+    last_finite: dict
+    steps: int = 1
+    active: bool = True
+
+
+@dataclass
+class _Stream:
+    """Job-level or per-rank values, scanned in step order."""
+
+    metrics: tuple[str, ...]
+    last: _LastFinite
+    measured: np.ndarray
+    open: _Episode | None = None
+
+    @classmethod
+    def of(cls, metrics: tuple[str, ...]) -> "_Stream":
+        return cls(metrics, _LastFinite(metrics), np.zeros(len(metrics), bool))
+
+
+@register
+class NonFiniteDetector(Detector):
+    """NaN or Inf in ``loss``, ``grad_norm``, ``lr`` or any rank's timings and local gradient norm."""
+
+    name = "nonfinite"
+    kinds = ("nonfinite",)
+
+    def __init__(self, *, lag: int = 20) -> None:
+        super().__init__()
+        self.lag = lag
+        self._job = _Stream.of(JOB_METRICS)
+        self._ranks = _Stream.of(RANK_METRICS)
+        self._assembler = StepAssembler((*RANK_METRICS, MASK), lag=lag)
+
+    def update(self, batch: TelemetryBatch) -> list[Finding]:
+        changed = self._job_rows(batch.steps)
+        rows = batch.rank_steps
+        if len(rows):
+            rows = rows.assign(**{MASK: nonfinite_mask(rows, RANK_METRICS, self._ranks.measured)})
+        matrix = self._assembler.add(rows, self.run.world_size)
+        return _latest(changed + self._released(matrix))
+
+    def finish(self) -> list[Finding]:
+        return _latest(self._released(self._assembler.flush(self.run.world_size)))
+
+    def _job_rows(self, rows: pd.DataFrame) -> list[Finding]:
+        if not len(rows):
+            return []
+        mask = nonfinite_mask(rows, JOB_METRICS, self._job.measured)[:, None]
+        values = {name: _numbers(rows[name])[:, None] for name in JOB_METRICS}
+        return self._scan(self._job, _numbers(rows["timeline"]).astype(int), _numbers(rows["step"]).astype(int),
+                          np.array([JOB]), values, mask)
+
+    def _released(self, matrix: StepMatrix | None) -> list[Finding]:
+        if matrix is None:
+            return []
+        values = {name: matrix.values[name] for name in RANK_METRICS}
+        mask = np.nan_to_num(matrix.values[MASK], nan=0.0).astype(np.int64)
+        return self._scan(self._ranks, matrix.timelines, matrix.steps, matrix.ranks, values, mask)
+
+    def _scan(self, stream: _Stream, timelines: np.ndarray, steps: np.ndarray, labels: np.ndarray,
+              values: dict[str, np.ndarray], mask: np.ndarray) -> list[Finding]:
+        """Walk rows in step order: open, grow and close episodes of non-finite steps."""
+        changed, done = [], 0
+        for i in _rows_to_visit(mask.any(axis=1), stream.open is not None):
+            where = np.flatnonzero(mask[i])
+            if len(where):  # the values before this row are what an episode opening here reports as last finite
+                stream.last.update(steps[done:i], labels, {n: v[done:i] for n, v in values.items()})
+                done = i
+            bad = {int(labels[j]): _decode(stream.metrics, mask[i, j], values, i, j) for j in where[:EVIDENCE_RANKS]}
+            changed += self._step(stream, int(timelines[i]), int(steps[i]), labels[where], bad)
+        stream.last.update(steps[done:], labels, {n: v[done:] for n, v in values.items()})
+        return changed
+
+    def _step(self, stream: _Stream, timeline: int, step: int, labels: np.ndarray,
+              bad: dict[int, dict[str, str]]) -> list[Finding]:
+        """One step of a stream: the ``labels`` with non-finite values (none: a clean step), the first detailed."""
+        changed, episode = [], stream.open
+        if episode is not None and (not len(labels) or timeline != episode.timeline or step <= episode.end):
+            episode.active, stream.open = False, None
+            changed.append(self._finding(episode))
+        if not len(labels):
+            return changed
+        seen = _seen(step, len(labels), bad)
+        if stream.open is None:
+            last = {_key(label): {name: stream.last.of(label, name) for name in per} for label, per in bad.items()}
+            ranks = tuple(int(r) for r in labels if r != JOB)
+            stream.open = _Episode(timeline, step, step, ranks, seen, seen, last)
+        else:
+            stream.open.end, stream.open.latest, stream.open.steps = step, seen, stream.open.steps + 1
+        return changed + [self._finding(stream.open)]
+
+    def _finding(self, episode: _Episode) -> Finding:
+        metrics = sorted({name for per in episode.onset["values"].values() for name in per})
+        where = f"rank{'s' if len(episode.ranks) > 1 else ''} {_listed(episode.ranks)}" if episode.ranks else "the job"
+        span = f"step {episode.start}" if episode.end == episode.start else f"steps {episode.start}-{episode.end}"
+        evidence = {"level": "rank" if episode.ranks else "job", "onset": episode.onset, "latest": episode.latest,
+                    "nonfinite_steps": episode.steps, "last_finite": episode.last_finite}
+        return Finding("nonfinite", Severity.CRITICAL, episode.timeline, episode.start, episode.end, episode.ranks,
+                       float(episode.steps), f"non-finite {', '.join(metrics)} on {where} at {span}", evidence,
+                       self._action(episode.timeline, episode.start), episode.active, self.name)
+
+    def _action(self, timeline: int, start: int) -> SuggestedAction:
+        to_step = self.run.checkpoint_before(timeline, start)
+        if to_step is None:
+            return SuggestedAction("investigate", {}, f"no good checkpoint before step {start}: find the cause "
+                                                      "(data, learning rate, hardware) before going on")
+        return SuggestedAction("rewind", {"to_step": to_step},
+                               f"step {to_step} is the newest good checkpoint before the first non-finite step {start}")
+
+
+def _rows_to_visit(bad: np.ndarray, open_before: bool) -> np.ndarray:
+    """Rows that open, grow or close an episode: the non-finite ones and the first clean row after each run."""
+    after = np.concatenate(([open_before], bad[:-1]))[:len(bad)] & ~bad
+    return np.flatnonzero(bad | after)
+
+
+def _decode(metrics: tuple[str, ...], bits: int, values: dict[str, np.ndarray], i: int, j: int) -> dict[str, str]:
+    return {name: json_number(values[name][i, j]) for k, name in enumerate(metrics) if bits >> k & 1}
+
+
+def _key(label: int) -> str:
+    return "job" if label == JOB else str(label)
+
+
+def _seen(step: int, count: int, bad: dict[int, dict[str, str]]) -> dict:
+    """Evidence of one step: how many ranks (or the job) had non-finite values, and the first few of them."""
+    return {"step": step, "count": count, "values": {_key(label): per for label, per in bad.items()}}
+
+
+def _listed(ranks: tuple[int, ...]) -> str:
+    more = len(ranks) - EVIDENCE_RANKS
+    return ", ".join(map(str, ranks[:EVIDENCE_RANKS])) + (f" and {more} more" if more > 0 else "")
+
+
+def _latest(findings: list[Finding]) -> list[Finding]:
+    """The newest version of each finding, in order of first appearance."""
+    return list({f.finding_id: f for f in findings}.values())

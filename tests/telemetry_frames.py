@@ -1,0 +1,190 @@
+"""Seeded synthetic telemetry for detector tests: frames built directly, with the truth known.
+
+Timing follows a synchronous data-parallel job: every rank loads data and computes, then
+all ranks meet in the gradient all-reduce, so each step lasts as long as the slowest
+rank's work. A slow rank shows a longer ``compute_time`` (or ``data_time``), its peers
+show the wait as a longer ``comm_time``, and ``step_time`` is the same on every rank.
+Tests apply their faults to the work matrices (``compute[t, r] *= 1.1``) before
+``rank_step_frame`` turns them into rows, so the ground truth is the test's own edit.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from bedside.detectors.detector import Detector
+from bedside.detectors.finding import Finding
+from bedside.detectors.telemetry import (
+    CHECKPOINT_COLUMNS, EVAL_COLUMNS, EVENT_COLUMNS, RANK_STEP_COLUMNS, STEP_COLUMNS, RunState, TelemetryBatch,
+)
+
+NOISES = ("gaussian", "student_t3", "lognormal")
+T0 = 1_796_000_000.0
+
+
+def noise(rng: np.random.Generator, kind: str, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    """Multiplicative factors with median 1 whose spread is ``scale``: symmetric, heavy-tailed or right-skewed."""
+    if kind == "gaussian":
+        eps = rng.standard_normal(shape)
+    elif kind == "student_t3":
+        eps = rng.standard_t(3, shape)
+    elif kind == "lognormal":
+        eps = np.expm1(rng.standard_normal(shape))  # long right tail: occasional long delays
+    else:
+        raise ValueError(f"unknown noise {kind!r} (known: {', '.join(NOISES)})")
+    return np.maximum(1.0 + scale * eps, 0.05)
+
+
+def work(rng: np.random.Generator, steps: int, ranks: int, base_s: float, *, kind: str = "gaussian",
+         scale: float = 0.03) -> np.ndarray:
+    """A steps x ranks matrix of per-rank seconds of work around ``base_s``."""
+    return base_s * noise(rng, kind, (steps, ranks), scale)
+
+
+def synchronous(compute: np.ndarray, data: np.ndarray | None = None, *, comm_s: float | None = None,
+                optimizer_s: float | None = None, pause_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-rank phase times and per-step wall times of a synchronous job from its work matrices.
+
+    ``pause_s[t]`` is time spent between step ``t - 1`` and step ``t`` outside any phase
+    (a checkpoint save, an eval): it shows in the wall interval, never in ``step_time``.
+    """
+    data = np.full_like(compute, 0.02 * np.nanmedian(compute)) if data is None else data
+    comm_s = 0.1 * float(np.nanmedian(compute)) if comm_s is None else comm_s
+    optimizer_s = 0.05 * float(np.nanmedian(compute)) if optimizer_s is None else optimizer_s
+    busy = data + compute
+    slowest = busy.max(axis=1, keepdims=True)
+    step_time = np.broadcast_to(slowest + comm_s + optimizer_s, busy.shape)
+    pause = np.zeros(len(busy)) if pause_s is None else pause_s
+    return {"data_time": data, "compute_time": compute, "comm_time": comm_s + slowest - busy,
+            "optimizer_time": np.full_like(busy, optimizer_s), "step_time": step_time.copy(),
+            "end": T0 + np.cumsum(step_time[:, 0] + pause)}
+
+
+def asynchronous(compute: np.ndarray, *, pause_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Phase times of ranks that never wait for each other: each rank's steps end on its own clock.
+
+    ``pause_s[t, r]``: time rank ``r`` spends outside any step before step ``t`` (a stall, a hang).
+    """
+    pause = np.zeros_like(compute) if pause_s is None else pause_s
+    zero = np.zeros_like(compute)
+    return {"data_time": zero, "compute_time": compute, "comm_time": zero, "optimizer_time": zero,
+            "step_time": compute.copy(), "end": T0 + np.cumsum(compute + pause, axis=0)}
+
+
+def rank_step_frame(timing: dict[str, np.ndarray], *, first_step: int = 1, timeline: int = 0,
+                    ranks: Iterable[int] | None = None) -> pd.DataFrame:
+    """``rank_steps`` rows of ``synchronous`` or ``asynchronous`` timings, in time order (ranks interleaved,
+    as a live run arrives)."""
+    steps, width = timing["compute_time"].shape
+    ranks = np.arange(width) if ranks is None else np.asarray(list(ranks))
+    step_no = np.repeat(np.arange(first_step, first_step + steps), width)
+    end = timing["end"] if timing["end"].ndim == 2 else timing["end"][:, None]
+    frame = pd.DataFrame({
+        "timeline": timeline, "step": step_no, "time": np.broadcast_to(end, (steps, width)).ravel(),
+        "rank": np.tile(ranks, steps), "seq": step_no - first_step,
+        **{name: timing[name].ravel() for name in ("step_time", "data_time", "compute_time", "comm_time",
+                                                   "optimizer_time")},
+        "local_grad_norm": 1.0, "param_checksum": None,
+    })
+    return by_time(frame[list(RANK_STEP_COLUMNS)])
+
+
+def steps_frame(end: np.ndarray, *, tokens: float | np.ndarray = 524_288.0, first_step: int = 1,
+                timeline: int = 0) -> pd.DataFrame:
+    """Job-level ``steps`` rows written by rank 0 at the times ``end``."""
+    count = len(end)
+    step_no = np.arange(first_step, first_step + count)
+    frame = pd.DataFrame({"timeline": timeline, "step": step_no, "time": end, "rank": 0, "seq": step_no,
+                          "loss": 2.0, "grad_norm": 1.0, "lr": 3e-4, "tokens": np.broadcast_to(tokens, count),
+                          "flops": 1e15, "shards": None})
+    return frame[list(STEP_COLUMNS)]
+
+
+def event_frame(rows: Iterable[tuple[int, float, int, str]], *, timeline: int = 0) -> pd.DataFrame:
+    """``events`` rows from (rank, time, step, kind) tuples (heartbeat, run_end, ...)."""
+    frame = pd.DataFrame(list(rows), columns=["rank", "time", "step", "kind"])
+    frame["timeline"], frame["seq"] = timeline, 0
+    return frame[list(EVENT_COLUMNS)].astype({"rank": "int64", "step": "int64", "time": "float64"})
+
+
+def heartbeats(rank: int, start: float, stop: float, every_s: float, step: int) -> list[tuple[int, float, int, str]]:
+    """A rank's heartbeat events every ``every_s`` seconds in (start, stop]."""
+    return [(rank, t, step, "heartbeat") for t in np.arange(start + every_s, stop + 1e-9, every_s)]
+
+
+def run_ends(frame: pd.DataFrame, status_s: float = 0.1) -> list[tuple[int, float, int, str]]:
+    """A ``run_end`` event for each rank of ``frame``, ``status_s`` after its last record there."""
+    last = frame.sort_values("time").groupby("rank").tail(1)
+    return [(int(r), float(t) + status_s, int(s), "run_end") for r, t, s in zip(last["rank"], last["time"], last["step"])]
+
+
+def checkpoint_frame(rows: Iterable[tuple[int, float, int, str]], *, timeline: int = 0) -> pd.DataFrame:
+    """``checkpoints`` rows from (rank, time, step, event) tuples."""
+    frame = pd.DataFrame(list(rows), columns=["rank", "time", "step", "event"])
+    frame["timeline"], frame["duration_s"] = timeline, np.nan
+    return frame[list(CHECKPOINT_COLUMNS)]
+
+
+def eval_frame(rows: Iterable[tuple[float, int]], *, timeline: int = 0) -> pd.DataFrame:
+    """``evals`` rows (one held-out loss) from (time, step) tuples."""
+    frame = pd.DataFrame(list(rows), columns=["time", "step"])
+    frame = frame.assign(timeline=timeline, split="heldout", name="loss", value=2.0, cum_tokens=np.nan,
+                         cum_flops=np.nan)
+    return frame[list(EVAL_COLUMNS)]
+
+
+def topology(world: int, *, per_host: int = 8, pp: int = 1) -> pd.DataFrame:
+    """Hosts of ``per_host`` consecutive ranks; ``pp`` pipeline stages, the outermost mesh dimension."""
+    rank = np.arange(world)
+    per_stage = world // pp
+    return pd.DataFrame({"rank": rank, "host": [f"node-{r // per_host:03d}" for r in rank],
+                         "local_rank": rank % per_host, "dp": rank % per_stage, "tp": 0, "pp": rank // per_stage})
+
+
+def by_time(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows in time order (stable), as a live run's records arrive."""
+    return frame.sort_values("time", kind="stable").reset_index(drop=True)
+
+
+def split_by_time(batch: TelemetryBatch, parts: int) -> list[TelemetryBatch]:
+    """``batch`` cut at the same ``parts - 1`` times in every frame, as a live feed reads all files up to now.
+
+    ``TelemetryBatch.split`` cuts each frame at its own row counts instead, so one frame's
+    piece can run far ahead of another's in time (a feed whose files lag each other).
+    """
+    times = np.concatenate([f["time"].to_numpy(float) for f in _frames(batch)])
+    cuts = np.quantile(times, np.linspace(0, 1, parts + 1)[1:-1]) if len(times) else []
+    bounds = [-np.inf, *cuts, np.inf]
+    return [TelemetryBatch(*(f[(f["time"] > lo) & (f["time"] <= hi)] for f in _frames(batch)))
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _frames(batch: TelemetryBatch) -> tuple[pd.DataFrame, ...]:
+    return batch.steps, batch.rank_steps, batch.evals, batch.checkpoints, batch.events
+
+
+def replay(detector: Detector, batch: TelemetryBatch, *, parts: int = 1, by_time: bool = False,
+           run: RunState | None = None, finish: bool = True) -> dict[str, Finding]:
+    """Feed ``batch`` in ``parts`` consecutive pieces (``split_by_time`` or ``TelemetryBatch.split``), as the
+    runner does; the latest version of each finding."""
+    run = run or RunState()
+    detector.bind(run)
+    latest: dict[str, Finding] = {}
+    for piece in split_by_time(batch, parts) if by_time else batch.split(parts):
+        run.observe(piece)
+        latest.update({f.finding_id: f for f in detector.update(piece)})
+    if finish:
+        latest.update({f.finding_id: f for f in detector.finish()})
+    return latest
+
+
+def as_json(findings: dict[str, Finding]) -> dict[str, dict]:
+    """Findings by id as ``bedside detect --json`` prints them, plus ``active``: to compare two replays."""
+    return {key: {**f.to_json(), "active": f.active} for key, f in sorted(findings.items())}
+
+
+def of_kind(findings: dict[str, Finding], keep: Callable[[Finding], bool]) -> list[Finding]:
+    """The findings ``keep`` accepts, in onset order."""
+    return sorted((f for f in findings.values() if keep(f)), key=lambda f: (f.start_step, f.ranks))
