@@ -1,0 +1,194 @@
+"""Throughput drops: tokens per second sustained below the run's own recent baseline.
+
+Each step's rate is its ``tokens`` (the job-level step record) over its duration: the
+median ``step_time`` over ranks when the ranks report it, else the wall interval since
+the previous step record (steps per second when no tokens are reported). On log scale,
+the median of the last ``window`` steps is compared with the median of the
+``baseline_steps`` before them: medians, so that a checkpoint or eval stall (one slow
+step now and then) moves neither; a slow swing (diurnal, 1-2%) moves both. A drop opens
+a finding when it is at least ``min_drop`` and ``z`` standard errors of the difference
+of the two medians; the baseline is then frozen until the rate is back within
+``min_drop / 2`` of it. The first ``warmup_steps`` (compilation, allocator and loader
+warm-up) are not a baseline.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .crossrank import StepAssembler, StepMatrix
+from .detector import Detector, register
+from .errors import DetectorConfigError
+from .finding import Finding, Severity, SuggestedAction
+from .robust import mad_sigma
+from .telemetry import TelemetryBatch
+
+Key = tuple[int, int]
+MAX_PENDING = 10_000
+"""Step durations kept waiting for their step record, at most."""
+
+
+@dataclass
+class _Drop:
+    """A drop in progress: its onset and the baseline it is measured against (frozen)."""
+
+    timeline: int
+    start_step: int
+    alarm_step: int
+    baseline: float
+    end_step: int
+    lowest: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+    active: bool = True
+
+
+@register
+class ThroughputDetector(Detector):
+    """Sustained drops of tokens per second against a rolling robust baseline (see the module docstring)."""
+
+    name = "throughput"
+    kinds = ("throughput_drop",)
+
+    def __init__(self, *, window: int = 50, baseline_steps: int = 500, min_drop: float = 0.10, z: float = 4.0,
+                 warmup_steps: int = 100, lag: int = 20) -> None:
+        super().__init__()
+        if min(window, baseline_steps, lag) < 1 or not 0 < min_drop < 1 or z <= 0 or warmup_steps < 0:
+            raise DetectorConfigError("throughput settings: window, baseline_steps, lag >= 1; "
+                                      "0 < min_drop < 1; z > 0; warmup_steps >= 0")
+        self.window, self.baseline_steps, self.min_drop, self.z = window, baseline_steps, min_drop, z
+        self.warmup_steps, self.lag = warmup_steps, lag
+        self._assembler = StepAssembler(("step_time",), lag=lag)
+        self._durations: dict[Key, float] = {}
+        self._released: Key = (-1, -1)
+        self._queue: list[tuple[Key, float, float]] = []  # (key, time, tokens) of step records not yet rated
+        self._previous: dict[int, tuple[int, float]] = {}  # timeline -> (step, time) of the last step record
+        self._tokens = math.nan
+        self._seen = 0
+        self._history: deque[tuple[Key, float]] = deque(maxlen=baseline_steps + window)
+        self._drop: _Drop | None = None
+        self._source = "median rank step_time"
+
+    def update(self, batch: TelemetryBatch) -> list[Finding]:
+        self._take_durations(self._assembler.add(batch.rank_steps, self.run.world_size))
+        rows = batch.steps
+        tokens = pd.to_numeric(rows["tokens"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        self._queue += [((int(tl), int(s)), float(t), float(n))
+                        for tl, s, t, n in zip(rows["timeline"], rows["step"], rows["time"], tokens)]
+        return self._drain(final=False)
+
+    def finish(self) -> list[Finding]:
+        self._take_durations(self._assembler.flush(self.run.world_size))
+        return self._drain(final=True)
+
+    def _take_durations(self, matrix: StepMatrix | None) -> None:
+        if matrix is None:
+            return
+        medians = np.nanmedian(np.where(matrix.values["step_time"] > 0, matrix.values["step_time"], np.nan), axis=1)
+        for timeline, step, median in zip(matrix.timelines.tolist(), matrix.steps.tolist(), medians.tolist()):
+            if math.isfinite(median):
+                self._durations[(timeline, step)] = median
+        while len(self._durations) > MAX_PENDING:  # rank rows of steps that have no step record
+            self._durations.pop(next(iter(self._durations)))
+        self._released = max(self._released, (int(matrix.timelines[-1]), int(matrix.steps[-1])))
+
+    def _drain(self, *, final: bool) -> list[Finding]:
+        """Rate the queued step records whose duration is settled, in order; the drops this opens or changes."""
+        changed: dict[int, _Drop] = {}
+        newest = max((key for key, _, _ in self._queue), default=(-1, -1))
+        while self._queue:
+            key, time, tokens = self._queue[0]
+            settled = key in self._durations or key <= self._released or final or (
+                newest[0] > key[0] or newest[1] >= key[1] + self.lag)
+            if not settled:
+                break
+            self._queue.pop(0)
+            rate = self._rate(key, time, tokens)
+            if rate is not None:
+                drop = self._observe(key, math.log(rate))
+                if drop is not None:
+                    changed[id(drop)] = drop
+        if self._drop is not None:
+            changed[id(self._drop)] = self._drop
+            self._drop.evidence = self._evidence(self._drop)
+        return [self._finding(d) for d in changed.values()]
+
+    def _rate(self, key: Key, time: float, tokens: float) -> float | None:
+        """Tokens (or steps) per second of the step ``key``; None when it has no duration."""
+        timeline, step = key
+        before = self._previous.get(timeline)
+        self._previous[timeline] = (step, time)
+        self._tokens = tokens if math.isfinite(tokens) else self._tokens
+        work = self._tokens if math.isfinite(self._tokens) else 1.0
+        if key in self._durations:
+            self._source = "median rank step_time"
+            return work / self._durations.pop(key)
+        if before is None or step <= before[0] or time <= before[1]:
+            return None
+        self._source = "interval between step records"
+        return work * (step - before[0]) / (time - before[1])
+
+    # -- the statistic -------------------------------------------------------------------
+    def _observe(self, key: Key, x: float) -> _Drop | None:
+        """Add one step's log rate; the drop opened or closed by it."""
+        self._seen += 1
+        if self._seen <= self.warmup_steps:
+            return None
+        self._history.append((key, x))
+        values = np.array([v for _, v in self._history])
+        if len(values) < 3 * self.window:
+            return None
+        current = float(np.median(values[-self.window:]))
+        if self._drop is not None:
+            if key[0] == self._drop.timeline:
+                self._drop.end_step = max(key[1], self._drop.start_step)
+            self._drop.lowest = min(self._drop.lowest, current)
+            if current > self._drop.baseline + math.log1p(-self.min_drop / 2):
+                return self._close(self._drop)
+            return None
+        older = values[:-self.window]
+        baseline = float(np.median(older))
+        se = 1.2533 * float(mad_sigma(older)) * math.sqrt(1 / self.window + 1 / len(older))
+        if current <= baseline + math.log1p(-self.min_drop) and baseline - current >= self.z * se:
+            self._drop = self._open(key, values, baseline)
+            return self._drop
+        return None
+
+    def _open(self, key: Key, values: np.ndarray, baseline: float) -> _Drop:
+        """The drop's onset: the recent step from which the count of steps below the half-drop level, less
+        the count above it, is largest (a sign CUSUM read backwards)."""
+        recent = values[-self.window:]
+        signs = np.where(recent < baseline + math.log1p(-self.min_drop / 2), 1, -1)
+        first = int(np.argmax(np.cumsum(signs[::-1])[::-1]))
+        onset = list(self._history)[-self.window + first][0]
+        return _Drop(key[0], onset[1] if onset[0] == key[0] else key[1], key[1], baseline, key[1],
+                     float(np.median(recent)))
+
+    def _close(self, drop: _Drop) -> _Drop:
+        drop.evidence, drop.active = self._evidence(drop), False
+        self._drop = None
+        return drop
+
+    def _evidence(self, drop: _Drop) -> dict[str, Any]:
+        current = float(np.median([v for _, v in list(self._history)[-self.window:]]))
+        unit = "tokens/s" if math.isfinite(self._tokens) else "steps/s"
+        return {"baseline_per_s": round(math.exp(drop.baseline), 6), "current_per_s": round(math.exp(current), 6),
+                "drop": round(1 - math.exp(current - drop.baseline), 4),
+                "largest_drop": round(1 - math.exp(drop.lowest - drop.baseline), 4), "unit": unit,
+                "min_drop": self.min_drop, "z": self.z,
+                "window_steps": self.window, "baseline_steps": self.baseline_steps, "alarm_step": drop.alarm_step,
+                "duration_from": self._source}
+
+    def _finding(self, drop: _Drop) -> Finding:
+        ev = drop.evidence
+        summary = (f"throughput down {ev['largest_drop'] * 100:.1f}% from its baseline since step {drop.start_step}"
+                   f" (now {ev['current_per_s']:.4g} vs {ev['baseline_per_s']:.4g} {ev['unit']})")
+        action = SuggestedAction("investigate", {}, "look for stragglers, a slow data pipeline or network, "
+                                 "or a change of the job's configuration")
+        return Finding("throughput_drop", Severity.WARNING, drop.timeline, drop.start_step,
+                       max(drop.end_step, drop.start_step), (), float(ev["largest_drop"]), summary, ev, action,
+                       drop.active, self.name)

@@ -1,0 +1,226 @@
+"""The straggler detector on synthetic synchronous jobs: faults it must find, nuisances it must not."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import telemetry_frames as tf
+
+from bedside.detectors.detector import build_detectors
+from bedside.detectors.errors import DetectorConfigError
+from bedside.detectors.finding import Finding
+from bedside.detectors.straggler import StragglerDetector, cusum_threshold
+from bedside.detectors.telemetry import RunState, TelemetryBatch
+
+ONSET = 300
+
+
+def detect(compute: np.ndarray, *, data: np.ndarray | None = None, topology: pd.DataFrame | None = None,
+           parts: int = 1, **settings) -> list[Finding]:
+    """Every straggler finding (latest versions) of a synchronous job with these work matrices."""
+    batch = TelemetryBatch(rank_steps=tf.rank_step_frame(tf.synchronous(compute, data)))
+    run = RunState(world_size=compute.shape[1], topology=tf.topology(0) if topology is None else topology)
+    return list(tf.replay(StragglerDetector(**settings), batch, parts=parts, run=run).values())
+
+
+def warnings_(found: list[Finding]) -> list[Finding]:
+    return [f for f in found if f.severity.value == "warning"]
+
+
+def clean(seed: int, steps: int, ranks: int, *, base: float = 0.5, kind: str = "gaussian",
+          scale: float = 0.05) -> np.ndarray:
+    return tf.work(np.random.default_rng(seed), steps, ranks, base, kind=kind, scale=scale)
+
+
+@pytest.mark.parametrize(("kind", "ranks", "base"), [
+    (kind, ranks, base) for kind in tf.NOISES for ranks, base in ((4, 0.05), (64, 20.0), (1024, 0.8))])
+def test_a_ten_percent_straggler_is_named_within_100_steps(kind: str, ranks: int, base: float) -> None:
+    compute = clean(1, ONSET + 150, ranks, base=base, kind=kind)
+    compute[ONSET - 1:, 3] *= 1.10
+    topology = tf.topology(ranks, per_host=4 if ranks == 4 else 8)
+    [found] = detect(compute, topology=topology)
+    assert found.ranks == (3,) and found.severity.value == "warning" and found.active
+    assert 0 <= found.evidence["alarm_step"] - ONSET <= 100
+    assert ONSET - 60 <= found.start_step <= found.evidence["alarm_step"]
+    ev = found.evidence
+    assert ev["scope"] == "rank" and ev["phase"] == "compute" and 1.04 < ev["slowdown"] < 1.16
+    assert 0.03 * base < ev["job_cost_s_per_step"] < 0.2 * base and ev["peers_wait_s_per_step"] > 0
+    assert ev["place"] == {"rank": 3, "host": "node-000", "dp": 3, "tp": 0, "pp": 0}
+    assert found.suggested_action.action == "evict" and found.suggested_action.args["ranks"] == [3]
+    assert "rank 3 (host node-000" in found.summary
+
+
+def first_alarm(seed: int, kind: str, factor: float, horizon: int, ranks: int = 16) -> tuple[int | None, int]:
+    """(steps from onset to the alarm on the slow rank or None, number of findings on other ranks)."""
+    rng = np.random.default_rng(seed)
+    compute = tf.work(rng, ONSET + horizon, ranks, 0.5, kind=kind, scale=0.05)
+    slow = int(rng.integers(ranks))
+    compute[ONSET - 1:, slow] *= factor
+    found = warnings_(detect(compute, parts=3))
+    right = [f.evidence["alarm_step"] - ONSET for f in found if f.ranks == (slow,)]
+    return min(right, default=None), len(found) - len(right)
+
+
+@pytest.mark.parametrize("kind", tf.NOISES)
+@pytest.mark.parametrize(("factor", "horizon", "trials"), [(1.10, 100, 20), (1.05, 1000, 10)])
+def test_detection_rate_and_delay(kind: str, factor: float, horizon: int, trials: int) -> None:
+    """At 5% per-step noise: the slow rank named within the horizon in at least 95% of the runs, no other."""
+    results = [first_alarm(seed, kind, factor, horizon) for seed in range(trials)]
+    delays = [d for d, _ in results if d is not None]
+    print(f"\n{kind} x{factor}: found {len(delays)}/{trials}, delay median {np.median(delays):.0f} "
+          f"max {max(delays)} steps")
+    assert len(delays) >= 0.95 * trials and sum(w for _, w in results) == 0
+
+
+@pytest.mark.parametrize(("kind", "ranks", "steps"), [
+    *((kind, 64, 10_000) for kind in tf.NOISES), ("student_t3", 1024, 3_000)])
+def test_no_false_alarm_on_clean_runs(kind: str, ranks: int, steps: int) -> None:
+    """Streams of clean steps in batches: no finding at all (the target is < 0.1 per 10k steps)."""
+    rng = np.random.default_rng(7)
+    detector = StragglerDetector()
+    detector.bind(RunState(world_size=ranks))
+    found = []
+    for first in range(1, steps, 1000):
+        compute = tf.work(rng, 1000, ranks, 0.5, kind=kind, scale=0.05)
+        found += detector.update(TelemetryBatch(rank_steps=tf.rank_step_frame(tf.synchronous(compute),
+                                                                              first_step=first)))
+    print(f"\n{kind}, {ranks} ranks, {steps} steps: {len(found)} findings")
+    assert found == []
+
+
+def stalls(compute: np.ndarray) -> np.ndarray:
+    """Data time of a checkpoint stall every 50 steps on every rank (5 s, 10% jitter between ranks)."""
+    data = np.full_like(compute, 0.01)
+    rng = np.random.default_rng(3)
+    data[::50] = 5.0 * (1 + 0.1 * rng.standard_normal(data[::50].shape))
+    return data
+
+
+def nuisance(name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    compute = clean(11, 800, 32, kind="student_t3")
+    data = None
+    if name == "common_mode":
+        compute[300:500] *= 1.3
+    elif name == "checkpoint_stalls":
+        data = stalls(compute)
+    elif name == "last_stage_slower":
+        compute[:, 24:] *= 1.15
+    elif name == "long_sequences":
+        hit = np.random.default_rng(5).random(compute.shape) < 0.02
+        compute[hit] *= 2.0
+    return compute, data
+
+
+@pytest.mark.parametrize("name", ["common_mode", "checkpoint_stalls", "last_stage_slower", "long_sequences"])
+def test_nuisances_do_not_alarm(name: str) -> None:
+    compute, data = nuisance(name)
+    found = detect(compute, data=data, topology=tf.topology(32, per_host=4, pp=4))
+    assert warnings_(found) == []
+    if name == "last_stage_slower":
+        [info] = found
+        assert info.ranks == tuple(range(24, 32)) and info.evidence["pp_stage"] == 3
+        assert info.suggested_action.action == "investigate" and not info.active
+        assert "pipeline stage 3" in info.summary and info.evidence["slowdown"] > 1.1
+    else:
+        assert found == []
+
+
+def test_a_slow_node_is_one_finding_naming_the_host() -> None:
+    compute = clean(2, ONSET + 200, 32)
+    compute[ONSET - 1:, 16:24] *= 1.15
+    [found] = detect(compute, topology=tf.topology(32, per_host=8))
+    assert found.ranks == tuple(range(16, 24)) and found.evidence["scope"] == "host"
+    assert found.suggested_action.action == "evict" and found.suggested_action.args["host"] == "node-002"
+    assert "host node-002" in found.summary and "slow node" in found.summary
+
+
+def test_a_stage_slowing_down_across_hosts_is_imbalance_not_a_sick_worker() -> None:
+    compute = clean(4, ONSET + 200, 32)
+    compute[ONSET - 1:, 24:] *= 1.15
+    [found] = detect(compute, topology=tf.topology(32, per_host=4, pp=4))
+    assert found.ranks == tuple(range(24, 32)) and found.evidence["scope"] == "pp_stage"
+    assert found.severity.value == "info" and found.suggested_action.action == "investigate"
+
+
+def test_a_rank_slow_from_the_start_is_structural() -> None:
+    compute = clean(5, 600, 16)
+    compute[:, 5] *= 1.12
+    [found] = detect(compute)
+    assert found.ranks == (5,) and found.evidence["scope"] == "structural" and found.severity.value == "info"
+    assert found.suggested_action.action == "investigate" and 1.08 < found.evidence["slowdown"] < 1.16
+
+
+def test_a_slow_data_loader_is_named_as_the_data_phase() -> None:
+    compute = clean(6, ONSET + 150, 16)
+    data = np.full_like(compute, 0.05)
+    data[ONSET - 1:, 2] += 0.1
+    [found] = detect(compute, data=data)
+    assert found.ranks == (2,) and found.evidence["phase"] == "data"
+
+
+def test_an_intermittent_straggler_is_found() -> None:
+    compute = clean(8, ONSET + 400, 16, kind="lognormal")
+    compute[ONSET - 1::5, 7] *= 1.5
+    [found] = warnings_(detect(compute))
+    assert found.ranks == (7,) and found.evidence["alarm_step"] - ONSET <= 300
+
+
+def test_a_rank_that_recovers_clears() -> None:
+    compute = clean(9, 900, 16)
+    compute[ONSET - 1:500, 4] *= 1.15
+    [found] = detect(compute)
+    assert found.ranks == (4,) and not found.active and 500 <= found.end_step <= 600
+
+
+def test_phases_absent_fall_back_to_step_time() -> None:
+    """A foreign run with only step_time (not synchronous): the slow rank's step time."""
+    compute = clean(10, ONSET + 150, 8)
+    compute[ONSET - 1:, 1] *= 1.2
+    frame = tf.rank_step_frame(tf.synchronous(compute))
+    frame["step_time"] = compute.ravel()
+    frame[["compute_time", "data_time", "comm_time"]] = np.nan
+    [found] = tf.replay(StragglerDetector(), TelemetryBatch(rank_steps=frame), run=RunState()).values()
+    assert found.ranks == (1,) and found.evidence["phase"] == "step" and "host" not in found.evidence["place"]
+
+
+def test_one_batch_or_many_give_the_same_findings() -> None:
+    compute = clean(12, 900, 32, kind="lognormal")
+    compute[:, 30] *= 1.12  # structural
+    compute[ONSET - 1:600, 3] *= 1.12  # recovers
+    compute[400:, 8:16] *= 1.2  # a slow node, to the end
+    topology = tf.topology(32, per_host=8)
+    whole = detect(compute, topology=topology)
+    assert len(whole) == 3
+    for parts, by_time in ((7, False), (5, True)):
+        batch = TelemetryBatch(rank_steps=tf.rank_step_frame(tf.synchronous(compute)))
+        run = RunState(world_size=32, topology=topology)
+        pieces = tf.replay(StragglerDetector(), batch, parts=parts, by_time=by_time, run=run)
+        assert tf.as_json(pieces) == tf.as_json({f.finding_id: f for f in whole})
+
+
+def test_threshold_follows_the_false_alarm_target_and_the_rank_count() -> None:
+    assert cusum_threshold(0.25, 4e6) < cusum_threshold(0.25, 1024e6) < cusum_threshold(0.25, 1e11)
+    assert round(cusum_threshold(0.25, 1024e6), 1) == 36.2
+
+
+@pytest.mark.parametrize("settings", [{"k": 0}, {"warmup_steps": 0}, {"reference_size": 4}, {"bogus": 1}])
+def test_bad_settings_are_refused(settings: dict) -> None:
+    with pytest.raises(DetectorConfigError):
+        build_detectors({"straggler": settings}, only=["straggler"])
+
+
+def test_streaming_cost_at_1024_ranks() -> None:
+    """Prints the cost per step of 10-step batches at 1,024 ranks (assembly included); asserts nothing of time."""
+    compute = clean(13, 400, 1024)
+    frame = tf.rank_step_frame(tf.synchronous(compute))
+    batches = TelemetryBatch(rank_steps=frame).split(40)
+    detector = StragglerDetector()
+    detector.bind(RunState(world_size=1024))
+    started = time.perf_counter()
+    for batch in batches:
+        detector.update(batch)
+    per_step = (time.perf_counter() - started) / 400 * 1e3
+    print(f"\nstraggler, 1,024 ranks, 10 steps per batch: {per_step:.3f} ms per step")
+    assert detector._warm is None
