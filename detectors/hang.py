@@ -3,8 +3,11 @@
 In data time a rank hangs when, ``threshold`` seconds after its last step, another rank
 steps (it stopped while the job progresses), or ``threshold`` seconds after its last
 record of any kind, another rank still writes (it went silent while its peers, blocked
-by a synchronous job in the next collective, keep heartbeating: the culprit). A job
-whose every rank is silent shows no new rows at all: ``tick(now)`` sees it in wall time.
+by a synchronous job in the next collective, keep heartbeating: the culprit). Another
+rank's record counts only when it comes within the step-interval threshold of that
+rank's own previous one, so a job resuming after a pause everywhere does not accuse the
+ranks that resume a moment later. A job whose every rank is silent shows no new rows at
+all: ``tick(now)`` sees it in wall time and names the ranks that stopped a step earlier.
 
 ``threshold = max(min_seconds, factor x the quantile-th step interval seen so far)``,
 plus an allowance when the rank's last step is a checkpoint step (``save_started`` or
@@ -19,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from .detector import Detector, register
 from .errors import DetectorConfigError
@@ -28,9 +30,10 @@ from .telemetry import TelemetryBatch
 
 EDGES = np.logspace(-4, 6, 201)
 """Bins of the step-interval histogram: 20 per decade from 0.1 ms to 11.6 days."""
-STATE = ("time", "pt", "ps", "ptl", "stepped", "end")
-"""Per rank: its last record's time; its last step's time, step, timeline (its first record's before
-it has stepped: ``stepped`` False); whether its last record is run_end."""
+STATE = {"rank": np.int64, "time": float, "pt": float, "ps": np.int64, "ptl": np.int64, "stepped": bool,
+         "end": bool}
+"""Per known rank: its last record's time; its last step's time, step, timeline (its first record's
+before it has stepped: ``stepped`` False); whether its last record is run_end."""
 PAUSES = ("checkpoint", "eval")
 
 
@@ -52,16 +55,19 @@ class _Timing:
     longest: dict[str, float] = field(default_factory=dict)
     at: dict[str, np.ndarray] = field(default_factory=lambda: {name: np.zeros(0, np.int64) for name in PAUSES})
     eval_every: int | None = None
+    last_eval: int = 0
 
     def learn_pauses(self, batch: TelemetryBatch) -> None:
-        """Checkpoint and eval steps of this batch; the eval cadence (smallest gap of the last evals)."""
+        """Checkpoint and eval steps of this batch; the eval cadence (smallest gap of the last evals seen)."""
         ck = batch.checkpoints[batch.checkpoints["event"].isin(("save_started", "saved"))]
         for name, frame in (("checkpoint", ck), ("eval", batch.evals)):
             if len(frame):
                 keys = _keys(frame["timeline"].to_numpy(int), frame["step"].to_numpy(int))
                 self.at[name] = np.union1d(self.at[name], keys)
-        gaps = np.diff(self.at["eval"][-8:] % 2**40)
-        self.eval_every = int(gaps[gaps > 0].min()) if (gaps > 0).any() else self.eval_every
+        recent = self.at["eval"][-8:] % 2**40
+        gaps = np.diff(recent)
+        if (gaps > 0).any():
+            self.eval_every, self.last_eval = int(gaps[gaps > 0].min()), int(recent[-1])
 
     @property
     def base(self) -> float:
@@ -77,7 +83,7 @@ class _Timing:
         keys = _keys(timelines, steps)
         found = {name: np.isin(keys, self.at[name]) for name in PAUSES}
         if self.eval_every:
-            found["eval"] |= (np.asarray(steps) > 0) & (np.asarray(steps) % self.eval_every == 0)
+            found["eval"] |= (np.asarray(steps) - self.last_eval) % self.eval_every == 0
         return found
 
     def thresholds(self, timelines: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -92,6 +98,7 @@ class _Timing:
         """Step intervals that start at ``steps``: a pause's to its kind's longest, the rest to the histogram."""
         plain = lengths > 0
         for name, hit in self.pauses(timelines, steps).items():
+            hit &= plain
             if hit.any():
                 self.longest[name] = max(self.longest.get(name, 0.0), float(lengths[hit].max()))
             plain &= ~hit
@@ -109,6 +116,9 @@ class _Hang:
     end_step: int | None = None
 
 
+Columns = dict[str, np.ndarray]
+
+
 @register
 class HangDetector(Detector):
     """Ranks that stop stepping, or go silent, while others go on; silent jobs on ``tick``."""
@@ -122,143 +132,117 @@ class HangDetector(Detector):
         if min(min_seconds, factor, pause_factor, first_pause_s) <= 0 or not 0 < quantile < 1:
             raise DetectorConfigError("hang settings must be positive, and quantile in (0, 1)")
         self.timing = _Timing(min_seconds, factor, quantile, pause_factor, first_pause_s)
-        self._state = pd.DataFrame({name: pd.Series(dtype=float) for name in STATE}).rename_axis("rank")
+        self._state: Columns = {name: np.zeros(0, dtype) for name, dtype in STATE.items()}
         self._newest = {"any": -np.inf, "step": -np.inf}
         self._open: dict[tuple[int | None, int, int], _Hang] = {}
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         self.timing.learn_pauses(batch)
-        rows = self._rows(batch)
-        if rows.empty:
+        new = _records(batch)
+        if new is None:
             return []
-        self._learn_intervals(rows)
-        segments = _segments(rows)
-        changed = {id(h): h for h in self._detect(rows, segments) + self._close(rows, segments)}
-        self._state = rows.groupby("rank").tail(1).set_index("rank")[list(STATE)]
-        self._newest = {name: max(self._newest[name], times.max(initial=-np.inf))
-                        for name, times in self._evidence(rows).items()}
+        rows = _rows(new, self._state)
+        seg = _segments(rows)
+        self._learn_intervals(seg)
+        evidence = self._evidence(rows)
+        changed = {id(h): h for h in self._detect(rows, seg, evidence) + self._close(rows, seg)}
+        last = np.append(rows["rank"][1:] != rows["rank"][:-1], True)
+        self._state = {name: rows[name][last] for name in STATE}
+        self._newest = {name: max(self._newest[name], times.max(initial=-np.inf)) for name, times in evidence.items()}
         return [self._finding(h) for h in changed.values()]
 
     def tick(self, now: float) -> list[Finding]:
         """Wall time ``now`` and no new rows: every live rank silent past its threshold is a job hang."""
-        live = self._state[~self._state["end"].astype(bool)]
-        if live.empty or self._open:
+        live = {name: values[~self._state["end"]] for name, values in self._state.items()}
+        if not len(live["rank"]) or self._open:
             return []
-        thr = self.timing.thresholds(live["ptl"].to_numpy(int), live["ps"].to_numpy(int))
-        if not (now - live["time"].to_numpy() > thr).all():
+        thr = self.timing.thresholds(live["ptl"], live["ps"])
+        if not (now - live["time"] > thr).all():
             return []
-        newest = live[live["ptl"] == live["ptl"].max()]
-        behind = [int(r) for r in newest.index[newest["ps"] < newest["ps"].max()]]
-        timeline, step = int(newest["ptl"].max()), int(newest["ps"].min())
+        newest = live["ptl"] == live["ptl"].max()
+        steps = live["ps"][newest]
+        behind = live["rank"][newest][steps < steps.max()].tolist()
+        timeline, step = int(live["ptl"].max()), int(steps.min())
         hang = _Hang((), timeline, step, {
-            "scope": "job", "how": "every live rank silent (wall clock)", "last_step": int(newest["ps"].max()),
+            "scope": "job", "how": "every live rank silent (wall clock)", "last_step": int(steps.max()),
             "silent_s": round(now - float(live["time"].max()), 3), "threshold_s": round(float(thr.max()), 3),
             "stopped_first": behind, "restart_from_step": self.run.checkpoint_before(timeline, step + 1)})
         self._open[(None, timeline, step)] = hang
         return [self._finding(hang)]
 
-    # -- rows ----------------------------------------------------------------------------
-    def _rows(self, batch: TelemetryBatch) -> pd.DataFrame:
-        """One row per known rank for its state, then every record of the batch; by rank, then time.
+    def _learn_intervals(self, seg: Columns) -> None:
+        """Intervals between each rank's consecutive steps (its last step before this batch included)."""
+        keep = seg["stepped"] & np.isfinite(seg["next_pt"]) & (
+            (seg["next_ps"] != seg["ps"]) | (seg["next_ptl"] != seg["ptl"]))  # a step written twice counts once
+        self.timing.learn(seg["ptl"][keep], seg["ps"][keep], seg["next_pt"][keep] - seg["pt"][keep])
 
-        ``pt``, ``ps``, ``ptl``: the rank's last step (time, step, timeline) at each row (a rank
-        that has not stepped yet: its first record); ``next``: the rank's next record's time;
-        ``gap``, ``step_gap``: seconds since the rank's previous record, and (steps) its previous step.
-        """
-        sources = ((batch.steps, True, False), (batch.rank_steps, True, False), (batch.checkpoints, False, False),
-                   (batch.events, False, batch.events["kind"].eq("run_end").to_numpy()))
-        parts = [frame[["rank", "time", "step", "timeline"]].assign(progress=progress, end=end)
-                 for frame, progress, end in sources if len(frame)]
-        if not parts:
-            return pd.DataFrame()
-        new = pd.concat(parts, ignore_index=True).astype({"rank": int, "time": float, "step": int, "timeline": int})
-        state = self._state.reset_index().assign(progress=False, real=False)
-        rows = pd.concat([state, new.assign(real=True)], ignore_index=True)
-        rows = rows.sort_values(["rank", "real", "time"], kind="stable").reset_index(drop=True)
-        starts = rows["progress"] | (rows["real"] & rows["rank"].ne(rows["rank"].shift()))
-        for column, source in (("pt", "time"), ("ps", "step"), ("ptl", "timeline"), ("stepped", "progress")):
-            rows[column] = rows[source].where(starts, rows[column])
-        rows[["pt", "ps", "ptl", "stepped"]] = rows.groupby("rank")[["pt", "ps", "ptl", "stepped"]].ffill()
-        rows[["end", "stepped"]] = rows[["end", "stepped"]].astype(bool)
-        same = rows["rank"].eq(rows["rank"].shift())
-        rows["next"] = rows["time"].shift(-1).where(rows["rank"].eq(rows["rank"].shift(-1)), np.inf)
-        rows["gap"] = (rows["time"] - rows["time"].shift()).where(same, np.inf)
-        rows["step_gap"] = (rows["time"] - rows["pt"].shift()).where(same & rows["progress"], np.inf)
-        return rows
-
-    def _evidence(self, rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    def _evidence(self, rows: Columns) -> dict[str, np.ndarray]:
         """Times at which a rank shows it is going on: any record (``any``), a step (``step``), each within the
         step-interval threshold of its own previous one (so a job resuming after a pause everywhere is not
         evidence against the ranks that resume a moment later)."""
-        real = rows[rows["real"]]
         base = self.timing.base
-        return {"any": real.loc[real["gap"] <= base, "time"].to_numpy(),
-                "step": real.loc[real["step_gap"] <= base, "time"].to_numpy()}
-
-    def _learn_intervals(self, rows: pd.DataFrame) -> None:
-        """Intervals between each rank's consecutive steps (its step before this batch included)."""
-        steps = rows[rows["progress"] | ~rows["real"]].drop_duplicates(["rank", "ptl", "ps"])
-        same = (steps["rank"].eq(steps["rank"].shift()) & steps["stepped"].shift(fill_value=False)).to_numpy()
-        before = steps.shift()
-        self.timing.learn(before["ptl"].to_numpy()[same].astype(int), before["ps"].to_numpy()[same].astype(int),
-                          (steps["pt"] - before["pt"]).to_numpy()[same])
+        return {"any": rows["time"][rows["real"] & (rows["gap"] <= base)],
+                "step": rows["time"][rows["real"] & (rows["step_gap"] <= base)]}
 
     # -- detection -----------------------------------------------------------------------
-    def _detect(self, rows: pd.DataFrame, segments: pd.DataFrame) -> list[_Hang]:
+    def _detect(self, rows: Columns, seg: Columns, evidence: dict[str, np.ndarray]) -> list[_Hang]:
         """Open a hang for each stretch without steps in which either test fires."""
-        times = {name: np.sort(np.append(found, self._newest[name])) for name, found in self._evidence(rows).items()}
-        stopped = self._first_after(times["step"], segments, "pt", "until")
-        alive = rows[~rows["end"]]
-        silent = pd.Series(self._first_after(times["any"], alive, "time", "next"), index=alive.index).dropna()
-        first_silent = silent.groupby(alive.loc[silent.index, "segment"]).idxmin()
+        times = {name: np.sort(np.append(found, self._newest[name])) for name, found in evidence.items()}
+        stopped = self._first_after(times["step"], seg["pt"], seg["ptl"], seg["ps"], seg["until"])
+        silent = self._first_after(times["any"], rows["time"], rows["ptl"], rows["ps"], rows["next"])
+        silent[rows["end"]] = np.inf
+        first_silent = np.minimum.reduceat(silent, seg["first_row"])
         opened = []
-        for segment in sorted(set(first_silent.index) | set(segments.index[~np.isnan(stopped)])):
-            seg = segments.loc[segment]
-            key = (int(seg["rank"]), int(seg["ptl"]), int(seg["ps"]))
-            row = first_silent.get(segment)
-            silence = (silent[row], rows.at[row, "time"]) if row is not None else (np.inf, np.nan)
-            stop = np.nan_to_num(stopped[segments.index.get_loc(segment)], nan=np.inf)
-            if key not in self._open:
-                self._open[key] = self._rank_hang(key, seg["pt"], silence, (stop, seg["pt"]))
-                opened.append(self._open[key])
+        for i in np.flatnonzero(np.isfinite(stopped) | np.isfinite(first_silent)):
+            key = (int(seg["rank"][i]), int(seg["ptl"][i]), int(seg["ps"][i]))
+            if key in self._open:
+                continue
+            row = seg["first_row"][i] + int(np.argmin(silent[seg["first_row"][i]:seg["last_row"][i] + 1]))
+            self._open[key] = self._rank_hang(key, seg["pt"][i], (stopped[i], seg["pt"][i]),
+                                              (first_silent[i], rows["time"][row]))
+            opened.append(self._open[key])
         return opened
 
-    def _first_after(self, times: np.ndarray, gaps: pd.DataFrame, start: str, until: str) -> np.ndarray:
-        """Per gap: the first of ``times`` past the gap's threshold and before it ends (NaN: none)."""
-        thr = self.timing.thresholds(gaps["ptl"].to_numpy(int), gaps["ps"].to_numpy(int))
-        first = np.append(times, np.inf)[np.searchsorted(times, gaps[start].to_numpy() + thr, side="right")]
-        return np.where(first < gaps[until].to_numpy(), first, np.nan)
+    def _first_after(self, times: np.ndarray, start: np.ndarray, timelines: np.ndarray, steps: np.ndarray,
+                     until: np.ndarray) -> np.ndarray:
+        """Per gap: the first of ``times`` past the gap's threshold and before it ends (inf: none)."""
+        thr = self.timing.thresholds(timelines, steps)
+        first = np.append(times, np.inf)[np.searchsorted(times, start + thr, side="right")]
+        return np.where(first < until, first, np.inf)
 
-    def _rank_hang(self, key: tuple[int, int, int], last_step_time: float, silence: tuple[float, float],
-                   stop: tuple[float, float]) -> _Hang:
-        """A rank's hang; ``silence`` and ``stop``: (when that test fired (inf: never), since when)."""
+    def _rank_hang(self, key: tuple[int, int, int], last_step_time: float, stop: tuple[float, float],
+                   silence: tuple[float, float]) -> _Hang:
+        """A rank's hang; ``stop`` and ``silence``: (when that test fired (inf: never), since when)."""
         rank, timeline, step = key
-        detected, since = stop if stop[0] <= silence[0] else silence
+        stopped = stop[0] <= silence[0]
+        detected, since = stop if stopped else silence
         thr = float(self.timing.thresholds(np.array([timeline]), np.array([step]))[0])
         return _Hang((rank,), timeline, step, {
-            "scope": "rank", "how": "no step while other ranks step" if stop[0] <= silence[0]
+            "scope": "rank", "how": "no step while other ranks step" if stopped
             else "silent while other ranks still write", "place": self.run.place_of(rank), "last_step": step,
             "last_step_time": float(last_step_time), "detected_at": float(detected),
             "silent_s": round(float(detected - since), 3),
             "threshold_s": round(thr, 3), "step_interval_threshold_s": round(self.timing.base, 3),
             "restart_from_step": self.run.checkpoint_before(timeline, step + 1)})
 
-    def _close(self, rows: pd.DataFrame, segments: pd.DataFrame) -> list[_Hang]:
+    def _close(self, rows: Columns, seg: Columns) -> list[_Hang]:
         """Clear hangs whose rank stepped again or ended; a job hang clears at any step."""
-        ends = segments[np.isfinite(segments["until"])].drop_duplicates(["rank", "ptl", "ps"], keep="last")
-        ends = ends.astype({"rank": int, "ptl": int, "ps": int}).set_index(["rank", "ptl", "ps"])
-        steps = rows[rows["real"] & rows["progress"]]
+        if not self._open:
+            return []
+        over = np.isfinite(seg["until"]) & np.isin(seg["rank"], [key[0] for key in self._open if key[0] is not None])
+        ends = {(int(seg["rank"][i]), int(seg["ptl"][i]), int(seg["ps"][i])): i for i in np.flatnonzero(over)}
+        stepped = rows["real"] & rows["progress"]
         closed = []
         for key, hang in list(self._open.items()):
-            if key[0] is None and len(steps):
-                first = steps.loc[steps["time"].idxmin()]
-                hang.end_step, cleared = max(hang.step, int(first["step"])), "a rank stepped again"
-            elif key in ends.index:
-                seg = ends.loc[key]
-                resumed = seg["ended_at"] != seg["until"]
-                same = resumed and int(seg["next_tl"]) == key[1]
-                hang.end_step = max(hang.step, int(seg["next_step"])) if same else hang.step
-                cleared = f"it stepped again (step {int(seg['next_step'])})" if resumed else "it ended (run_end)"
+            if key[0] is None and stepped.any():
+                first = np.flatnonzero(stepped)[np.argmin(rows["time"][stepped])]
+                hang.end_step, cleared = max(hang.step, int(rows["step"][first])), "a rank stepped again"
+            elif key in ends:
+                i = ends[key]
+                resumed = seg["ended_at"][i] != seg["until"][i]
+                same = resumed and int(seg["next_ptl"][i]) == key[1]
+                hang.end_step = max(hang.step, int(seg["next_ps"][i])) if same else hang.step
+                cleared = f"it stepped again (step {int(seg['next_ps'][i])})" if resumed else "it ended (run_end)"
             else:
                 continue
             hang.evidence = {**hang.evidence, "cleared": cleared}
@@ -285,17 +269,56 @@ class HangDetector(Detector):
                        summary, ev, SuggestedAction("investigate", args, why), hang.end_step is None, self.name)
 
 
-def _segments(rows: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's stretches from one step to the next (``until``: the next step, its run_end, or inf).
+def _records(batch: TelemetryBatch) -> Columns | None:
+    """Every record of the batch as columns: ``rank``, ``time``, ``step``, ``timeline``, ``progress`` (a step
+    record), ``end`` (run_end); None when there is none."""
+    sources = ((batch.steps, True), (batch.rank_steps, True), (batch.checkpoints, False), (batch.events, False))
+    parts = [{"rank": f["rank"].to_numpy(np.int64), "time": f["time"].to_numpy(float),
+              "step": f["step"].to_numpy(np.int64), "timeline": f["timeline"].to_numpy(np.int64),
+              "progress": np.full(len(f), progress),
+              "end": f["kind"].eq("run_end").to_numpy(bool) if f is batch.events else np.zeros(len(f), bool)}
+             for f, progress in sources if len(f)]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} if parts else None
 
-    Adds each row's ``segment`` number to ``rows``.
+
+def _rows(new: Columns, state: Columns) -> Columns:
+    """One row per known rank standing for its state, then the new records; by rank, then time.
+
+    Adds ``pt``, ``ps``, ``ptl``, ``stepped``: the rank's last step (time, step, timeline; its first
+    record before it has stepped, ``stepped`` False) at each row; ``next``: the rank's next record's
+    time; ``gap``, ``step_gap``: seconds since its previous record, and (step rows) since its previous step.
     """
-    rows["segment"] = (rows["pt"].ne(rows["pt"].shift()) | rows["rank"].ne(rows["rank"].shift())).cumsum()
-    grouped = rows.groupby("segment")
-    seg = grouped[["rank", "pt", "ps", "ptl"]].first()
-    seg["ended_at"] = rows["time"].where(rows["end"]).groupby(rows["segment"]).min()
-    following = seg.shift(-1)
-    same = following["rank"].eq(seg["rank"])
-    seg["next_step"], seg["next_tl"] = following["ps"].where(same), following["ptl"].where(same)
-    seg["until"] = np.fmin(following["pt"].where(same, np.inf), seg["ended_at"].fillna(np.inf))
+    n = len(state["rank"])
+    real = np.r_[np.zeros(n, bool), np.ones(len(new["rank"]), bool)]
+    rows = {"rank": np.r_[state["rank"], new["rank"]], "time": np.r_[state["time"], new["time"]],
+            "step": np.r_[state["ps"], new["step"]], "timeline": np.r_[state["ptl"], new["timeline"]],
+            "progress": np.r_[np.zeros(n, bool), new["progress"]], "end": np.r_[state["end"], new["end"]],
+            "real": real, "pt": np.r_[state["pt"], new["time"]], "stepped": np.r_[state["stepped"], new["progress"]]}
+    order = np.lexsort((rows["time"], rows["real"], rows["rank"]))
+    rows = {name: values[order] for name, values in rows.items()}
+    first = np.r_[True, rows["rank"][1:] != rows["rank"][:-1]]
+    known = ~rows["real"] | rows["progress"] | first  # rows that set the last step; the others inherit it
+    source = np.maximum.accumulate(np.where(known, np.arange(len(first)), 0))
+    for name, column in (("pt", "pt"), ("ps", "step"), ("ptl", "timeline"), ("stepped", "stepped")):
+        rows[name] = rows[column][source]
+    before = np.r_[np.nan, rows["time"][:-1]]
+    rows["next"] = np.where(np.r_[~first[1:], False], np.r_[rows["time"][1:], np.inf], np.inf)
+    rows["gap"] = np.where(first, np.inf, rows["time"] - before)
+    rows["step_gap"] = np.where(first | ~rows["progress"], np.inf, rows["time"] - np.r_[np.nan, rows["pt"][:-1]])
+    return rows
+
+
+def _segments(rows: Columns) -> Columns:
+    """Each rank's stretches from one step to the next: where they start and end in ``rows``, their step,
+    ``until`` (the next step's time, or the rank's run_end, or inf) and the next step."""
+    first = np.r_[True, (rows["rank"][1:] != rows["rank"][:-1]) | (rows["pt"][1:] != rows["pt"][:-1])]
+    start = np.flatnonzero(first)
+    seg = {name: rows[name][start] for name in ("rank", "pt", "ps", "ptl", "stepped")}
+    seg["first_row"], seg["last_row"] = start, np.r_[start[1:], len(first)] - 1
+    seg["ended_at"] = np.minimum.reduceat(np.where(rows["end"], rows["time"], np.inf), start)
+    same = np.r_[seg["rank"][1:] == seg["rank"][:-1], False]
+    for name in ("pt", "ps", "ptl"):
+        following = np.r_[seg[name][1:], seg[name][:1]]
+        seg[f"next_{name}"] = np.where(same, following, np.inf if name == "pt" else -1)
+    seg["until"] = np.minimum(seg["next_pt"], seg["ended_at"])
     return seg

@@ -7,18 +7,17 @@ step released in order by the ``StepAssembler``:
 
 1. ``d = log(work) - median over ranks``: a whole-job slowdown or a stall on every rank
    moves the median, not ``d``;
-2. ``r = d - b``: ``b`` is the rank's own learned offset (median of the warm-up, then a
-   slow running mean), so structural imbalance (a pipeline stage that is always slower)
-   does not alarm;
+2. ``r = d - b``: ``b`` is the rank's own learned offset (its warm-up median, shrunk
+   toward its stage's, then a running mean while it is calm), so structural imbalance
+   (a pipeline stage that is always slower) does not alarm;
 3. ``z = Φ⁻¹(F(r))``: the normal score of ``r`` against a pooled reference of recent
    in-control residuals of all ranks, so in control ``z`` is standard normal whatever the
    noise shape (heavy-tailed, skewed), and bounded (about 3.8);
 4. a one-sided CUSUM per rank, ``S = max(0, S + z - k)``, alarms at ``S > h``; the onset
    is the step after ``S`` last was 0.
 
-A rank whose alarm finds most of its host (or of its pipeline stage, when that stage
-spans several hosts) with half the evidence (``S > h/2``) is a slow node (or a stage
-imbalance). Ranks slower than their peers over the warm-up are structural: reported as
+A rank whose alarm finds most of its pipeline stage with half the evidence (``S > h/2``),
+on several hosts, is a stage imbalance; most of its host, a slow node. Ranks slower than their peers over the warm-up are structural: reported as
 info, never suggested for eviction. An episode clears when its ranks' mean ``z`` stays
 under ``k``: a recovery CUSUM ``R = max(0, R + k - mean z)`` passes ``clear_h``.
 """
@@ -187,9 +186,9 @@ class StragglerDetector(Detector):
         phased = ~np.isnan(phases).all(axis=1, keepdims=True)
         work = np.where(phased, phases, full["step_time"])
         work[~(work > 0)] = np.nan
-        d = np.log(work) - _row_median(np.log(work))
-        median = _row_median(work)
-        excess = {name: np.nan_to_num(full[f"{name}_time"] - _row_median(full[f"{name}_time"]))
+        d = np.log(work) - row_median(np.log(work))
+        median = row_median(work)
+        excess = {name: np.nan_to_num(full[f"{name}_time"] - row_median(full[f"{name}_time"]))
                   for name in ("compute", "data", "comm")}
         valid = ~np.isnan(d)
         columns = {"resid": np.zeros_like(d), "cost": work - median, "compute": excess["compute"],
@@ -212,7 +211,8 @@ class StragglerDetector(Detector):
         was_zero = self._cusum.s == 0
         alarm = self._cusum.update(z)
         s, free = self._cusum.s, ~self._claimed
-        self._run_start[was_zero & (s > 0)], self._run_timeline[was_zero & (s > 0)] = step, timeline
+        started = was_zero & (s > 0)
+        self._run_start[started], self._run_timeline[started] = step, timeline
         obs[OBS.index("resid")] = np.where(np.isnan(r), 0.0, r)
         self._acc[:, (s == 0) & free] = 0.0
         self._acc += np.where((s > 0) | ~free, obs, 0.0)
@@ -220,11 +220,9 @@ class StragglerDetector(Detector):
         return self._recover(z, step) + self._open(alarm & free, step)
 
     def _learn(self, r: np.ndarray, z: np.ndarray, calm: np.ndarray) -> None:
-        """Offsets follow each calm rank's scores (a running mean over its first ``warmup_steps``, then an
-        exponential one over ``horizon_steps``); calm residuals refresh the reference."""
-        learned = self._learned[calm]
-        memory = np.where(learned < self.warmup_steps, np.maximum(learned, 1), self.horizon_steps)
-        self._b[calm] += self._reference.sigma * z[calm] / memory
+        """Offsets follow each calm rank's scores (a running mean, exponential once ``horizon_steps`` long);
+        calm residuals refresh the reference."""
+        self._b[calm] += self._reference.sigma * z[calm] / np.clip(self._learned[calm], 1, self.horizon_steps)
         self._learned[calm] += 1
         self._reference.add(r[calm])
 
@@ -233,7 +231,7 @@ class StragglerDetector(Detector):
         size = len(self._b)
         warm = np.array([np.pad(row, (0, size - len(row)), constant_values=np.nan) for row in self._warm])
         self._warm = None
-        raw = _row_median(warm.T)[:, 0]
+        raw = row_median(warm.T)[:, 0]
         self._reference.reset(_valid(warm - raw))
         se = self._reference.median_se(self.warmup_steps)
         self._b = np.nan_to_num(self._shrink(raw, se))
@@ -299,15 +297,14 @@ class StragglerDetector(Detector):
         return opened
 
     def _group(self, rank: int) -> tuple[str, np.ndarray, str | None, int | None]:
-        """A slow pipeline stage spanning hosts, else a slow node, else the rank alone."""
+        """A slow pipeline stage whose slow ranks span hosts, else a slow node, else the rank alone."""
         topo = self.run.topology
         topo = topo[topo["rank"] < len(self._b)]
         place = self.run.place_of(rank)
         evidence = (self._cusum.s > self._cusum.h / 2) & ~self._claimed
         if "pp" in place and topo["pp"].nunique() > 1:
-            stage = topo[topo["pp"] == place["pp"]]
-            members = self._most(stage["rank"], evidence)
-            if members is not None and stage["host"].nunique() != 1:
+            members = self._most(topo.loc[topo["pp"] == place["pp"], "rank"], evidence)
+            if members is not None and topo.loc[topo["rank"].isin(members), "host"].nunique() != 1:
                 return "pp_stage", members, None, int(place["pp"])
         if "host" in place:
             members = self._most(topo.loc[topo["host"] == place["host"], "rank"], evidence)
@@ -411,7 +408,7 @@ def _valid(values: np.ndarray) -> np.ndarray:
     return values[~np.isnan(values)]
 
 
-def _row_median(values: np.ndarray) -> np.ndarray:
+def row_median(values: np.ndarray) -> np.ndarray:
     """Median of each row, NaNs ignored (NaN for an empty row), as a column (one sort, no Python loop)."""
     ordered = np.sort(values, axis=1)  # NaNs last
     count = (~np.isnan(values)).sum(axis=1)

@@ -26,6 +26,7 @@ from .detector import Detector, register
 from .errors import DetectorConfigError
 from .finding import Finding, Severity, SuggestedAction
 from .robust import mad_sigma
+from .straggler import row_median
 from .telemetry import TelemetryBatch
 
 Key = tuple[int, int]
@@ -65,7 +66,7 @@ class ThroughputDetector(Detector):
         self._assembler = StepAssembler(("step_time",), lag=lag)
         self._durations: dict[Key, float] = {}
         self._released: Key = (-1, -1)
-        self._queue: list[tuple[Key, float, float]] = []  # (key, time, tokens) of step records not yet rated
+        self._queue: deque[tuple[Key, float, float]] = deque()  # (key, time, tokens) of step records not yet rated
         self._previous: dict[int, tuple[int, float]] = {}  # timeline -> (step, time) of the last step record
         self._tokens = math.nan
         self._seen = 0
@@ -77,8 +78,8 @@ class ThroughputDetector(Detector):
         self._take_durations(self._assembler.add(batch.rank_steps, self.run.world_size))
         rows = batch.steps
         tokens = pd.to_numeric(rows["tokens"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-        self._queue += [((int(tl), int(s)), float(t), float(n))
-                        for tl, s, t, n in zip(rows["timeline"], rows["step"], rows["time"], tokens)]
+        self._queue.extend(((int(tl), int(s)), float(t), float(n))
+                           for tl, s, t, n in zip(rows["timeline"], rows["step"], rows["time"], tokens))
         return self._drain(final=False)
 
     def finish(self) -> list[Finding]:
@@ -88,7 +89,8 @@ class ThroughputDetector(Detector):
     def _take_durations(self, matrix: StepMatrix | None) -> None:
         if matrix is None:
             return
-        medians = np.nanmedian(np.where(matrix.values["step_time"] > 0, matrix.values["step_time"], np.nan), axis=1)
+        times = matrix.values["step_time"]
+        medians = row_median(np.where(times > 0, times, np.nan))[:, 0]
         for timeline, step, median in zip(matrix.timelines.tolist(), matrix.steps.tolist(), medians.tolist()):
             if math.isfinite(median):
                 self._durations[(timeline, step)] = median
@@ -106,7 +108,7 @@ class ThroughputDetector(Detector):
                 newest[0] > key[0] or newest[1] >= key[1] + self.lag)
             if not settled:
                 break
-            self._queue.pop(0)
+            self._queue.popleft()
             rate = self._rate(key, time, tokens)
             if rate is not None:
                 drop = self._observe(key, math.log(rate))

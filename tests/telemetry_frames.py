@@ -9,7 +9,7 @@ Tests apply their faults to the work matrices (``compute[t, r] *= 1.1``) before
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -88,7 +88,7 @@ def rank_step_frame(timing: dict[str, np.ndarray], *, first_step: int = 1, timel
                                                    "optimizer_time")},
         "local_grad_norm": 1.0, "param_checksum": None,
     })
-    return by_time(frame[list(RANK_STEP_COLUMNS)])
+    return in_time_order(frame[list(RANK_STEP_COLUMNS)])
 
 
 def steps_frame(end: np.ndarray, *, tokens: float | np.ndarray = 524_288.0, first_step: int = 1,
@@ -117,7 +117,8 @@ def heartbeats(rank: int, start: float, stop: float, every_s: float, step: int) 
 def run_ends(frame: pd.DataFrame, status_s: float = 0.1) -> list[tuple[int, float, int, str]]:
     """A ``run_end`` event for each rank of ``frame``, ``status_s`` after its last record there."""
     last = frame.sort_values("time").groupby("rank").tail(1)
-    return [(int(r), float(t) + status_s, int(s), "run_end") for r, t, s in zip(last["rank"], last["time"], last["step"])]
+    return [(int(r), float(t) + status_s, int(s), "run_end")
+            for r, t, s in zip(last["rank"], last["time"], last["step"])]
 
 
 def checkpoint_frame(rows: Iterable[tuple[int, float, int, str]], *, timeline: int = 0) -> pd.DataFrame:
@@ -143,7 +144,7 @@ def topology(world: int, *, per_host: int = 8, pp: int = 1) -> pd.DataFrame:
                          "local_rank": rank % per_host, "dp": rank % per_stage, "tp": 0, "pp": rank // per_stage})
 
 
-def by_time(frame: pd.DataFrame) -> pd.DataFrame:
+def in_time_order(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows in time order (stable), as a live run's records arrive."""
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
@@ -183,8 +184,3 @@ def replay(detector: Detector, batch: TelemetryBatch, *, parts: int = 1, by_time
 def as_json(findings: dict[str, Finding]) -> dict[str, dict]:
     """Findings by id as ``bedside detect --json`` prints them, plus ``active``: to compare two replays."""
     return {key: {**f.to_json(), "active": f.active} for key, f in sorted(findings.items())}
-
-
-def of_kind(findings: dict[str, Finding], keep: Callable[[Finding], bool]) -> list[Finding]:
-    """The findings ``keep`` accepts, in onset order."""
-    return sorted((f for f in findings.values() if keep(f)), key=lambda f: (f.start_step, f.ranks))

@@ -37,7 +37,7 @@ def sync_hang(kind: str = "gaussian", base: float = 0.3, *, culprit: int = 3, st
         b for r in range(RANKS) if r != culprit for b in tf.heartbeats(r, last, last + silent_s, heartbeat_s, stop)]
     saved = float(timing["end"][99])
     checkpoints = tf.checkpoint_frame([(0, saved, 100, "save_started"), (0, saved + 0.01, 100, "saved")])
-    return TelemetryBatch(rank_steps=tf.rank_step_frame(timing), events=tf.by_time(tf.event_frame(beats)),
+    return TelemetryBatch(rank_steps=tf.rank_step_frame(timing), events=tf.in_time_order(tf.event_frame(beats)),
                           checkpoints=checkpoints), last
 
 
@@ -95,7 +95,8 @@ def pauses(save_s: float, eval_s: float, *, hung_save: bool = False) -> Telemetr
         if step % 200 == 0:
             rows += [(0, start, step, "save_started"), (0, start + save_s, step, "saved")]
         evals.append((start + busy, step))
-        beats += [b for r in range(int(step % 200 == 0), ranks) for b in tf.heartbeats(r, start, start + busy, 10.0, step)]
+        beats += [b for r in range(int(step % 200 == 0), ranks)  # the saving rank 0 is busy
+                  for b in tf.heartbeats(r, start, start + busy, 10.0, step)]
     rank_steps = tf.rank_step_frame(timing)
     if hung_save:
         rank_steps = rank_steps[rank_steps["step"] <= 600]
@@ -105,7 +106,7 @@ def pauses(save_s: float, eval_s: float, *, hung_save: bool = False) -> Telemetr
         beats = [b for b in beats if b[1] <= start] + [
             b for r in range(1, ranks) for b in tf.heartbeats(r, start, start + 3000, 10.0, 600)]
     return TelemetryBatch(rank_steps=rank_steps, checkpoints=tf.checkpoint_frame(rows),
-                          evals=tf.eval_frame(evals), events=tf.by_time(tf.event_frame(beats)))
+                          evals=tf.eval_frame(evals), events=tf.in_time_order(tf.event_frame(beats)))
 
 
 def test_checkpoint_saves_and_evals_are_allowed_for() -> None:
@@ -167,8 +168,9 @@ def test_one_batch_or_many_give_the_same_findings() -> None:
     for frame in (other.rank_steps, other.events):
         frame["time"] += 10_000
         frame["timeline"] = 1
-    batch = TelemetryBatch(rank_steps=tf.by_time(pd.concat([sync.rank_steps, other.rank_steps])),
-                           events=tf.by_time(pd.concat([sync.events, other.events])), checkpoints=sync.checkpoints)
+    batch = TelemetryBatch(rank_steps=tf.in_time_order(pd.concat([sync.rank_steps, other.rank_steps])),
+                           events=tf.in_time_order(pd.concat([sync.events, other.events])),
+                           checkpoints=sync.checkpoints)
     whole = replay(batch)
     assert [f.ranks for f in whole] == [(3,), (1,)]
     for parts in (7, 40):

@@ -1,0 +1,95 @@
+"""The throughput detector: sustained drops found, stalls, swings and warm-up ignored."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import telemetry_frames as tf
+
+from bedside.detectors.detector import build_detectors
+from bedside.detectors.errors import DetectorConfigError
+from bedside.detectors.finding import Finding
+from bedside.detectors.telemetry import RunState, TelemetryBatch
+from bedside.detectors.throughput import ThroughputDetector
+
+STEPS, RANKS = 3000, 8
+
+
+def job(kind: str = "student_t3", *, base: float = 0.5, seed: int = 0, drop: tuple[int, int, float] | None = None,
+        nuisances: bool = True) -> dict[str, np.ndarray]:
+    """A synchronous job's timings: noisy; optionally slower by ``factor`` from ``first`` to ``last`` step.
+
+    The nuisances: compilation makes the first 10 steps 5 times slower, a sequence-length warm-up
+    makes the first 100 faster (from half the time), a 2% daily swing, a 20 s checkpoint pause
+    every 100 steps and a 5 s data stall inside every 250th step.
+    """
+    compute = tf.work(np.random.default_rng(seed), STEPS, RANKS, base, kind=kind, scale=0.05)
+    pause = np.zeros(STEPS)
+    data = np.full_like(compute, 0.01 * base)
+    if nuisances:
+        compute[:100] *= np.linspace(0.5, 1.0, 100)[:, None]
+        compute[:10] *= 5.0
+        compute *= 1 + 0.02 * np.sin(2 * np.pi * np.arange(STEPS) / 2000)[:, None]
+        pause[100::100] = 20.0
+        data[250::250] += 5.0
+    if drop is not None:
+        first, last, factor = drop
+        compute[first - 1:last] *= factor
+    return tf.synchronous(compute, data, pause_s=pause)
+
+
+def batch_of(timing: dict[str, np.ndarray], *, tokens: float = 524_288.0, rank_steps: bool = True) -> TelemetryBatch:
+    steps = tf.steps_frame(timing["end"], tokens=tokens)
+    return TelemetryBatch(steps=steps, **({"rank_steps": tf.rank_step_frame(timing)} if rank_steps else {}))
+
+
+def detect(batch: TelemetryBatch, parts: int = 1, by_time: bool = False) -> list[Finding]:
+    found = tf.replay(ThroughputDetector(), batch, parts=parts, by_time=by_time, run=RunState(world_size=RANKS))
+    return sorted(found.values(), key=lambda f: f.start_step)
+
+
+@pytest.mark.parametrize("kind", tf.NOISES)
+@pytest.mark.parametrize("rank_steps", [True, False], ids=["median_step_time", "step_intervals"])
+def test_stalls_swings_and_warm_up_do_not_alarm(kind: str, rank_steps: bool) -> None:
+    assert detect(batch_of(job(kind), rank_steps=rank_steps)) == []
+
+
+@pytest.mark.parametrize("kind", tf.NOISES)
+@pytest.mark.parametrize(("base", "tokens", "rank_steps"), [(0.05, 4096.0, True), (20.0, 4e6, False)])
+def test_a_sustained_drop_is_found_and_clears(kind: str, base: float, tokens: float, rank_steps: bool) -> None:
+    timing = job(kind, base=base, drop=(1500, 1800, 1.2))
+    [found] = detect(batch_of(timing, tokens=tokens, rank_steps=rank_steps))
+    ev = found.evidence
+    assert found.severity.value == "warning" and found.ranks == () and not found.active
+    assert 1480 <= found.start_step <= 1520 and ev["alarm_step"] - 1500 <= 50
+    assert 1800 <= found.end_step <= 1860 and ev["largest_drop"] >= 0.1 and ev["unit"] == "tokens/s"
+    assert ev["baseline_per_s"] == pytest.approx(tokens / np.median(timing["step_time"][1000:1500]), rel=0.05)
+    assert ev["duration_from"] == ("median rank step_time" if rank_steps else "interval between step records")
+    assert "since step" in found.summary and found.suggested_action.action == "investigate"
+
+
+def test_a_drop_that_lasts_stays_active() -> None:
+    [found] = detect(batch_of(job(drop=(2000, STEPS, 1.25))))
+    assert found.active and found.end_step == STEPS and 0.12 < found.evidence["drop"] < 0.25
+
+
+def test_a_small_drop_is_not_a_finding() -> None:
+    assert detect(batch_of(job(drop=(1500, 2500, 1.06)))) == []
+
+
+def test_without_tokens_the_rate_is_steps_per_second() -> None:
+    [found] = detect(batch_of(job(drop=(1500, 1800, 1.2)), tokens=np.nan, rank_steps=False))
+    assert found.evidence["unit"] == "steps/s" and "steps/s" in found.summary
+
+
+def test_one_batch_or_many_give_the_same_findings() -> None:
+    batch = batch_of(job("lognormal", drop=(1500, 1800, 1.2)))
+    whole = tf.as_json({f.finding_id: f for f in detect(batch)})
+    assert len(whole) == 1
+    for parts, by_time in ((11, False), (6, True)):
+        assert tf.as_json({f.finding_id: f for f in detect(batch, parts, by_time)}) == whole
+
+
+@pytest.mark.parametrize("settings", [{"window": 0}, {"min_drop": 1.5}, {"z": 0}, {"bogus": 1}])
+def test_bad_settings_are_refused(settings: dict) -> None:
+    with pytest.raises(DetectorConfigError):
+        build_detectors({"throughput": settings}, only=["throughput"])
