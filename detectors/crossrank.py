@@ -29,76 +29,105 @@ class StepMatrix:
 
 
 class StepAssembler:
-    """Buffers per-rank rows and releases complete steps, in order, as matrices."""
+    """Buffers per-rank rows and releases complete steps, in order, as matrices.
+
+    Numpy throughout (one lexsort per call): at 1,024 ranks and one step per call the
+    cost is a fraction of a millisecond.
+    """
 
     def __init__(self, metrics: tuple[str, ...], *, lag: int = 20, with_checksums: bool = False) -> None:
         self.metrics = metrics
         self.lag = lag
         self.with_checksums = with_checksums
-        self._pending: list[pd.DataFrame] = []
-        self._seen_ranks: set[int] = set()
+        self._pending: dict[str, np.ndarray] | None = None
+        self._ranks_seen = np.empty(0, dtype=np.int64)
         self._released: tuple[int, int] = (-1, -1)
 
     def add(self, rows: pd.DataFrame, world_size: int | None) -> StepMatrix | None:
         """Take new ``rank_steps`` rows; the steps this completes (None when none)."""
         if len(rows):
-            columns = ["timeline", "step", "rank", *self.metrics] + (["param_checksum"] if self.with_checksums else [])
-            self._pending.append(rows[columns])
-            self._seen_ranks.update(int(r) for r in rows["rank"].unique())
+            self._append(self._columns(rows))
         return self._release(world_size, final=False)
 
     def flush(self, world_size: int | None) -> StepMatrix | None:
         """Release every pending step (the data ended)."""
         return self._release(world_size, final=True)
 
-    def _release(self, world_size: int | None, *, final: bool) -> StepMatrix | None:
-        if not self._pending:
-            return None
-        pending = pd.concat(self._pending, ignore_index=True) if len(self._pending) > 1 else self._pending[0]
-        keys = pending[["timeline", "step"]].astype("int64")
-        counts = pending.groupby([keys["timeline"], keys["step"]])["rank"].nunique().sort_index()
-        ready = self._ready_prefix(counts, world_size or len(self._seen_ranks), final)
-        if not ready:
-            self._pending = [pending]
-            return None
-        last = counts.index[ready - 1]
-        done = (keys["timeline"] < last[0]) | ((keys["timeline"] == last[0]) & (keys["step"] <= last[1]))
-        late = (keys["timeline"] < self._released[0]) | (
-            (keys["timeline"] == self._released[0]) & (keys["step"] <= self._released[1]))
-        self._pending = [pending[~done]] if (~done).any() else []
-        self._released = (int(last[0]), int(last[1]))
-        return self._matrix(pending[done & ~late])
+    def _columns(self, rows: pd.DataFrame) -> dict[str, np.ndarray]:
+        columns = {name: rows[name].to_numpy(dtype=np.int64) for name in ("timeline", "step", "rank")}
+        for name in self.metrics:
+            columns[name] = pd.to_numeric(rows[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        if self.with_checksums:
+            columns["param_checksum"] = rows["param_checksum"].to_numpy(dtype=object)
+        return columns
 
-    def _ready_prefix(self, counts: pd.Series, world: int, final: bool) -> int:
+    def _append(self, columns: dict[str, np.ndarray]) -> None:
+        self._ranks_seen = np.union1d(self._ranks_seen, columns["rank"])
+        if self._pending is None:
+            self._pending = columns
+        else:
+            self._pending = {name: np.concatenate([self._pending[name], columns[name]]) for name in columns}
+
+    def _release(self, world_size: int | None, *, final: bool) -> StepMatrix | None:
+        pending = self._pending
+        if pending is None:
+            return None
+        timeline, step, rank = pending["timeline"], pending["step"], pending["rank"]
+        order = np.lexsort((np.arange(len(rank)), rank, step, timeline))
+        last_of_pair = _run_ends(timeline[order], step[order], rank[order])
+        kept = order[last_of_pair]  # the newest row of each (timeline, step, rank)
+        t, s = timeline[kept], step[kept]
+        step_ends = _run_ends(t, s)
+        starts = np.concatenate([[0], np.flatnonzero(step_ends)[:-1] + 1])
+        counts = np.flatnonzero(step_ends) + 1 - starts
+        steps_t, steps_s = t[step_ends], s[step_ends]
+        ready = len(counts) if final else self._ready_prefix(steps_t, steps_s, counts,
+                                                              world_size or len(self._ranks_seen))
+        if not ready:
+            return None
+        last = (int(steps_t[ready - 1]), int(steps_s[ready - 1]))
+        done = (timeline < last[0]) | ((timeline == last[0]) & (step <= last[1]))
+        late = (timeline < self._released[0]) | ((timeline == self._released[0]) & (step <= self._released[1]))
+        self._pending = {name: column[~done] for name, column in pending.items()} if (~done).any() else None
+        self._released = last
+        take = kept[done[kept] & ~late[kept]]
+        return self._matrix({name: column[take] for name, column in pending.items()})
+
+    def _ready_prefix(self, timelines: np.ndarray, steps: np.ndarray, counts: np.ndarray, world: int) -> int:
         """How many of the sorted pending steps can go: a prefix of complete or hopeless ones."""
-        if final:
-            return len(counts)
-        timelines = counts.index.get_level_values(0).to_numpy()
-        steps = counts.index.get_level_values(1).to_numpy()
-        newest = pd.Series(steps).groupby(timelines).max()
-        hopeless = steps <= newest.reindex(timelines).to_numpy() - self.lag
-        newer_timeline = timelines < timelines.max()
-        ok = (counts.to_numpy() >= world) | hopeless | newer_timeline
+        newest = np.zeros(len(steps), dtype=np.int64)
+        for timeline in np.unique(timelines):
+            mine = timelines == timeline
+            newest[mine] = steps[mine].max()
+        ok = (counts >= world) | (steps <= newest - self.lag) | (timelines < timelines.max())
         blocked = np.flatnonzero(~ok)
         return int(blocked[0]) if len(blocked) else len(counts)
 
-    def _matrix(self, rows: pd.DataFrame) -> StepMatrix | None:
-        if rows.empty:
+    def _matrix(self, rows: dict[str, np.ndarray]) -> StepMatrix | None:
+        if not len(rows["rank"]):
             return None
-        rows = rows.drop_duplicates(["timeline", "step", "rank"], keep="last")
-        index = pd.MultiIndex.from_frame(rows[["timeline", "step"]].astype("int64"))
-        ranks = np.array(sorted(int(r) for r in rows["rank"].unique()))
-        step_index = index.unique().sort_values()
-        i = step_index.get_indexer(index)
-        j = np.searchsorted(ranks, rows["rank"].to_numpy().astype(int))
+        step_ends = _run_ends(rows["timeline"], rows["step"])
+        i = np.concatenate([[0], np.cumsum(step_ends[:-1])])
+        ranks = np.unique(rows["rank"])
+        j = np.searchsorted(ranks, rows["rank"])
+        shape = (int(step_ends.sum()), len(ranks))
         values = {}
         for name in self.metrics:
-            grid = np.full((len(step_index), len(ranks)), np.nan)
-            grid[i, j] = pd.to_numeric(rows[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+            grid = np.full(shape, np.nan)
+            grid[i, j] = rows[name]
             values[name] = grid
         checksums = None
         if self.with_checksums:
-            checksums = np.full((len(step_index), len(ranks)), None, dtype=object)
-            checksums[i, j] = rows["param_checksum"].to_numpy(dtype=object)
-        return StepMatrix(step_index.get_level_values(0).to_numpy(), step_index.get_level_values(1).to_numpy(),
-                          ranks, values, checksums)
+            checksums = np.full(shape, None, dtype=object)
+            checksums[i, j] = rows["param_checksum"]
+        return StepMatrix(rows["timeline"][step_ends], rows["step"][step_ends], ranks, values, checksums)
+
+
+def _run_ends(*keys: np.ndarray) -> np.ndarray:
+    """True at the last element of each run of equal keys (the arrays are sorted by them)."""
+    ends = np.zeros(len(keys[0]), dtype=bool)
+    if len(ends):
+        ends[-1] = True
+        for key in keys:
+            ends[:-1] |= key[1:] != key[:-1]
+    return ends

@@ -149,31 +149,14 @@ def in_time_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
 
-def split_by_time(batch: TelemetryBatch, parts: int) -> list[TelemetryBatch]:
-    """``batch`` cut at the same ``parts - 1`` times in every frame, as a live feed reads all files up to now.
-
-    ``TelemetryBatch.split`` cuts each frame at its own row counts instead, so one frame's
-    piece can run far ahead of another's in time (a feed whose files lag each other).
-    """
-    times = np.concatenate([f["time"].to_numpy(float) for f in _frames(batch)])
-    cuts = np.quantile(times, np.linspace(0, 1, parts + 1)[1:-1]) if len(times) else []
-    bounds = [-np.inf, *cuts, np.inf]
-    return [TelemetryBatch(*(f[(f["time"] > lo) & (f["time"] <= hi)] for f in _frames(batch)))
-            for lo, hi in zip(bounds[:-1], bounds[1:])]
-
-
-def _frames(batch: TelemetryBatch) -> tuple[pd.DataFrame, ...]:
-    return batch.steps, batch.rank_steps, batch.evals, batch.checkpoints, batch.events
-
-
 def replay(detector: Detector, batch: TelemetryBatch, *, parts: int = 1, by_time: bool = False,
            run: RunState | None = None, finish: bool = True) -> dict[str, Finding]:
-    """Feed ``batch`` in ``parts`` consecutive pieces (``split_by_time`` or ``TelemetryBatch.split``), as the
+    """Feed ``batch`` in ``parts`` consecutive pieces (``TelemetryBatch.split_by_time`` or ``split``), as the
     runner does; the latest version of each finding."""
     run = run or RunState()
     detector.bind(run)
     latest: dict[str, Finding] = {}
-    for piece in split_by_time(batch, parts) if by_time else batch.split(parts):
+    for piece in batch.split_by_time(parts) if by_time else batch.split(parts):
         run.observe(piece)
         latest.update({f.finding_id: f for f in detector.update(piece)})
     if finish:
