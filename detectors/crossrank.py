@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .telemetry import numbers
+
 
 @dataclass(frozen=True)
 class StepMatrix:
@@ -56,7 +58,7 @@ class StepAssembler:
     def _columns(self, rows: pd.DataFrame) -> dict[str, np.ndarray]:
         columns = {name: rows[name].to_numpy(dtype=np.int64) for name in ("timeline", "step", "rank")}
         for name in self.metrics:
-            columns[name] = pd.to_numeric(rows[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+            columns[name] = numbers(rows[name])
         if self.with_checksums:
             columns["param_checksum"] = rows["param_checksum"].to_numpy(dtype=object)
         return columns

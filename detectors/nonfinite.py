@@ -15,7 +15,7 @@ import pandas as pd
 from .crossrank import StepAssembler, StepMatrix
 from .detector import Detector, register
 from .finding import Finding, Severity, SuggestedAction, json_number
-from .telemetry import TelemetryBatch
+from .telemetry import TelemetryBatch, numbers
 
 JOB_METRICS = ("loss", "grad_norm", "lr")
 RANK_METRICS = ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm")
@@ -36,16 +36,12 @@ def nonfinite_mask(frame: pd.DataFrame, metrics: tuple[str, ...], measured: np.n
     """
     mask = np.zeros(len(frame), dtype=np.int64)
     for k, name in enumerate(metrics):
-        x = _numbers(frame[name])
+        x = numbers(frame[name])
         finite = np.isfinite(x)
         before = measured[k] | np.concatenate(([False], np.logical_or.accumulate(finite)[:-1]))
         mask |= (np.isinf(x) | (np.isnan(x) & before)).astype(np.int64) << k
         measured[k] |= finite.any()
     return mask
-
-
-def _numbers(column: pd.Series) -> np.ndarray:
-    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
 
 class _LastFinite:
@@ -140,8 +136,8 @@ class NonFiniteDetector(Detector):
         if not len(rows):
             return []
         mask = nonfinite_mask(rows, JOB_METRICS, self._job.measured)[:, None]
-        values = {name: _numbers(rows[name])[:, None] for name in JOB_METRICS}
-        return self._scan(self._job, _numbers(rows["timeline"]).astype(int), _numbers(rows["step"]).astype(int),
+        values = {name: numbers(rows[name])[:, None] for name in JOB_METRICS}
+        return self._scan(self._job, numbers(rows["timeline"]).astype(int), numbers(rows["step"]).astype(int),
                           np.array([JOB]), values, mask)
 
     def _released(self, matrix: StepMatrix | None) -> list[Finding]:

@@ -16,6 +16,13 @@ EVENT_COLUMNS = ("timeline", "step", "time", "rank", "kind")
 TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
 
 
+def numbers(column: pd.Series) -> np.ndarray:
+    """A column as floats: missing and unparseable values NaN (numeric columns pass straight through)."""
+    if column.dtype.kind not in "fiub":
+        column = pd.to_numeric(column, errors="coerce")
+    return column.to_numpy(dtype=float, na_value=np.nan)
+
+
 def empty_frame(columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype="float64") for name in columns})
 

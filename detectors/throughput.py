@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from .crossrank import StepAssembler, StepMatrix
 from .detector import Detector, register
@@ -27,7 +26,7 @@ from .errors import DetectorConfigError
 from .finding import Finding, Severity, SuggestedAction
 from .robust import mad_sigma
 from .straggler import row_median
-from .telemetry import TelemetryBatch
+from .telemetry import TelemetryBatch, numbers
 
 Key = tuple[int, int]
 MAX_PENDING = 10_000
@@ -77,7 +76,7 @@ class ThroughputDetector(Detector):
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         self._take_durations(self._assembler.add(batch.rank_steps, self.run.world_size))
         rows = batch.steps
-        tokens = pd.to_numeric(rows["tokens"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        tokens = numbers(rows["tokens"])
         self._queue.extend(((int(tl), int(s)), float(t), float(n))
                            for tl, s, t, n in zip(rows["timeline"], rows["step"], rows["time"], tokens))
         return self._drain(final=False)
