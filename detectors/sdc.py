@@ -17,7 +17,7 @@ active while its checksum still disagrees or within ``gap`` steps of its last ou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -175,6 +175,8 @@ class SdcDetector(Detector):
         self._agreed: dict[int, int] = {}
         self._timeline: int | None = None
         self._groups: tuple[tuple, np.ndarray] = ((), np.zeros(0, dtype=int))
+        self._unanimous: set[int] = set()
+        self._splits: dict[int, Finding] = {}
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         return self._released(self._assembler.add(batch.rank_steps, self.run.world_size))
@@ -195,16 +197,20 @@ class SdcDetector(Detector):
         for i in range(len(matrix)):
             timeline, step = int(matrix.timelines[i]), int(matrix.steps[i])
             touched = self._new_timeline(timeline)
+            if timeline != self._split_timeline():
+                changed.update((f.finding_id, f) for f in self._end_splits())
             if checked[i]:
-                touched += self._check(timeline, step, matrix.ranks, matrix.checksums[i])
+                vote = majority_vote(matrix.checksums[i], self._replica_groups(matrix.ranks))
+                touched += self._check(step, matrix.ranks, vote)
+                changed.update((f.finding_id, f) for f in self._split_check(timeline, step, matrix.ranks, vote))
             touched += self._gradients(timeline, step, matrix.ranks, norms[i], deviations[i], medians[i])
             touched += self._expire(step)
             changed.update((f.finding_id, f) for f in map(self._finding, touched))
         return list(changed.values())
 
     # -- checksums -----------------------------------------------------------------
-    def _check(self, timeline: int, step: int, ranks: np.ndarray, checksums: np.ndarray) -> list[_Case]:
-        vote = majority_vote(checksums, self._replica_groups(ranks))
+    def _check(self, step: int, ranks: np.ndarray, vote: Vote) -> list[_Case]:
+        timeline = self._timeline
         agreeing = set(ranks[(vote.own >= 0) & (vote.own == vote.majority)].tolist())
         self._agreed.update(dict.fromkeys(agreeing, step))
         touched = [case for case in self._cases.values() if case.disagreeing and case.rank in agreeing]
@@ -223,6 +229,47 @@ class SdcDetector(Detector):
                          "last_agreeing_check": self._agreed.get(rank), "agrees_again_at": None}
         case.disagreeing, case.end, case.score = True, max(case.end, step), case.score + 1.0
         return case
+
+    def _split_check(self, timeline: int, step: int, ranks: np.ndarray, vote: Vote) -> list[Finding]:
+        """Replicas that all agreed at their last check and now split with no majority (two replicas, or a
+        tie): corruption is certain, the culprit is not. One finding names the whole group."""
+        groups = self._replica_groups(ranks)
+        changed = []
+        for group in np.unique(groups):
+            members = (groups == group) & (vote.own >= 0)
+            if members.sum() < 2:
+                continue
+            unanimous = len(np.unique(vote.own[members])) == 1
+            if unanimous:
+                self._unanimous.add(int(group))
+                if group in self._splits and self._splits[group].active:
+                    found = self._splits.pop(int(group))
+                    changed.append(replace(found, active=False, evidence={**found.evidence, "agree_again_at": step}))
+            elif group in self._unanimous and (vote.majority[members] < 0).all():
+                self._unanimous.discard(int(group))
+                self._splits[int(group)] = self._split_finding(timeline, step, ranks[members], vote, members)
+                changed.append(self._splits[int(group)])
+        return changed
+
+    def _split_finding(self, timeline: int, step: int, ranks: np.ndarray, vote: Vote, members: np.ndarray) -> Finding:
+        to_step = self.run.checkpoint_before(timeline, step)
+        action = (SuggestedAction("rewind", {"to_step": to_step}, f"step {to_step} is the newest good checkpoint "
+                                  "before the replicas split; no majority tells which rank is corrupt")
+                  if to_step is not None else
+                  SuggestedAction("investigate", {"ranks": ranks.tolist()}, "no majority tells which rank is corrupt"))
+        checksums = {int(r): vote.names[o] for r, o in zip(ranks, vote.own[members])}
+        return Finding("sdc", Severity.CRITICAL, timeline, step, step, tuple(int(r) for r in ranks), 1.0,
+                       f"replicas {', '.join(map(str, ranks))} agreed at their last check and disagree at step {step}, "
+                       "with no majority to name the corrupt one", {"checksums": checksums, "hardware_suspect": True,
+                                                                     "majority": None}, action, True, self.name)
+
+    def _split_timeline(self) -> int | None:
+        return next(iter(self._splits.values())).timeline if self._splits else self._timeline
+
+    def _end_splits(self) -> list[Finding]:
+        ended = [replace(f, active=False) for f in self._splits.values()]
+        self._splits, self._unanimous = {}, set()
+        return ended
 
     def _replica_groups(self, ranks: np.ndarray) -> np.ndarray:
         topology = self.run.topology

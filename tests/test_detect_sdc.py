@@ -188,17 +188,24 @@ def test_replicas_are_ranks_with_the_same_tp_and_pp() -> None:
     assert finding.suggested_action.args == {"rank": 5, "host": "node-1"}
 
 
-@pytest.mark.parametrize("case", ["fsdp_shards", "two_replicas", "even_split"])
-def test_no_strict_majority_says_nothing(case: str) -> None:
+def test_fsdp_shards_that_never_agree_say_nothing() -> None:
+    checksums = replica_checksums(100, 8, 10, groups=np.arange(8))
+    checksums[49::10, 1] = "corrupted"
+    assert detect(norm_batch(clean_norms(np.random.default_rng(9), 100, 8), checksums), 8) == []
+
+
+@pytest.mark.parametrize("case", ["two_replicas", "even_split"])
+def test_replicas_that_split_without_a_majority_are_one_finding_naming_the_group(case: str) -> None:
+    """Corruption is certain (they agreed at the last check), the culprit is not: no rank is singled out."""
     ranks = 2 if case == "two_replicas" else 8
-    groups = {"fsdp_shards": np.arange(ranks), "two_replicas": np.zeros(ranks, dtype=int),
-              "even_split": np.zeros(ranks, dtype=int)}[case]
-    checksums = replica_checksums(100, ranks, 10, groups=groups)
+    checksums = replica_checksums(100, ranks, 10, groups=np.zeros(ranks, dtype=int))
     if case == "even_split":
         checksums[49::10, : ranks // 2] = "corrupted"
     else:
         checksums[49::10, 1] = "corrupted"
-    assert detect(norm_batch(clean_norms(np.random.default_rng(9), 100, ranks), checksums), ranks) == []
+    [finding] = detect(norm_batch(clean_norms(np.random.default_rng(9), 100, ranks), checksums), ranks)
+    assert (finding.ranks, finding.start_step, finding.severity.value) == (tuple(range(ranks)), 50, "critical")
+    assert finding.evidence["majority"] is None and finding.active
 
 
 # -- timelines, grouping and batching ----------------------------------------------------
