@@ -67,7 +67,7 @@ def summary_queries(faults: DemoFaults) -> list[tuple[str, str, dict[str, Any]]]
     return [
         ("run", "demo_run", {}),
         ("incidents the detectors opened (bedside detect RUN lists every finding)", "demo_incidents", {}),
-        ("each injected fault and the findings that caught it", "demo_scorecard", {"margin": 5}),
+        ("each injected fault and the findings that caught it", "demo_scorecard", {"margin": 12}),
         ("held-out loss against compute (above_floor: nats above the language's entropy)", "demo_evals", {}),
         (f"bad data shard from step {faults.bad_shard_step}: the loss jumps", "demo_loss_spike",
          {"spike_step": faults.bad_shard_step}),

@@ -22,7 +22,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from bedside.app.simulation.config import SimulationConfig
@@ -91,17 +90,10 @@ def detect(run: Path) -> tuple[list[Finding], list[Label], int]:
 
 def _label(step: int, target_ranks: str, args: str) -> Label:
     a = json.loads(args)
-    kind = a.get("expected_kind") or _trainer_kind(a.get("spec", ""))
+    kind = a["expected_kind"]
     last = a.get("last") if a.get("last") is not None else a.get("first", step)
-    return Label(kind, int(a.get("first", step)), int(last), tuple(json.loads(target_ranks or "[]")), a.get("magnitude"))
-
-
-def _trainer_kind(spec: str) -> str:
-    """The finding kind a fault of our trainer (docs/faults.md) should produce."""
-    name = spec.split(":")[0]
-    return {"bad_shard": "loss_spike", "lr_blip": "loss_spike", "nan": "nonfinite", "inf": "nonfinite",
-            "straggler": "straggler", "hang": "hang", "crash": "hang", "grad_bitflip": "sdc",
-            "param_bitflip": "sdc", "repeat_batch": "eval_stall", "shuffle_targets": "eval_stall"}.get(name, name)
+    return Label(kind, int(a.get("first", step)), int(last), tuple(json.loads(target_ranks or "[]")),
+                 a.get("magnitude"))
 
 
 def match(findings: list[Finding], labels: list[Label]) -> tuple[list[dict], list[Finding]]:

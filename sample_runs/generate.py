@@ -29,8 +29,8 @@ RUNS = {
         "nproc": 2,
         "steps": 200,
         "inject": [
-            "bad_shard:shards=0-3,from=120,steps=20",
-            "straggler:rank=1,factor=2.0,from=60,steps=40",
+            "bad_shard:shards=0-3,from=80,steps=15",
+            "straggler:rank=1,factor=2.0,from=105,steps=35",
             "grad_bitflip:rank=1,step=150",
             "param_bitflip:rank=0,step=170",
             "nan:rank=0,step=185",

@@ -43,7 +43,7 @@ def test_the_demo_trains_to_the_end_and_evaluates_against_the_entropy_floor(demo
 def test_the_demo_shows_each_injected_fault_in_the_store(demo_output: str) -> None:
     faults = DemoFaults(STEPS)
     spike = {int(line.split()[0]): float(line.split()[1]) for line in section(demo_output, "bad data shard")[1:]}
-    assert spike[faults.bad_shard_step] > 1.3 * spike[faults.bad_shard_step - 1]
+    assert spike[faults.bad_shard_step] > 1.1 * spike[faults.bad_shard_step - 1]
     times = {int(line.split()[0]): line.split() for line in section(demo_output, "straggler")[1:]}
     assert float(times[1][2]) > 1.5 * float(times[0][2]) and float(times[0][3]) > float(times[1][3])
     norms = {int(line.split()[1]): line.split()[2] for line in section(demo_output, "bit flip in rank 1")[1:]}
@@ -52,7 +52,15 @@ def test_the_demo_shows_each_injected_fault_in_the_store(demo_output: str) -> No
     assert checksums[-1][1] == "2"
     assert any("update skipped" in line for line in section(demo_output, "updates the trainer skipped"))
     truth = [line.split()[1] for line in section(demo_output, "ground truth")[1:]]
-    assert truth == ["straggler", "bad_shard", "grad_bitflip", "param_bitflip", "nan"]
+    assert truth == ["bad_shard", "straggler", "grad_bitflip", "param_bitflip", "nan"]
+
+
+def test_the_demo_detects_while_it_follows_and_scores_itself(demo_output: str) -> None:
+    """60 steps are too few for the trend-based detectors; the NaN and the replica split are found at once."""
+    found = {line.split()[1]: line.split()[3:] for line in section(demo_output, "each injected fault")[1:]}
+    assert found["nan"] == ["nonfinite", "0"]
+    assert found["param_bitflip"][0] == "sdc" and 0 <= int(found["param_bitflip"][1]) <= 10  # at the next checksum
+    assert any("critical" in line for line in section(demo_output, "incidents the detectors opened"))
 
 
 def test_a_demo_whose_training_crashes_fails_in_one_line(tmp_path: Path, bedside) -> None:

@@ -24,7 +24,9 @@ def test_the_tiny_faults_run_ingests_cleanly_with_each_fault_labelled(tmp_path: 
         assert cursor.execute("SELECT count(*) FROM rejected").fetchall() == [(0,)]
         assert cursor.execute("SELECT status, world_size, last_step FROM run").fetchall() == [("finished", 2, 200)]
         faults = cursor.execute("SELECT fault FROM fault_labels ORDER BY step").fetchall()
-        assert [f for (f,) in faults] == ["straggler", "bad_shard", "grad_bitflip", "param_bitflip", "nan"]
+        assert [f for (f,) in faults] == ["bad_shard", "straggler", "grad_bitflip", "param_bitflip", "nan"]
+        kinds = cursor.execute("SELECT args ->> 'expected_kind' FROM fault_labels ORDER BY step").fetchall()
+        assert [k for (k,) in kinds] == ["loss_spike", "straggler", "sdc", "sdc", "nonfinite"]
 
 
 def test_the_tiny_rewind_run_keeps_both_timelines_and_the_operators_actions(tmp_path: Path) -> None:

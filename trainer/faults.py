@@ -48,6 +48,7 @@ class Recorder:
             fault.announced = True
         window = fault.window
         args = {"spec": fault.spec.text, "first": window.first, "last": window.last, "every": window.every,
+                "expected_kind": fault.expected_kind,
                 **fault.settings, **{k: _json_number(v) for k, v in details.items()}}
         self.log.event("fault_injected", step, fault=fault.name, target_ranks=list(fault.targets), args=args)
         if flush:
@@ -91,6 +92,7 @@ class Fault:
 
     name: ClassVar[str]
     keys: ClassVar[frozenset[str]]
+    expected_kind: ClassVar[str]  # the detector finding it should produce (docs/detectors.md), for scoring
     job_wide: ClassVar[bool] = False  # every rank applies it; rank 0 records it
     each_firing: ClassVar[bool] = False  # a one-step event: recorded each time it fires
 
@@ -115,6 +117,7 @@ class Straggler(Fault):
     """This rank's compute slowed by ``factor`` (measured) or by a fixed ``delay_ms``."""
 
     name, keys = "straggler", RANKS | TIMING | {"factor", "delay_ms"}
+    expected_kind = "straggler"
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -160,6 +163,7 @@ class Hang(Fault):
     """This rank stops stepping at ``step`` and sleeps forever; the process stays alive."""
 
     name, keys = "hang", RANKS | {"step"}
+    expected_kind = "hang"
 
     def before_compute(self, step: int) -> None:
         if step == self.window.first:
@@ -172,6 +176,7 @@ class Crash(Fault):
     """This rank's process exits at once (``os._exit``) with ``code``."""
 
     name, keys = "crash", RANKS | {"step", "code"}
+    expected_kind = "hang"
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -190,6 +195,7 @@ class BadShard(Fault):
     """Every sample of the shard(s) replaced by uniform random tokens (seeded by sample id)."""
 
     name, keys, job_wide = "bad_shard", frozenset({"shard", "shards", "step", "from", "steps", "seed"}), True
+    expected_kind = "loss_spike"
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -219,6 +225,7 @@ class RepeatBatch(Fault):
     """A data-pipeline bug: every batch is the first one this rank saw in the window."""
 
     name, keys, job_wide = "repeat_batch", frozenset({"step", "from", "steps"}), True
+    expected_kind = "eval_stall"
     _batch: np.ndarray | None = None
 
     def corrupt(self, step: int, ids: list[int], samples: np.ndarray) -> np.ndarray:
@@ -234,6 +241,7 @@ class ShuffleTargets(Fault):
     """A data-pipeline bug: each sample's tokens in a random order (seeded by step)."""
 
     name, keys, job_wide = "shuffle_targets", frozenset({"step", "from", "steps", "seed"}), True
+    expected_kind = "eval_stall"
 
     def corrupt(self, step: int, ids: list[int], samples: np.ndarray) -> np.ndarray:
         if not self.window.covers(step):
@@ -246,6 +254,7 @@ class LrBlip(Fault):
     """The learning rate multiplied by ``factor`` on the window's steps."""
 
     name, keys, job_wide = "lr_blip", frozenset({"step", "from", "steps", "factor"}), True
+    expected_kind = "loss_spike"
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -265,6 +274,7 @@ class NonFinite(Fault):
     """This rank's loss multiplied by NaN (or Inf) on the window's steps."""
 
     name, keys, each_firing = "nan", RANKS | TIMING, True
+    expected_kind = "nonfinite"
     value = math.nan
 
     def corrupt(self, step: int, loss: Tensor) -> Tensor:
@@ -282,6 +292,7 @@ class GradBitflip(Fault):
     """One bit of one element of this rank's gradient bucket flipped before the all-reduce."""
 
     name, keys, each_firing = "grad_bitflip", RANKS | TIMING | {"bit", "index", "seed"}, True
+    expected_kind = "sdc"
     default_bit = 30
 
     def __init__(self, spec: Spec, context: Context) -> None:
