@@ -121,7 +121,8 @@ class BadShardDetector(Detector):
                 shard.normal_since_high += 1
                 continue
             shard.high += 1
-            shard.first_high = step if shard.first_high is None else shard.first_high
+            if shard.first_high is None or shard.normal_since_high >= self.clear_after:
+                shard.first_high = step  # onset of this run of high batches, not a stray one long before
             shard.last_high, shard.normal_since_high = step, 0
 
     def _judge(self, shard_id: int, timeline: int, step: int) -> Finding | None:

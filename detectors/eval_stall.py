@@ -6,9 +6,11 @@ best eval seen); a new eval is judged against the forecast band
 ``forecast * exp(band_z * sigma)``, sigma being the robust spread of the fit's log
 residuals (at least ``min_rel_sigma``). Evals above the band are kept out of the fit;
 ``patience`` of them in a row open a finding, which grows while evals stay above and
-clears when one comes back inside. A second rule sees the same failure without a
-forecast: over the last ``trend_evals`` evals the held-out score is flat or rising
-while the training loss keeps falling (the job memorises what it is fed).
+clears when one comes back inside, or when the last ``trend_evals`` of them keep falling
+by more than the band (an early fit that saturated too soon: the forecast was wrong, not
+the eval, and without this they would never re-enter the fit). A second rule sees the
+same failure without a forecast: over the last ``trend_evals`` evals the held-out score
+is flat or rising while the training loss keeps falling (the job memorises what it is fed).
 """
 from __future__ import annotations
 
@@ -79,6 +81,8 @@ class EvalStallDetector(Detector):
         series = self._series_for(timeline, split, name, step)
         forecast, sigma = self._forecast(series, compute)
         above = forecast is not None and math.log(value) > math.log(forecast) + self.band_z * sigma
+        if above and self._still_improving(series.suspects + [(step, compute, value, forecast)], sigma):
+            above = False  # falling steadily, only slower than an early fit said: refit, it is no stall
         if above:
             series.suspects.append((step, compute, value, forecast))
         else:
@@ -88,7 +92,7 @@ class EvalStallDetector(Detector):
         learning_stopped = self._train_falls_eval_flat(timeline, series, step)
         if above and len(series.suspects) >= self.patience:
             return self._open_or_grow(timeline, split, name, series, sigma, "forecast")
-        if learning_stopped and series.finding is None:
+        if learning_stopped and (series.finding is None or not series.finding.active):  # a cleared one may reopen
             return self._open_or_grow(timeline, split, name, series, sigma, "train_vs_eval")
         if series.finding is not None and series.finding.active and not above and not learning_stopped:
             series.finding = _cleared(series.finding, step)
@@ -116,6 +120,13 @@ class EvalStallDetector(Detector):
         spread = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
         sigma = max(spread * math.sqrt(len(v) / (len(v) - 3)), self.min_rel_sigma)  # three fitted parameters
         return float(_power_law(np.array([compute]), *params)[0]), sigma
+
+    def _still_improving(self, evals: list[tuple], sigma: float) -> bool:
+        """The last ``trend_evals`` evals (step, compute, value, ...) fall, by more than the band, first to last."""
+        recent = np.array([e[2] for e in evals[-self.trend_evals:]])
+        if len(recent) < self.trend_evals or math.log(recent[0] / recent[-1]) <= self.band_z * sigma:
+            return False
+        return bool(stats.spearmanr(np.arange(len(recent)), recent).statistic < 0.0)
 
     def _train_falls_eval_flat(self, timeline: int, series: _Series, step: int) -> bool:
         """Over the last ``trend_evals`` evals: eval not improving while the training loss keeps falling."""

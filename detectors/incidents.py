@@ -51,9 +51,13 @@ class IncidentBook:
         self._members: dict[str, dict[str, Finding]] = {}
 
     def add(self, findings: list[Finding]) -> list[Incident]:
-        """Take new or changed findings; the incidents they changed."""
+        """Take new or changed findings; the incidents they changed.
+
+        Placed in onset order, so that an incident is named after its earliest finding however
+        the findings were batched (a whole run at once comes in detector order).
+        """
         touched = []
-        for finding in findings:
+        for finding in sorted(findings, key=lambda f: (f.timeline, f.start_step, f.kind, f.ranks)):
             incident_id = self._incident_of.get(finding.finding_id) or self._place(finding)
             self._incident_of[finding.finding_id] = incident_id
             self._members.setdefault(incident_id, {})[finding.finding_id] = finding

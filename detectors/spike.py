@@ -7,6 +7,8 @@ raises the bar when recent residuals are heavier-tailed than normal) opens a fin
 once; consecutive elevated points grow it; it closes when the series stays below
 ``z_recover`` for ``recover_steps`` points. One that stays elevated for
 ``diverge_steps`` is a divergence: critical, the baseline restarts on the new level.
+For ``settle_steps`` after a restart (a checkpoint loaded) the bar is ``settle_factor``
+times higher: a resumed job's small bump is expected, not an incident.
 """
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ class SpikeDetector(Detector):
 
     def __init__(self, *, z_alarm: float = 4.0, z_recover: float = 2.5, recover_steps: int = 2,
                  diverge_steps: int = 50, critical_ratio: float = 4.0, window: int = 100,
-                 min_points: int = 30) -> None:
+                 min_points: int = 30, settle_steps: int = 20, settle_factor: float = 2.0) -> None:
         super().__init__()
         self.z_alarm, self.z_recover, self.recover_steps = z_alarm, z_recover, recover_steps
+        self.settle_steps, self.settle_factor = settle_steps, settle_factor
         self.diverge_steps, self.critical_ratio = diverge_steps, critical_ratio
         self.trend = RobustTrend(window=window, min_points=min_points)
         self._episode: _Episode | None = None
@@ -67,7 +70,7 @@ class SpikeDetector(Detector):
         if not (math.isfinite(value) and value > 0):
             return changed  # the nonfinite detector reports these; they neither open nor close a spike
         y = math.log(value)
-        score = self.trend.score(step, y)
+        score = self.trend.score(step, y, learn_tail=self._episode is None)
         if score is None or not score.ready:
             self.trend.admit(step, y, score)
             return changed
@@ -89,6 +92,8 @@ class SpikeDetector(Detector):
 
     def _maybe_open(self, timeline: int, step: int, value: float, y: float, score: Score) -> Finding | None:
         threshold = self.z_alarm * score.tail
+        if self.run.settling(timeline, step, self.settle_steps):
+            threshold *= self.settle_factor  # a restart's small bump (cold caches, reloaded optimizer) is not a spike
         if score.z < threshold:
             self.trend.admit(step, y, score)
             return None

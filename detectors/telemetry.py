@@ -67,23 +67,34 @@ class TelemetryBatch:
         return [TelemetryBatch(*(f[i] for f in frames)) for i in range(parts)]
 
 
+def _add_steps(steps_by_timeline: dict[int, list[int]], rows: pd.DataFrame) -> None:
+    """Insert the (timeline, step) of ``rows`` into sorted per-timeline lists, once each."""
+    for timeline, step in zip(rows["timeline"].astype(int), rows["step"].astype(int)):
+        steps = steps_by_timeline.setdefault(timeline, [])
+        if step not in steps:
+            bisect.insort(steps, step)
+
+
 @dataclass
 class RunState:
-    """What the runner knows of the run, shared by every detector: topology and checkpoints."""
+    """What the runner knows of the run, shared by every detector: topology, checkpoints and restarts."""
 
     world_size: int | None = None
     topology: pd.DataFrame = field(default_factory=lambda: empty_frame(TOPOLOGY_COLUMNS))
     good_checkpoints: dict[int, list[int]] = field(default_factory=dict)
+    restarts: dict[int, list[int]] = field(default_factory=dict)
     last_time: float = float("-inf")
 
     def observe(self, batch: TelemetryBatch) -> None:
-        """Take the checkpoints saved or verified, and the newest record time, from ``batch``."""
+        """Take the checkpoints saved or verified, the restarts, and the newest record time, from ``batch``."""
         ck = batch.checkpoints
         good = ck[ck["event"].isin(("saved", "verified"))] if len(ck) else ck
-        for timeline, step in zip(good["timeline"].astype(int), good["step"].astype(int)):
-            steps = self.good_checkpoints.setdefault(timeline, [])
-            if step not in steps:
-                bisect.insort(steps, step)
+        _add_steps(self.good_checkpoints, good)
+        loaded = ck[ck["event"] == "loaded"] if len(ck) else ck
+        ev = batch.events
+        started = ev[(ev["kind"] == "rank_info") & (ev["step"] > 0)] if len(ev) else ev
+        _add_steps(self.restarts, loaded)
+        _add_steps(self.restarts, started)
         for frame in (batch.steps, batch.rank_steps, batch.events):
             if len(frame):
                 self.last_time = max(self.last_time, float(frame["time"].max()))
@@ -94,6 +105,12 @@ class RunState:
             {s for steps in self.good_checkpoints.values() for s in steps})
         i = bisect.bisect_left(candidates, step)
         return candidates[i - 1] if i else None
+
+    def settling(self, timeline: int, step: int, steps: int) -> bool:
+        """Whether ``step`` is within ``steps`` after a restart (a checkpoint loaded, processes started)."""
+        restarts = self.restarts.get(timeline, ())
+        i = bisect.bisect_right(restarts, step)
+        return bool(i) and step - restarts[i - 1] < steps
 
     def host_of(self, rank: int) -> str | None:
         row = self.topology[self.topology["rank"] == rank]

@@ -20,8 +20,12 @@ import numpy as np
 
 from .robust import MAD_TO_SIGMA
 
-GAUSSIAN_Q99 = 2.5758
-"""The 99th percentile of |z| for normal data: the yardstick for the tail factor."""
+GAUSSIAN_UPPER_Q995 = 2.5758
+"""The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
+TAIL_SLACK = 1.1
+FIRST_TAIL_ZS = 100
+MIN_TAIL_ZS = 1000
+EARLY_TAIL = 1.5
 MIN_FORECAST_ERRORS = 40
 """Forecast errors seen before a score counts: early curvature must have had its say in sigma."""
 
@@ -41,7 +45,7 @@ class RobustTrend:
     """Rolling robust linear trend of log values, with the spread and tails of its forecast errors."""
 
     def __init__(self, *, window: int = 100, min_points: int = 30, sigma_floor: float = 1e-4,
-                 memory: int = 300, tail_memory: int = 1000, tail_power: float = 2.0) -> None:
+                 memory: int = 200, tail_memory: int = 2000, tail_power: float = 2.5) -> None:
         self.window, self.min_points, self.sigma_floor, self.tail_power = window, min_points, sigma_floor, tail_power
         self._points: dict[int, deque[tuple[int, float]]] = {}
         self._residuals: deque[float] = deque(maxlen=memory)
@@ -57,11 +61,13 @@ class RobustTrend:
             self._points[timeline] = deque(((s, y) for s, y in parent if s < step), maxlen=self.window)
         self._timeline = timeline
 
-    def score(self, step: int, y: float) -> Score | None:
+    def score(self, step: int, y: float, *, learn_tail: bool = True) -> Score | None:
         """``y`` (a log value) against the baseline at ``step``; None while too few points.
 
         Not ``ready`` until ``MIN_FORECAST_ERRORS`` forecasts have been checked against
         what came: until then sigma is the line's own spread, too hopeful early in a run.
+        ``learn_tail`` False keeps the point out of the tail estimate (a spike already
+        under way: its later points are the incident, not the noise).
         """
         points = self._points.get(self._timeline)
         if points is None or len(points) < self.min_points:
@@ -77,25 +83,32 @@ class RobustTrend:
         ready = len(self._residuals) >= MIN_FORECAST_ERRORS
         spread = np.fromiter(self._residuals, float) if ready else detrended - level
         sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(spread - np.median(spread)))), self.sigma_floor)
-        return Score(predicted, sigma, (y - predicted) / sigma, self._tail(), ready)
+        z = (y - predicted) / sigma
+        tail = self._tail()
+        if ready and learn_tail:
+            self._zs.append(z)  # every scored point, outliers too: leaving them out would hide the tail
+        return Score(predicted, sigma, z, tail, ready)
 
     def _tail(self) -> float:
-        """(q99 of recent |z| / the normal q99) ** tail_power, at least 1: heavier tails, a higher bar.
+        """(upper q99.5 of recent z / the normal 2.576 / slack) ** tail_power, at least 1.
 
-        From z-scores, each taken against the sigma of its day, so that the large errors of
-        a run's steep start do not pass for heavy tails later.
+        The upper tail only, since spikes are upward and noise may be skewed; from
+        z-scores each taken against the sigma of its day. ``TAIL_SLACK`` absorbs the
+        sampling error of the quantile. A few hundred z-scores show a tail only roughly, and
+        heavy tails least of all: until ``MIN_TAIL_ZS`` are seen the factor is at least
+        ``EARLY_TAIL``.
         """
-        if len(self._zs) < 100:
-            return 1.0
-        q99 = float(np.quantile(np.fromiter(self._zs, float), 0.99))
-        return max(1.0, q99 / GAUSSIAN_Q99) ** self.tail_power
+        if len(self._zs) < FIRST_TAIL_ZS:
+            return EARLY_TAIL
+        upper = float(np.quantile(np.fromiter(self._zs, float), 0.995))
+        measured = max(1.0, upper / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** self.tail_power
+        return measured if len(self._zs) >= MIN_TAIL_ZS else max(measured, EARLY_TAIL)
 
     def admit(self, step: int, y: float, score: Score | None) -> None:
         """Add an accepted point (and its forecast error, when it was scored) to the baseline."""
         self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, y))
         if score is not None:
             self._residuals.append(y - score.predicted)
-            self._zs.append(abs(score.z))
 
     def restart(self) -> None:
         """Forget the current timeline's points (after a level shift that did not recover)."""

@@ -9,10 +9,12 @@ Tests apply their faults to the work matrices (``compute[t, r] *= 1.1``) before
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
+from scipy import signal
 
 from bedside.detectors.detector import Detector
 from bedside.detectors.finding import Finding
@@ -35,6 +37,23 @@ def noise(rng: np.random.Generator, kind: str, shape: tuple[int, ...], scale: fl
     else:
         raise ValueError(f"unknown noise {kind!r} (known: {', '.join(NOISES)})")
     return np.maximum(1.0 + scale * eps, 0.05)
+
+
+def log_noise(rng: np.random.Generator, kind: str, n: int, sigma: float, *, ar_phi: float = 0.6) -> np.ndarray:
+    """Noise on log scale with standard deviation ``sigma``: normal, AR(1), Student-t(3) or right-skewed lognormal."""
+    if kind == "gaussian":
+        eps = rng.standard_normal(n)
+    elif kind == "ar1":
+        eps = signal.lfilter([math.sqrt(1 - ar_phi ** 2)], [1.0, -ar_phi], rng.standard_normal(n))
+    elif kind == "student_t3":
+        eps = rng.standard_t(3, n) / math.sqrt(3.0)
+    elif kind == "lognormal":
+        shape = 0.5
+        x = rng.lognormal(0.0, shape, n)
+        eps = (x - math.exp(shape ** 2 / 2)) / math.sqrt((math.exp(shape ** 2) - 1) * math.exp(shape ** 2))
+    else:
+        raise ValueError(f"unknown noise {kind!r}")
+    return sigma * eps
 
 
 def work(rng: np.random.Generator, steps: int, ranks: int, base_s: float, *, kind: str = "gaussian",
