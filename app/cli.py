@@ -114,7 +114,7 @@ def _follow(collector: Collector, progress: Progress, args: argparse.Namespace) 
     def on_pass(result: PassResult) -> None:
         progress.update(result)
         if live:
-            live.update()
+            live.update(result)
 
     follower = Follower(collector, rescan_every_s=args.rescan_every, on_pass=on_pass,
                         on_idle=live.tick if live else (lambda: None), warn=warn)

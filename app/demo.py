@@ -101,7 +101,7 @@ def follow_until_exit(collector: Collector, training: subprocess.Popen) -> None:
 
     def on_pass(result: PassResult) -> None:
         progress.update(result)
-        live.update()
+        live.update(result)
 
     follower = Follower(collector, rescan_every_s=0.5, on_pass=on_pass, on_idle=live.tick, warn=warn)
     watcher = threading.Thread(target=_stop_when_exited, args=(training, stop, follower), name="training-watcher",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from bedside.collectors.errors import StoreLockedError
-from bedside.collectors.ingest import Collector
+from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import open_for_reading
 from bedside.collectors.store import Store
@@ -82,8 +82,9 @@ class LiveDetection:
         self.detection = StoreDetection(store)
         self.quiet = quiet
 
-    def update(self) -> None:
-        self._say(self.detection.update())
+    def update(self, result: PassResult) -> None:
+        """After an ingest pass (whose backlog says whether ranks' files are level yet)."""
+        self._say(self.detection.update(caught_up=not result.backlog))
 
     def tick(self) -> None:
         self._say(self.detection.tick())

@@ -82,12 +82,14 @@ class PassResult:
     rejected: int = 0
     bytes: int = 0
     incidents: list[str] = field(default_factory=list)
+    backlog: bool = False  # the pass used its whole byte budget: files may hold more, ranks' rows not level
 
     def add(self, other: "PassResult") -> None:
         self.lines += other.lines
         self.rejected += other.rejected
         self.bytes += other.bytes
         self.incidents.extend(other.incidents)
+        self.backlog = other.backlog
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class _Read:
     source: Source
     chunk: Chunk | None
     incident: str | None = None
+    cut: bool = False  # the byte budget stopped the read before the file's limit
 
 
 class Collector:
@@ -119,6 +122,7 @@ class Collector:
         self._con = store.connection()
         self._sources = {s.path: s for s in self._load_sources()}
         self._run_info_stamp: tuple[int, int] | None = None
+        self._cut_short = False
         self.world_size: int | None = None
 
     def ingest_available(
@@ -178,6 +182,7 @@ class Collector:
             rejected=len(rejected),
             bytes=sum(len(c.data) for c in chunks),
             incidents=[r.incident for r in reads if r.incident],
+            backlog=self._cut_short or any(r.cut for r in reads),
         )
 
     def _commit(self, run_info: RunInfo | None, staged: bool, reads: list[_Read], rejected: list[Rejection]) -> None:
@@ -205,8 +210,10 @@ class Collector:
 
     def _read_sources(self, limits: dict[Path, int]) -> list[_Read]:
         reads, budget = [], self.batch_bytes
+        self._cut_short = False
         for path, limit in limits.items():
             if budget <= 0:
+                self._cut_short = True  # files left unread this pass
                 break
             read = self._read_source(path, limit, budget)
             if read is not None:
@@ -246,7 +253,7 @@ class Collector:
             committed_offset=source.committed_offset + len(data),
         )
         chunk = Chunk(source.source_id, source.file_rank, source.committed_offset, data) if data else None
-        return _Read(updated, chunk)
+        return _Read(updated, chunk, cut=budget < limit - source.committed_offset)
 
     # -- run.json -----------------------------------------------------------
     def _changed_run_info(self) -> RunInfo | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .telemetry import numbers
+from .telemetry import RunState, numbers
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,19 @@ class StepAssembler:
         self._ranks_seen = np.empty(0, dtype=np.int64)
         self._released: tuple[int, int] = (-1, -1)
 
-    def add(self, rows: pd.DataFrame, world_size: int | None) -> StepMatrix | None:
-        """Take new ``rank_steps`` rows; the steps this completes (None when none)."""
+    def add(self, rows: pd.DataFrame, run: RunState) -> StepMatrix | None:
+        """Take new ``rank_steps`` rows; the steps this completes (None when none).
+
+        A step some rank never reported is given up only while ``run.caught_up``: with a
+        backlog, that rank's rows may simply not have been read yet.
+        """
         if len(rows):
             self._append(self._columns(rows))
-        return self._release(world_size, final=False)
+        return self._release(run.world_size, final=False, give_up=run.caught_up)
 
-    def flush(self, world_size: int | None) -> StepMatrix | None:
+    def flush(self, run: RunState) -> StepMatrix | None:
         """Release every pending step (the data ended)."""
-        return self._release(world_size, final=True)
+        return self._release(run.world_size, final=True, give_up=True)
 
     def _columns(self, rows: pd.DataFrame) -> dict[str, np.ndarray]:
         columns = {name: rows[name].to_numpy(dtype=np.int64) for name in ("timeline", "step", "rank")}
@@ -70,7 +74,7 @@ class StepAssembler:
         else:
             self._pending = {name: np.concatenate([self._pending[name], columns[name]]) for name in columns}
 
-    def _release(self, world_size: int | None, *, final: bool) -> StepMatrix | None:
+    def _release(self, world_size: int | None, *, final: bool, give_up: bool) -> StepMatrix | None:
         pending = self._pending
         if pending is None:
             return None
@@ -84,7 +88,7 @@ class StepAssembler:
         counts = np.flatnonzero(step_ends) + 1 - starts
         steps_t, steps_s = t[step_ends], s[step_ends]
         ready = len(counts) if final else self._ready_prefix(steps_t, steps_s, counts,
-                                                              world_size or len(self._ranks_seen))
+                                                              world_size or len(self._ranks_seen), give_up)
         if not ready:
             return None
         last = (int(steps_t[ready - 1]), int(steps_s[ready - 1]))
@@ -95,13 +99,14 @@ class StepAssembler:
         take = kept[done[kept] & ~late[kept]]
         return self._matrix({name: column[take] for name, column in pending.items()})
 
-    def _ready_prefix(self, timelines: np.ndarray, steps: np.ndarray, counts: np.ndarray, world: int) -> int:
+    def _ready_prefix(self, timelines: np.ndarray, steps: np.ndarray, counts: np.ndarray, world: int,
+                      give_up: bool) -> int:
         """How many of the sorted pending steps can go: a prefix of complete or hopeless ones."""
         newest = np.zeros(len(steps), dtype=np.int64)
         for timeline in np.unique(timelines):
             mine = timelines == timeline
             newest[mine] = steps[mine].max()
-        ok = (counts >= world) | (steps <= newest - self.lag) | (timelines < timelines.max())
+        ok = (counts >= world) | (give_up & (steps <= newest - self.lag)) | (timelines < timelines.max())
         blocked = np.flatnonzero(~ok)
         return int(blocked[0]) if len(blocked) else len(counts)
 

@@ -126,11 +126,11 @@ class NonFiniteDetector(Detector):
         rows = batch.rank_steps
         if len(rows):
             rows = rows.assign(**{MASK: nonfinite_mask(rows, RANK_METRICS, self._ranks.measured)})
-        matrix = self._assembler.add(rows, self.run.world_size)
+        matrix = self._assembler.add(rows, self.run)
         return _latest(changed + self._released(matrix))
 
     def finish(self) -> list[Finding]:
-        return _latest(self._released(self._assembler.flush(self.run.world_size)))
+        return _latest(self._released(self._assembler.flush(self.run)))
 
     def _job_rows(self, rows: pd.DataFrame) -> list[Finding]:
         if not len(rows):

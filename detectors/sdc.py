@@ -179,10 +179,10 @@ class SdcDetector(Detector):
         self._splits: dict[int, Finding] = {}
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
-        return self._released(self._assembler.add(batch.rank_steps, self.run.world_size))
+        return self._released(self._assembler.add(batch.rank_steps, self.run))
 
     def finish(self) -> list[Finding]:
-        return self._released(self._assembler.flush(self.run.world_size))
+        return self._released(self._assembler.flush(self.run))
 
     def _released(self, matrix: StepMatrix | None) -> list[Finding]:
         if matrix is None:

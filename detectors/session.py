@@ -30,8 +30,13 @@ class StoreDetection:
         self.runner = DetectorRunner(detectors)
         self.book = load_book(store)
 
-    def update(self) -> list[Finding]:
-        """Feed what was ingested since the last call; the findings opened or changed."""
+    def update(self, *, caught_up: bool = True) -> list[Finding]:
+        """Feed what was ingested since the last call; the findings opened or changed.
+
+        ``caught_up`` False says the collector has a backlog (its pass used the whole
+        byte budget): ranks' files may be read unevenly, so no rank is given up for missing.
+        """
+        self.runner.run.caught_up = caught_up
         self.runner.run.world_size = self.feed.world_size()
         self.runner.run.topology = self.feed.topology()
         batch = self.feed.next_batch()

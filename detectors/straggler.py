@@ -147,10 +147,10 @@ class StragglerDetector(Detector):
 
     # -- streaming -----------------------------------------------------------------------
     def update(self, batch: TelemetryBatch) -> list[Finding]:
-        return self._consume(self._assembler.add(batch.rank_steps, self.run.world_size))
+        return self._consume(self._assembler.add(batch.rank_steps, self.run))
 
     def finish(self) -> list[Finding]:
-        return self._consume(self._assembler.flush(self.run.world_size))
+        return self._consume(self._assembler.flush(self.run))
 
     def _consume(self, matrix: StepMatrix | None) -> list[Finding]:
         changed: dict[int, _Episode] = {}

@@ -84,6 +84,7 @@ class RunState:
     good_checkpoints: dict[int, list[int]] = field(default_factory=dict)
     restarts: dict[int, list[int]] = field(default_factory=dict)
     last_time: float = float("-inf")
+    caught_up: bool = True  # ingestion has read every file to its end (no backlog)
 
     def observe(self, batch: TelemetryBatch) -> None:
         """Take the checkpoints saved or verified, the restarts, and the newest record time, from ``batch``."""

@@ -74,7 +74,7 @@ class ThroughputDetector(Detector):
         self._source = "median rank step_time"
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
-        self._take_durations(self._assembler.add(batch.rank_steps, self.run.world_size))
+        self._take_durations(self._assembler.add(batch.rank_steps, self.run))
         rows = batch.steps
         tokens = numbers(rows["tokens"])
         self._queue.extend(((int(tl), int(s)), float(t), float(n))
@@ -82,7 +82,7 @@ class ThroughputDetector(Detector):
         return self._drain(final=False)
 
     def finish(self) -> list[Finding]:
-        self._take_durations(self._assembler.flush(self.run.world_size))
+        self._take_durations(self._assembler.flush(self.run))
         return self._drain(final=True)
 
     def _take_durations(self, matrix: StepMatrix | None) -> None:
