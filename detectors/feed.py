@@ -27,7 +27,7 @@ class StoreFeed:
             return TelemetryBatch()
         table = pa.Table.from_pylist([dict(zip(("source_id", "from_offset", "to_offset"), w)) for w in window],
                                      schema=_WINDOW_SCHEMA)
-        frames = {name: self.store.fetch_named(f"detect_{name}", tables={"detect_window": table})
+        frames = {name: _plain(self.store.fetch_named(f"detect_{name}", tables={"detect_window": table}))
                   for name in ("steps", "rank_steps", "evals", "checkpoints", "events")}
         self._read_to.update({source_id: to for source_id, _, to in window})
         return TelemetryBatch(**frames)
@@ -38,3 +38,9 @@ class StoreFeed:
 
     def topology(self) -> pd.DataFrame:
         return self.store.fetch_named("detect_topology")
+
+
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """Text columns as Python objects: Arrow-backed strings make every row selection a copy."""
+    text = [name for name, dtype in frame.dtypes.items() if isinstance(dtype, pd.StringDtype)]
+    return frame.astype({name: object for name in text}) if text else frame
