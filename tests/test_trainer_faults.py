@@ -250,7 +250,7 @@ def test_ground_truth_is_written_once_per_firing_by_the_lowest_targeted_rank(tmp
         (2, "straggler", [0, 1]), (2, "lr_blip", [0, 1]), (3, "grad_bitflip", [0]), (4, "straggler", [0, 1]),
         (4, "grad_bitflip", [0]), (5, "grad_bitflip", [0])]
     assert records[1]["args"] == {"spec": "lr_blip:step=2,factor=5,steps=3", "first": 2, "last": 4, "every": 1,
-                                  "factor": 5.0}
+                                  "expected_kind": "loss_spike", "factor": 5.0}
     assert {key: records[2]["args"][key] for key in ("bit", "before", "after")} == {"bit": 30, "before": 0.5,
                                                                                    "after": 2.0 ** 127}
 
