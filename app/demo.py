@@ -24,6 +24,11 @@ from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
 
 
+FOLLOWER_NICENESS = 10
+"""How far this process (collector and detectors) steps back for the training ranks: on a two-core
+machine it would otherwise slow one rank enough to be seen as a straggler."""
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Add ``bedside demo`` to the CLI's sub-commands."""
     p = commands.add_parser("demo", help="train a small model with injected faults, follow it into a store, query it",
@@ -49,6 +54,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"training tiny_cpu on {args.nproc} ranks for {args.steps} steps into {run_dir}; injecting:\n  "
           + "\n  ".join(faults.specs()), file=sys.stderr)
     with _start_training(run_dir, args.nproc, args.steps, faults.specs()) as training:
+        os.nice(FOLLOWER_NICENESS)  # the ranks started at normal priority; on a small machine they come first
         with Store.open(RunLayout(run_dir).store) as store:
             follow_until_exit(Collector(run_dir, store, warn=warn), training)
             if training.returncode:

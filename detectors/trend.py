@@ -24,8 +24,8 @@ GAUSSIAN_UPPER_Q995 = 2.5758
 """The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
 TAIL_SLACK = 1.1
 FIRST_TAIL_ZS = 100
-MIN_TAIL_ZS = 1000
-EARLY_TAIL = 1.5
+MIN_TAIL_ZS = 800
+EARLY_TAIL = 2.0
 MIN_FORECAST_ERRORS = 40
 """Forecast errors seen before a score counts: early curvature must have had its say in sigma."""
 
