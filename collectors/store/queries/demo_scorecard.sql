@@ -1,5 +1,6 @@
 -- bedside demo: each injected fault against the findings of the kind it should produce
--- (args.expected_kind) that start within its window, widened by a margin (change-point detectors date onsets back).
+-- (args.expected_kind) that start within its window widened by a margin (change-point detectors date
+-- onsets back); the delay is to the first finding from the fault on, else to the latest before it.
 WITH matched AS (
     SELECT f.step, f.fault, CAST(f.target_ranks AS VARCHAR) AS target_ranks, d.kind, d.start_step
     FROM fault_labels f
@@ -10,7 +11,7 @@ WITH matched AS (
                                AND coalesce(TRY_CAST(f.args ->> 'last' AS BIGINT), f.step) + $margin
 )
 SELECT step, fault, target_ranks, string_agg(DISTINCT kind, ',' ORDER BY kind) AS found_as,
-       min(start_step) - step AS delay_steps
+       coalesce(min(start_step) FILTER (WHERE start_step >= step - 2), max(start_step)) - step AS delay_steps
 FROM matched
 GROUP BY step, fault, target_ranks
 ORDER BY step;
