@@ -52,19 +52,18 @@ def detect_run(run_dir: Path) -> list[Finding]:
         store = Store.open(layout.store)
     except StoreLockedError:
         warn("the store is held by another process: detecting over the raw telemetry, findings not saved")
-        view = open_for_reading(run_dir)
-        return _detect(view.store, persist=False)
+        with open_for_reading(run_dir).store as memory:
+            return _detect(memory, persist=False)
     with store:
         Collector(layout.root, store, warn=warn).ingest_available()
         return _detect(store, persist=True)
 
 
 def _detect(store: Store, *, persist: bool) -> list[Finding]:
-    with store:
-        detection = StoreDetection(store, persist=persist)
-        detection.update()
-        detection.finish()
-        return detection.runner.ordered()
+    detection = StoreDetection(store, persist=persist)
+    detection.update()
+    detection.finish()
+    return detection.runner.ordered()
 
 
 def _table(findings: list[Finding]) -> pd.DataFrame:

@@ -122,7 +122,6 @@ class Collector:
         self._con = store.connection()
         self._sources = {s.path: s for s in self._load_sources()}
         self._run_info_stamp: tuple[int, int] | None = None
-        self._cut_short = False
         self.world_size: int | None = None
 
     def ingest_available(
@@ -163,7 +162,7 @@ class Collector:
         (out of memory, disk full, ...), nothing of the pass is committed: StoreError.
         """
         run_info = self._changed_run_info()
-        reads = self._read_sources(self._file_sizes() if limits is None else limits)
+        reads, cut_short = self._read_sources(self._file_sizes() if limits is None else limits)
         chunks = [r.chunk for r in reads if r.chunk is not None]
         table, rejected = lines_table(chunks)
         try:
@@ -182,7 +181,7 @@ class Collector:
             rejected=len(rejected),
             bytes=sum(len(c.data) for c in chunks),
             incidents=[r.incident for r in reads if r.incident],
-            backlog=self._cut_short or any(r.cut for r in reads),
+            backlog=cut_short or any(r.cut for r in reads),
         )
 
     def _commit(self, run_info: RunInfo | None, staged: bool, reads: list[_Read], rejected: list[Rejection]) -> None:
@@ -208,18 +207,18 @@ class Collector:
             for r in rows
         ]
 
-    def _read_sources(self, limits: dict[Path, int]) -> list[_Read]:
+    def _read_sources(self, limits: dict[Path, int]) -> tuple[list[_Read], bool]:
+        """What each file holds up to its limit, within the pass's byte budget; and whether the budget ran
+        out before every file was read."""
         reads, budget = [], self.batch_bytes
-        self._cut_short = False
         for path, limit in limits.items():
             if budget <= 0:
-                self._cut_short = True  # files left unread this pass
-                break
+                return reads, True
             read = self._read_source(path, limit, budget)
             if read is not None:
                 reads.append(read)
                 budget -= len(read.chunk.data) if read.chunk else 0
-        return reads
+        return reads, False
 
     def _source_for(self, path: Path) -> Source:
         key = self.layout.relative(path)

@@ -67,7 +67,6 @@ class BadShardDetector(Detector):
     """Shards whose batches are consistently worse than the trend."""
 
     name = "bad_shard"
-    kinds = ("bad_shard",)
 
     def __init__(self, *, t_alarm: float = 5.0, min_batches: int = 3, high_z: float = 3.0, clip: float = 8.0,
                  horizon: int = 500, clear_after: int = 10) -> None:

@@ -19,7 +19,6 @@ class Detector(ABC):
     """
 
     name: ClassVar[str]
-    kinds: ClassVar[tuple[str, ...]]
 
     def __init__(self) -> None:
         self.run = RunState()

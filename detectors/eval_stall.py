@@ -14,6 +14,7 @@ is flat or rising while the training loss keeps falling (the job memorises what 
 """
 from __future__ import annotations
 
+import bisect
 import math
 import warnings
 from dataclasses import dataclass, field, replace
@@ -43,7 +44,6 @@ class EvalStallDetector(Detector):
     """Held-out eval that stopped improving against the compute spent."""
 
     name = "eval_stall"
-    kinds = ("eval_stall",)
 
     def __init__(self, *, min_evals: int = 6, band_z: float = 3.0, min_rel_sigma: float = 0.001,
                  patience: int = 2, trend_evals: int = 5, train_drop: float = 0.02) -> None:
@@ -68,11 +68,16 @@ class EvalStallDetector(Detector):
         return out
 
     def _take_train_loss(self, batch: TelemetryBatch) -> None:
+        """Each timeline's finite training losses, kept in step order: a step written again (a restart
+        resumed from an earlier checkpoint) replaces what followed it."""
         steps = batch.steps
         for timeline, group in steps.groupby("timeline", sort=True) if len(steps) else ():
             keep = np.isfinite(group["loss"].to_numpy(dtype=float, na_value=np.nan))
-            self._train.setdefault(int(timeline), []).extend(
-                zip(group["step"].to_numpy(int)[keep], group["loss"].to_numpy(float)[keep]))
+            losses = self._train.setdefault(int(timeline), [])
+            for step, loss in zip(group["step"].to_numpy(int)[keep], group["loss"].to_numpy(float)[keep]):
+                if losses and step <= losses[-1][0]:
+                    del losses[bisect.bisect_left(losses, (step, -math.inf)):]
+                losses.append((int(step), float(loss)))
 
     def _observe(self, timeline: int, split: str, name: str, step: int, compute: float,
                  value: float) -> Finding | None:
@@ -135,7 +140,9 @@ class EvalStallDetector(Detector):
             return False
         evals = np.array([r[2] for r in recent])
         first_step = recent[0][0]
-        train = [(s, v) for s, v in self._train.get(timeline, []) if first_step <= s <= step]
+        losses = self._train.get(timeline, [])  # in step order: bisect rather than scan the whole run
+        train = losses[bisect.bisect_left(losses, (first_step, -math.inf)):
+                       bisect.bisect_right(losses, (step, math.inf))]
         if len(train) < 2 * self.trend_evals:
             return False
         bins = np.array_split(np.array([v for _, v in train]), self.trend_evals)

@@ -124,7 +124,6 @@ class HangDetector(Detector):
     """Ranks that stop stepping, or go silent, while others go on; silent jobs on ``tick``."""
 
     name = "hang"
-    kinds = ("hang",)
 
     def __init__(self, *, min_seconds: float = 60.0, factor: float = 5.0, quantile: float = 0.99,
                  pause_factor: float = 2.0, first_pause_s: float = 600.0) -> None:

@@ -112,7 +112,6 @@ class NonFiniteDetector(Detector):
     """NaN or Inf in ``loss``, ``grad_norm``, ``lr`` or any rank's timings and local gradient norm."""
 
     name = "nonfinite"
-    kinds = ("nonfinite",)
 
     def __init__(self, *, lag: int = 20) -> None:
         super().__init__()

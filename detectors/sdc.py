@@ -158,7 +158,6 @@ class SdcDetector(Detector):
     """Silent data corruption: replica checksum mismatches and one-rank local gradient norm outliers."""
 
     name = "sdc"
-    kinds = ("sdc",)
 
     def __init__(self, *, false_alarms_per_step: float = 1e-5, half_life: int = 1000, warmup: int = 400,
                  min_ratio_log2: float = 1.0, gap: int = 100, lag: int = 20) -> None:
@@ -196,9 +195,9 @@ class SdcDetector(Detector):
         checked = np.zeros(len(matrix), bool) if matrix.checksums is None else ~pd.isna(matrix.checksums).all(axis=1)
         for i in range(len(matrix)):
             timeline, step = int(matrix.timelines[i]), int(matrix.steps[i])
-            touched = self._new_timeline(timeline)
-            if timeline != self._split_timeline():
+            if timeline != self._timeline:
                 changed.update((f.finding_id, f) for f in self._end_splits())
+            touched = self._new_timeline(timeline)
             if checked[i]:
                 vote = majority_vote(matrix.checksums[i], self._replica_groups(matrix.ranks))
                 touched += self._check(step, matrix.ranks, vote)
@@ -263,10 +262,8 @@ class SdcDetector(Detector):
                        "with no majority to name the corrupt one", {"checksums": checksums, "hardware_suspect": True,
                                                                      "majority": None}, action, True, self.name)
 
-    def _split_timeline(self) -> int | None:
-        return next(iter(self._splits.values())).timeline if self._splits else self._timeline
-
     def _end_splits(self) -> list[Finding]:
+        """A rewind started a new timeline: the splits on the old one are over."""
         ended = [replace(f, active=False) for f in self._splits.values()]
         self._splits, self._unanimous = {}, set()
         return ended

@@ -25,20 +25,27 @@ from .trend import RobustTrend, Score
 
 @dataclass
 class _Episode:
-    """A spike in progress."""
+    """A spike in progress: where it began, against what baseline and bar, and its peak so far."""
 
-    finding: Finding
+    timeline: int
+    start: int
     baseline: float
+    threshold: float
+    tail: float
+    sigma: float
     peak_z: float
     peak_value: float
-    peak_step: int
     last_high: int
     below: int = 0
+
+    def __post_init__(self) -> None:
+        self.peak_step = self.start
 
 
 class SpikeDetector(Detector):
     """Spikes of one job-level step metric (see the module docstring)."""
 
+    kind: str
     metric: str
     label: str
 
@@ -51,6 +58,7 @@ class SpikeDetector(Detector):
         self.diverge_steps, self.critical_ratio = diverge_steps, critical_ratio
         self.trend = RobustTrend(window=window, min_points=min_points)
         self._episode: _Episode | None = None
+        self._diverged: Finding | None = None  # active until a rewind leaves its timeline
         self._timeline: int | None = None
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
@@ -79,16 +87,18 @@ class SpikeDetector(Detector):
         return self._follow(step, value, y, score)
 
     def _switch_timeline(self, timeline: int, step: int) -> Finding | None:
-        """A rewind: the episode on the abandoned branch ends there."""
+        """A rewind: the spike or divergence on the abandoned branch ends there."""
         if timeline == self._timeline:
             return None
         self._timeline = timeline
         self.trend.on_timeline(timeline, step)
         episode, self._episode = self._episode, None
-        if episode is None:
+        ended = self._diverged or (self._finding(episode, active=True) if episode else None)
+        self._diverged = None
+        if ended is None:
             return None
-        evidence = {**episode.finding.evidence, "ended_by": f"rewind to step {step} on timeline {timeline}"}
-        return replace(episode.finding, active=False, evidence=evidence)
+        return replace(ended, active=False,
+                       evidence={**ended.evidence, "ended_by": f"rewind to step {step} on timeline {timeline}"})
 
     def _maybe_open(self, timeline: int, step: int, value: float, y: float, score: Score) -> Finding | None:
         threshold = self.z_alarm * score.tail
@@ -97,12 +107,9 @@ class SpikeDetector(Detector):
         if score.z < threshold:
             self.trend.admit(step, y, score)
             return None
-        baseline = math.exp(score.predicted)
-        episode = _Episode(finding=None, baseline=baseline, peak_z=score.z, peak_value=value,  # type: ignore[arg-type]
-                           peak_step=step, last_high=step)
-        episode.finding = self._finding(episode, timeline, step, score, active=True)
-        self._episode = episode
-        return episode.finding
+        self._episode = _Episode(timeline, step, math.exp(score.predicted), threshold, score.tail, score.sigma,
+                                 score.z, value, step)
+        return self._finding(self._episode, active=True)
 
     def _follow(self, step: int, value: float, y: float, score: Score) -> Finding | None:
         ep = self._episode
@@ -112,57 +119,46 @@ class SpikeDetector(Detector):
             grew = score.z > ep.peak_z
             if grew:
                 ep.peak_z, ep.peak_value, ep.peak_step = score.z, value, step
-            if step - ep.finding.start_step >= self.diverge_steps:
-                return self._diverged(ep, step, score)
-            if grew:
-                ep.finding = self._finding(ep, ep.finding.timeline, ep.finding.start_step, score, active=True)
-                return ep.finding
-            return None
+            if step - ep.start >= self.diverge_steps:
+                return self._diverge(ep, step)
+            return self._finding(ep, active=True) if grew else None
         ep.below += 1
         self.trend.admit(step, y, None)
         if ep.below < self.recover_steps:
             return None
         self._episode = None
-        return replace(self._finding(ep, ep.finding.timeline, ep.finding.start_step, score, active=False),
-                       evidence={**self._evidence(ep, score), "recovered_at_step": step})
+        return self._finding(ep, active=False, recovered_at=step)
 
-    def _diverged(self, ep: _Episode, step: int, score: Score) -> Finding:
+    def _diverge(self, ep: _Episode, step: int) -> Finding:
         """No recovery within ``diverge_steps``: critical, and the baseline restarts on the new level."""
         self._episode = None
         self.trend.restart()
-        finding = self._finding(ep, ep.finding.timeline, ep.finding.start_step, score, active=True,
-                                diverged_at=step)
-        return finding
+        self._diverged = self._finding(ep, active=True, diverged_at=step)
+        return self._diverged
 
-    def _finding(self, ep: _Episode, timeline: int, start: int, score: Score, *, active: bool,
-                 diverged_at: int | None = None) -> Finding:
+    def _finding(self, ep: _Episode, *, active: bool, diverged_at: int | None = None,
+                 recovered_at: int | None = None) -> Finding:
         ratio = ep.peak_value / ep.baseline
-        critical = diverged_at is not None or ratio >= self.critical_ratio
-        evidence = self._evidence(ep, score)
-        if diverged_at is not None:
-            evidence["diverged_at_step"] = diverged_at
-        return Finding(
-            kind=self.kind, severity=Severity.CRITICAL if critical else Severity.WARNING, timeline=timeline,
-            start_step=start, end_step=diverged_at or ep.last_high, ranks=(), score=round(ep.peak_z, 3),
-            summary=self._summary(ep, start, diverged_at), evidence=evidence,
-            suggested_action=self._action(timeline, start, active, diverged_at is not None),
-            active=active, detector=self.name)
-
-    def _evidence(self, ep: _Episode, score: Score) -> dict:
-        return {
-            "metric": self.metric, "onset_step": ep.finding.start_step if ep.finding else ep.peak_step,
-            "peak_step": ep.peak_step, "peak_value": ep.peak_value, "baseline_value": ep.baseline,
-            "ratio_to_baseline": ep.peak_value / ep.baseline, "peak_z": ep.peak_z,
-            "threshold_z": self.z_alarm * score.tail, "tail_factor": score.tail, "sigma_log": score.sigma,
+        evidence = {
+            "metric": self.metric, "onset_step": ep.start, "peak_step": ep.peak_step, "peak_value": ep.peak_value,
+            "baseline_value": ep.baseline, "ratio_to_baseline": ratio, "peak_z": ep.peak_z,
+            "threshold_z": ep.threshold, "tail_factor": ep.tail, "sigma_log": ep.sigma,
             "last_elevated_step": ep.last_high,
         }
-
-    def _summary(self, ep: _Episode, start: int, diverged_at: int | None) -> str:
-        ratio = ep.peak_value / ep.baseline
-        what = (f"{self.label} diverged: no recovery in {diverged_at - start} steps" if diverged_at is not None
+        if diverged_at is not None:
+            evidence["diverged_at_step"] = diverged_at
+        if recovered_at is not None:
+            evidence["recovered_at_step"] = recovered_at
+        what = (f"{self.label} diverged: no recovery in {diverged_at - ep.start} steps" if diverged_at is not None
                 else f"{self.label} spiked")
-        return (f"{what} from step {start}: peak {ep.peak_value:.4g} at step {ep.peak_step}, "
-                f"{ratio:.2f}x the trend ({ep.peak_z:.1f} robust sigma)")
+        return Finding(
+            kind=self.kind, severity=Severity.CRITICAL if diverged_at is not None or ratio >= self.critical_ratio
+            else Severity.WARNING, timeline=ep.timeline, start_step=ep.start, end_step=diverged_at or ep.last_high,
+            ranks=(), score=round(ep.peak_z, 3),
+            summary=(f"{what} from step {ep.start}: peak {ep.peak_value:.4g} at step {ep.peak_step}, "
+                     f"{ratio:.2f}x the trend ({ep.peak_z:.1f} robust sigma)"),
+            evidence=evidence, suggested_action=self._action(ep.timeline, ep.start, active, diverged_at is not None),
+            active=active, detector=self.name)
 
     def _action(self, timeline: int, start: int, active: bool, diverged: bool) -> SuggestedAction:
         target = self.run.checkpoint_before(timeline, start)
@@ -178,9 +174,7 @@ class SpikeDetector(Detector):
 class LossSpikeDetector(SpikeDetector):
     """Spikes and divergence of the training loss."""
 
-    name = "loss_spike"
-    kinds = ("loss_spike",)
-    kind = "loss_spike"
+    name = kind = "loss_spike"
     metric = "loss"
     label = "loss"
 
@@ -189,8 +183,6 @@ class LossSpikeDetector(SpikeDetector):
 class GradSpikeDetector(SpikeDetector):
     """Spikes of the global gradient norm (often a few steps ahead of the loss)."""
 
-    name = "grad_spike"
-    kinds = ("grad_spike",)
-    kind = "grad_spike"
+    name = kind = "grad_spike"
     metric = "grad_norm"
     label = "gradient norm"

@@ -120,7 +120,6 @@ class StragglerDetector(Detector):
     """Persistently slow ranks and nodes from per-rank phase times (see the module docstring)."""
 
     name = "straggler"
-    kinds = ("straggler",)
 
     def __init__(self, *, k: float = 0.25, false_alarm_steps: float = 1e6, clear_h: float = 8.0,
                  warmup_steps: int = 100,

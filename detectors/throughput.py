@@ -52,7 +52,6 @@ class ThroughputDetector(Detector):
     """Sustained drops of tokens per second against a rolling robust baseline (see the module docstring)."""
 
     name = "throughput"
-    kinds = ("throughput_drop",)
 
     def __init__(self, *, window: int = 50, baseline_steps: int = 500, min_drop: float = 0.10, z: float = 4.0,
                  warmup_steps: int = 100, lag: int = 20) -> None:

@@ -206,6 +206,16 @@ def test_a_rewind_ends_the_open_episode_on_the_abandoned_branch() -> None:
     assert "recovered_at_step" not in finding.evidence
 
 
+def test_a_rewind_ends_a_divergence_on_the_abandoned_branch() -> None:
+    first = clean_run("gaussian", 900, seed=4)
+    first.loc[first["step"] >= 700, "loss"] *= 1.5  # diverged at step 750, still high at 900
+    branch = clean_run("gaussian", 400, seed=2, first_step=651, timeline=1)
+    branch["time"] += 1e4
+    [finding] = detect("loss", pd.concat([first, branch], ignore_index=True)).values()
+    assert (finding.timeline, finding.start_step, finding.evidence["diverged_at_step"]) == (0, 700, 750)
+    assert not finding.active and "rewind to step 651 on timeline 1" in finding.evidence["ended_by"]
+
+
 # -- bad values and batching ----------------------------------------------------------------------------------
 
 def test_nonfinite_and_nonpositive_values_are_skipped() -> None:
