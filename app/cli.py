@@ -2,23 +2,22 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from bedside.collectors.errors import BedsideError
-from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
+from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S
 from bedside.collectors.importers import import_csv, import_jsonl
-from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector, PassResult
+from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DEFAULT_QUERY_TIMEOUT_S, Store
 
-from . import action, demo, detect, simulate, train
+from . import action, alert, demo, detect, simulate, train, watch
 from .detect import LiveDetection
 from .output import FORMATS, Progress, integer_in, positive_seconds, print_frame, warn
+from .watch import follow_until_stopped
 
 MAX_BATCH_MB = 1024
 
@@ -36,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(commands)
     detect.add_parser(commands)
     simulate.add_parser(commands)
+    watch.add_parser(commands)
+    alert.add_parser(commands)
     return parser
 
 
@@ -99,35 +100,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
     with Store.open(layout.store) as store:
         collector = Collector(layout.root, store, batch_bytes=args.batch_mb << 20, warn=warn)
         if args.follow:
-            _follow(collector, progress, args)
+            live = LiveDetection(store, quiet=args.quiet) if args.detect else None
+            follow_until_stopped(collector, progress, live, rescan_every_s=args.rescan_every,
+                                 until_finished=args.until_finished)
         else:
             collector.ingest_available(on_pass=progress.update)
-        progress.report("done:")
+            progress.report("done:")
     return 0
-
-
-def _follow(collector: Collector, progress: Progress, args: argparse.Namespace) -> None:
-    """Follow the run, detecting as it goes, until SIGINT or SIGTERM (or, with --until-finished, its end)."""
-    stop = threading.Event()
-    live = LiveDetection(collector.store, quiet=args.quiet) if args.detect else None
-
-    def on_pass(result: PassResult) -> None:
-        progress.update(result)
-        if live:
-            live.update(result)
-
-    follower = Follower(collector, rescan_every_s=args.rescan_every, on_pass=on_pass,
-                        on_idle=live.tick if live else (lambda: None), warn=warn)
-
-    def request_stop(signum: int, frame: object) -> None:
-        stop.set()
-        follower.wake()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    follower.run(stop, until_finished=args.until_finished)
-    if live and follower.run_ended():
-        live.finish()
 
 
 def cmd_import(args: argparse.Namespace) -> int:

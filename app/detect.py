@@ -13,6 +13,7 @@ from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import open_for_reading
 from bedside.collectors.store import Store
+from bedside.detectors.alerts.router import AlertRouter
 from bedside.detectors.finding import Finding
 from bedside.detectors.session import StoreDetection
 
@@ -75,10 +76,13 @@ def _table(findings: list[Finding]) -> pd.DataFrame:
 
 
 class LiveDetection:
-    """Detection inside a following collector: after each batch, and on quiet wake-ups; prints what changes."""
+    """Detection inside a following collector: after each batch, and on quiet wake-ups; prints what changes.
 
-    def __init__(self, store: Store, *, quiet: bool = False) -> None:
-        self.detection = StoreDetection(store)
+    With an alert router, each change's messages go to the outbox with it.
+    """
+
+    def __init__(self, store: Store, *, quiet: bool = False, alerts: AlertRouter | None = None) -> None:
+        self.detection = StoreDetection(store, alerts=alerts)
         self.quiet = quiet
 
     def update(self, result: PassResult) -> None:

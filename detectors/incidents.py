@@ -65,6 +65,10 @@ class IncidentBook:
                 touched.append(incident_id)
         return [self.describe(i) for i in touched]
 
+    def incident_ids(self) -> list[str]:
+        """Every incident the book holds, oldest first."""
+        return list(self._members)
+
     def incident_of(self, finding: Finding) -> str:
         return self._incident_of[finding.finding_id]
 

@@ -4,31 +4,38 @@ The same object serves batch mode (``bedside detect``: one ``update`` then ``fin
 and streaming (the collector calls ``update`` after each ingested batch and ``tick``
 while the run is quiet). A new process replays the store from its first row, so
 detector state is rebuilt exactly, and upserts what it finds: stored findings keep
-their first-seen time, incidents their id and acknowledgement.
+their first-seen time, incidents their id and acknowledgement. With an alert router,
+the messages each change calls for are written in the same transaction.
 """
 from __future__ import annotations
 
 import time
 
+from bedside.collectors.errors import BedsideError
 from bedside.collectors.store import Store
 
+from .alerts.router import AlertRouter, OutboxWrite
 from .detector import Detector
 from .feed import StoreFeed
 from .finding import Finding
 from .incidents import Incident
 from .runner import DetectorRunner
-from .sink import load_book, save
+from .sink import load_book, save, save_acknowledgement
 
 
 class StoreDetection:
     """Detectors kept up to date with one store; ``persist`` False only reads (a store held elsewhere)."""
 
-    def __init__(self, store: Store, detectors: list[Detector] | None = None, *, persist: bool = True) -> None:
+    def __init__(self, store: Store, detectors: list[Detector] | None = None, *, persist: bool = True,
+                 alerts: AlertRouter | None = None) -> None:
         self.store = store
         self.persist = persist and not store.read_only
+        if alerts and not self.persist:
+            raise BedsideError("alerts need the store's owner: this detection only reads the store")
         self.feed = StoreFeed(store)
         self.runner = DetectorRunner(detectors)
         self.book = load_book(store)
+        self.alerts = alerts
 
     def update(self, *, caught_up: bool = True) -> list[Finding]:
         """Feed what was ingested since the last call; the findings opened or changed.
@@ -40,22 +47,51 @@ class StoreDetection:
         self.runner.run.world_size = self.feed.world_size()
         self.runner.run.topology = self.feed.topology()
         batch = self.feed.next_batch()
-        return self._record(self.runner.update(batch) if len(batch) else [])
+        changed = self._record(self.runner.update(batch) if len(batch) else [])
+        if self.alerts:
+            self._send(self.alerts.tick(time.time()))
+        return changed
 
     def finish(self) -> list[Finding]:
         """The run's data is complete (batch mode or an ended run)."""
         return self._record(self.runner.finish())
 
     def tick(self, now: float | None = None) -> list[Finding]:
-        """Let wall-clock time pass (a live run that went quiet)."""
-        return self._record(self.runner.tick(time.time() if now is None else now))
+        """Let wall-clock time pass (a live run that went quiet); digests whose window passed are written."""
+        now = time.time() if now is None else now
+        changed = self._record(self.runner.tick(now), now)
+        if self.alerts:
+            self._send(self.alerts.tick(now))
+        return changed
+
+    def acknowledge(self, incident_id: str, by: str, note: str = "", now: float | None = None) -> None:
+        """Someone took an incident on: recorded, and announced to the notifiers that were told of it."""
+        if incident_id not in self.book.incident_ids():
+            raise BedsideError(f"no incident {incident_id!r} in this run")
+        if not by.strip():
+            raise BedsideError("an acknowledgement needs the name of who takes the incident on")
+        now = time.time() if now is None else now
+        incident = self.book.describe(incident_id)
+        outbox = self.alerts.acknowledge(incident, by, note, now) if self.alerts else OutboxWrite()
+        save_acknowledgement(self.store, incident_id, by, note, outbox, now)
+        if self.alerts:
+            self.alerts.committed()
 
     def incidents(self) -> list[Incident]:
         return [self.book.describe(i) for i in dict.fromkeys(self.book.incident_of(f) for f in self.runner.ordered())]
 
-    def _record(self, changed: list[Finding]) -> list[Finding]:
+    def _record(self, changed: list[Finding], now: float | None = None) -> list[Finding]:
         if changed:
+            now = time.time() if now is None else now
             incidents = self.book.add(changed)
+            outbox = self.alerts.route(incidents, {f.finding_id for f in changed}, now) if self.alerts else None
             if self.persist:
-                save(self.store, self.book, changed, incidents)
+                save(self.store, self.book, changed, incidents, outbox, now)
+            if outbox:
+                self.alerts.committed()
         return changed
+
+    def _send(self, outbox: OutboxWrite) -> None:
+        if outbox:
+            self.store.write_named(outbox.writes())
+            self.alerts.committed()

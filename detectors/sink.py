@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from bedside.collectors.store import Store
 
+from .alerts.router import OutboxWrite
 from .finding import Finding, json_safe
 from .incidents import Incident, IncidentBook
 
@@ -19,15 +20,26 @@ def load_book(store: Store) -> IncidentBook:
     return IncidentBook(dict(zip(rows["finding_id"], rows["incident_id"])))
 
 
-def save(store: Store, book: IncidentBook, findings: list[Finding], incidents: list[Incident]) -> None:
-    """Upsert changed findings and incidents in one transaction (first_seen and acks are kept)."""
-    if not findings and not incidents:
+def save(store: Store, book: IncidentBook, findings: list[Finding], incidents: list[Incident],
+         outbox: OutboxWrite | None = None, now: float | None = None) -> None:
+    """Upsert changed findings and incidents, with the alert messages they call for, in one transaction.
+
+    Stored findings keep their first_seen, incidents their acknowledgement.
+    """
+    outbox = outbox or OutboxWrite()
+    if not findings and not incidents and not outbox:
         return
-    now = time.time()
+    now = time.time() if now is None else now
     store.write_named([
         ("upsert_findings", {"new_findings": _findings_table(book, findings, now)}),
         ("upsert_incidents", {"new_incidents": _incidents_table(incidents, now)}),
-    ])
+    ] + outbox.writes())
+
+
+def save_acknowledgement(store: Store, incident_id: str, by: str, note: str, outbox: OutboxWrite, now: float) -> None:
+    """Record who acknowledged an incident and why, with the messages announcing it, in one transaction."""
+    ack = pa.Table.from_pylist([{"incident_id": incident_id, "by": by, "note": note, "at": now}], schema=_ACK_SCHEMA)
+    store.write_named([("acknowledge_incident", {"ack": ack})] + outbox.writes())
 
 
 def _findings_table(book: IncidentBook, findings: list[Finding], now: float) -> pa.Table:
@@ -56,6 +68,8 @@ _FINDINGS_SCHEMA = pa.schema([
     ("score", pa.float64()), ("summary", pa.string()), ("evidence", pa.string()), ("suggested_action", pa.string()),
     ("active", pa.bool_()), ("incident_id", pa.string()), ("now", pa.float64()),
 ])
+_ACK_SCHEMA = pa.schema([("incident_id", pa.string()), ("by", pa.string()), ("note", pa.string()),
+                         ("at", pa.float64())])
 _INCIDENTS_SCHEMA = pa.schema([
     ("incident_id", pa.string()), ("title", pa.string()), ("severity", pa.string()), ("resolved", pa.bool_()),
     ("cause", pa.string()), ("timeline", pa.int32()), ("start_step", pa.int64()), ("end_step", pa.int64()),

@@ -147,6 +147,13 @@ class Store:
                     for table_name in tables:
                         con.unregister(table_name)
 
+    def execute_named(self, name: str, params: dict[str, Any]) -> None:
+        """Run the named write query with its parameters on a cursor of the calling thread (its own transaction).
+
+        For threads other than the writer's (the alert sender), which touch rows the writer does not.
+        """
+        self.cursor().execute(sql(name), params)
+
     def run_user_query(self, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> pd.DataFrame:
         """Run a user's read-only SQL (one SELECT) with a time limit; errors name the problem.
 

@@ -1,0 +1,85 @@
+"""``bedside watch``: the headless owner of a run's store (collector, detectors and notifiers), and the
+follow loop that ``bedside collect --follow`` shares with it."""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
+from bedside.collectors.ingest import Collector, PassResult
+from bedside.collectors.layout import RunLayout, require_run_dir
+from bedside.collectors.store import Store
+from bedside.detectors.alerts.router import AlertRouter
+from bedside.detectors.alerts.sender import OutboxSender
+
+from .alert import alert_settings
+from .detect import LiveDetection
+from .output import Progress, positive_seconds, warn
+
+DEFAULT_DRAIN_S = 10.0
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register ``bedside watch``."""
+    p = commands.add_parser("watch", help="follow a run headless: ingest, detect and alert (no dashboard)",
+                            description="Own RUN's store: follow its telemetry, run the detectors after every batch "
+                                        "and send each incident to the notifiers of bedside.toml (docs/alerts.md). "
+                                        "Without a configuration, incidents go to the log (stderr).")
+    p.add_argument("run", type=Path, help="run directory")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="alert configuration (default: bedside.toml in RUN, else in the directory holding RUN)")
+    p.add_argument("--until-finished", action="store_true",
+                   help="exit once every rank has written run_end and all is ingested and detected")
+    p.add_argument("--rescan-every", type=positive_seconds, default=DEFAULT_RESCAN_EVERY_S, metavar="S",
+                   help=f"seconds (> 0) between safety-net rescans (default {DEFAULT_RESCAN_EVERY_S:g})")
+    p.add_argument("--drain", type=positive_seconds, default=DEFAULT_DRAIN_S, metavar="S",
+                   help=f"on exit, keep delivering pending alerts for up to S seconds (default {DEFAULT_DRAIN_S:g}); "
+                        "what is left is delivered when watch next runs")
+    p.add_argument("--quiet", action="store_true", help="no progress output and no finding lines")
+    p.set_defaults(handler=cmd_watch)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Follow, detect and alert until SIGINT or SIGTERM (or, with --until-finished, the run's end)."""
+    layout = RunLayout(require_run_dir(args.run))
+    settings = alert_settings(args.config, layout.root, default_log=True)
+    with Store.open(layout.store) as store:
+        sender = OutboxSender(store, settings, warn=warn)
+        live = LiveDetection(store, quiet=args.quiet, alerts=AlertRouter(store, settings, on_commit=sender.wake))
+        sender.start()
+        try:
+            follow_until_stopped(Collector(layout.root, store, warn=warn), Progress(quiet=args.quiet), live,
+                                 rescan_every_s=args.rescan_every, until_finished=args.until_finished)
+        finally:
+            left = sender.close(drain_s=args.drain)
+        if left:
+            warn(f"{left} alert message{'s are' if left > 1 else ' is'} still pending: delivered when bedside "
+                 f"watch or serve next runs on {layout.root}")
+    return 0
+
+
+def follow_until_stopped(collector: Collector, progress: Progress, live: LiveDetection | None, *,
+                         rescan_every_s: float, until_finished: bool) -> None:
+    """Follow the run, detecting as it goes, until SIGINT or SIGTERM (or, when asked, the run's end)."""
+    stop = threading.Event()
+
+    def on_pass(result: PassResult) -> None:
+        progress.update(result)
+        if live:
+            live.update(result)
+
+    follower = Follower(collector, rescan_every_s=rescan_every_s, on_pass=on_pass,
+                        on_idle=live.tick if live else (lambda: None), warn=warn)
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+        follower.wake()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    follower.run(stop, until_finished=until_finished)
+    if live and follower.run_ended():
+        live.finish()
+    progress.report("done:")

@@ -1,0 +1,1 @@
+SELECT run_id, name FROM run_info LIMIT 1;

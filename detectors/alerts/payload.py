@@ -1,0 +1,128 @@
+"""The alert payload, version 1: what every notifier is given and what a generic webhook receives.
+
+Its JSON Schema is ``alert.schema.json`` (docs/alerts.md). Slack and Discord messages
+are rendered from it, so the outbox keeps one form of each message.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from ..finding import Finding, json_safe
+from ..incidents import Incident
+
+PAYLOAD_SCHEMA = "bedside.alert/1"
+EVENT_WORDS = {
+    "opened": "New incident", "escalated": "Severity rose", "reopened": "Reopened", "resolved": "Resolved",
+    "acknowledged": "Acknowledged", "digest": "Digest", "test": "Test message",
+}
+"""Every event a message can announce, and how a message names it."""
+KEY_EVIDENCE = 8
+"""How many scalar evidence values a message shows."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The run a message is about."""
+
+    run_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    by: str
+    note: str
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the payload."""
+    return json.loads(resources.files(__package__).joinpath("alert.schema.json").read_text())
+
+
+def incident_payload(message_id: str, event: str, run: RunRef, incident: Incident, *, notifier: str,
+                     ack: Acknowledgement | None, dashboard_url: str, now: float) -> dict[str, Any]:
+    """An incident's message: what happened, where, the key evidence and what to do."""
+    status = "resolved" if incident.resolved else "acknowledged" if ack else "open"
+    body = {
+        "id": incident.incident_id, "title": incident.title, "status": status,
+        "severity": incident.severity.value, "cause": incident.cause, "timeline": incident.timeline,
+        "start_step": incident.start_step, "end_step": incident.end_step, "kinds": list(incident.kinds),
+        "ranks": list(incident.ranks), "findings": len(incident.findings), "summary": incident.summary,
+        "suggested_action": incident.suggested_action.to_json(),
+        "evidence": key_evidence(_worst(incident.findings)),
+        "acknowledged_by": ack.by if ack else None, "ack_note": ack.note if ack else None,
+        "url": incident_url(dashboard_url, run, incident.incident_id),
+    }
+    return _envelope(message_id, event, run, notifier, now, incident.severity.value, incident=json_safe(body))
+
+
+def digest_payload(message_id: str, run: RunRef, *, notifier: str, severity: str, findings: int, since: float,
+                   held: list[dict[str, Any]], dashboard_url: str, now: float, listed: int = 10) -> dict[str, Any]:
+    """What a flood held back: how many findings since ``since``, and the incidents whose messages waited."""
+    digest = {
+        "findings": findings, "since": _iso(since), "window_s": round(now - since, 3),
+        "held_messages": len(held), "incidents": held[:listed], "more_incidents": max(0, len(held) - listed),
+        "url": incident_url(dashboard_url, run, None),
+    }
+    return _envelope(message_id, "digest", run, notifier, now, severity, digest=digest)
+
+
+def test_payload(message_id: str, run: RunRef, *, notifier: str, now: float) -> dict[str, Any]:
+    """A message that only proves the path works."""
+    return _envelope(message_id, "test", run, notifier, now, "info")
+
+
+def _envelope(message_id: str, event: str, run: RunRef, notifier: str, now: float, severity: str,
+              incident: dict | None = None, digest: dict | None = None) -> dict[str, Any]:
+    return {
+        "schema": PAYLOAD_SCHEMA, "id": message_id, "event": event, "severity": severity,
+        "created_at": _iso(now), "notifier": notifier, "run": {"id": run.run_id, "name": run.name},
+        "incident": incident, "digest": digest, "text": headline(event, run, severity, incident, digest),
+    }
+
+
+def headline(event: str, run: RunRef, severity: str, incident: dict | None, digest: dict | None) -> str:
+    """The message in one line (chat notification text, log line)."""
+    if incident:
+        steps = f"steps {incident['start_step']}-{incident['end_step']}, timeline {incident['timeline']}"
+        status = "" if event in ("resolved", "acknowledged") or incident["status"] == "open" else f", {incident['status']}"
+        return (f"[{severity.upper()}] {run.name}: {EVENT_WORDS[event]}: {incident['title']} ({steps}{status}): "
+                f"{incident['summary']}")
+    if digest:
+        minutes = max(1, round(digest["window_s"] / 60))
+        return (f"[{severity.upper()}] {run.name}: {digest['findings']} more finding"
+                f"{'' if digest['findings'] == 1 else 's'} in the last {minutes} minute{'' if minutes == 1 else 's'}"
+                f" ({digest['held_messages']} message{'' if digest['held_messages'] == 1 else 's'} held back)")
+    return f"[TEST] {run.name}: bedside can reach this notifier"
+
+
+def incident_url(dashboard_url: str, run: RunRef, incident_id: str | None) -> str | None:
+    """The dashboard's incidents page (on one incident), or None without a configured dashboard URL."""
+    if not dashboard_url:
+        return None
+    query = {"run": run.name} | ({"incident": incident_id} if incident_id else {})
+    return f"{dashboard_url}/incidents?{urlencode(query, quote_via=quote)}"
+
+
+def key_evidence(finding: Finding) -> dict[str, Any]:
+    """The worst finding's scalar evidence (numbers, short strings), at most ``KEY_EVIDENCE`` of them."""
+    picked = {}
+    for name, value in json_safe(finding.evidence).items():
+        if isinstance(value, (int, float, bool)) or (isinstance(value, str) and len(value) <= 80):
+            picked[name] = round(value, 4) if isinstance(value, float) else value
+        if len(picked) == KEY_EVIDENCE:
+            break
+    return picked
+
+
+def _worst(findings: tuple[Finding, ...]) -> Finding:
+    return max(findings, key=lambda f: (f.severity.level, f.score))
+
+
+def _iso(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds % 1 * 1000):03d}Z"

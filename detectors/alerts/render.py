@@ -1,0 +1,128 @@
+"""Chat messages rendered from an alert payload: Slack Block Kit and Discord embeds, within each one's limits."""
+from __future__ import annotations
+
+from typing import Any
+
+from .payload import EVENT_WORDS
+
+SEVERITY_MARK = {"info": "🔵", "warning": "🟠", "critical": "🔴"}
+DISCORD_COLOR = {"info": 0x3B82F6, "warning": 0xF59E0B, "critical": 0xDC2626}
+RESOLVED_MARK, RESOLVED_COLOR = "✅", 0x16A34A
+SLACK_HEADER_MAX, SLACK_TEXT_MAX, SLACK_FIELD_MAX = 150, 3000, 2000
+DISCORD_TITLE_MAX, DISCORD_DESCRIPTION_MAX, DISCORD_FIELD_MAX = 256, 4096, 1024
+
+
+def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
+    """An incoming-webhook message: ``text`` for notifications, ``blocks`` for the channel."""
+    blocks: list[dict[str, Any]] = [{"type": "header", "text": _plain(_title(payload), SLACK_HEADER_MAX)}]
+    for line in _body(payload):
+        blocks.append({"type": "section", "text": _mrkdwn(_escape(line))})
+    fields = [f"*{name}*\n{_escape(value)}" for name, value in _facts(payload)]
+    if fields:
+        blocks.append({"type": "section", "fields": [_mrkdwn(f, SLACK_FIELD_MAX) for f in fields[:10]]})
+    evidence = _evidence_line(payload)
+    if evidence:
+        blocks.append({"type": "context", "elements": [_mrkdwn(_escape(evidence))]})
+    url = _url(payload)
+    if url:
+        blocks.append({"type": "actions", "elements": [{
+            "type": "button", "text": _plain("Open in dashboard", 75), "url": url, "action_id": "open_incident"}]})
+    return {"text": _clip(payload["text"], SLACK_TEXT_MAX), "blocks": blocks}
+
+
+def discord_message(payload: dict[str, Any]) -> dict[str, Any]:
+    """A webhook message with one embed; mentions disabled so that a summary can never ping anyone."""
+    embed: dict[str, Any] = {
+        "title": _clip(_title(payload), DISCORD_TITLE_MAX),
+        "description": _clip("\n\n".join(_body(payload)), DISCORD_DESCRIPTION_MAX),
+        "color": _color(payload),
+        "fields": [{"name": name, "value": _clip(value, DISCORD_FIELD_MAX), "inline": len(value) < 40}
+                   for name, value in _facts(payload)],
+        "footer": {"text": f"bedside · {payload['id']}"},
+        "timestamp": payload["created_at"],
+    }
+    evidence = _evidence_line(payload)
+    if evidence:
+        embed["fields"].append({"name": "Evidence", "value": _clip(evidence, DISCORD_FIELD_MAX), "inline": False})
+    url = _url(payload)
+    if url:
+        embed["url"] = url
+    return {"username": "bedside", "allowed_mentions": {"parse": []}, "embeds": [embed]}
+
+
+def _title(payload: dict[str, Any]) -> str:
+    incident = payload["incident"]
+    resolved = incident is not None and incident["status"] == "resolved"
+    mark = RESOLVED_MARK if resolved else SEVERITY_MARK[payload["severity"]]
+    subject = incident["title"] if incident else payload["run"]["name"] or "bedside"
+    return f"{mark} {EVENT_WORDS[payload['event']]}: {subject}"
+
+
+def _body(payload: dict[str, Any]) -> list[str]:
+    """The summary and the suggested action (incidents), or what was held back (digests)."""
+    incident, digest = payload["incident"], payload["digest"]
+    if incident:
+        lines = [incident["summary"]]
+        action = incident["suggested_action"]
+        if action["action"] != "none":
+            args = ", ".join(f"{k}={v}" for k, v in action["args"].items())
+            lines.append(f"Suggested action: {action['action']}" + (f" ({args})" if args else "")
+                         + (f": {action['why']}" if action["why"] else ""))
+        if incident["acknowledged_by"]:
+            note = f": {incident['ack_note']}" if incident["ack_note"] else ""
+            lines.append(f"Acknowledged by {incident['acknowledged_by']}{note}")
+        return lines
+    if digest:
+        held = [f"{i['severity']} {i['event']}: {i['title']} ({i['status']})" for i in digest["incidents"]]
+        more = [f"and {digest['more_incidents']} more"] if digest["more_incidents"] else []
+        return [payload["text"]] + (["\n".join(held + more)] if held else [])
+    return [payload["text"]]
+
+
+def _facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    incident = payload["incident"]
+    run = payload["run"]["name"] or payload["run"]["id"] or "?"
+    if not incident:
+        return [("Run", run)]
+    ranks = ", ".join(map(str, incident["ranks"][:16])) + (" …" if len(incident["ranks"]) > 16 else "")
+    return [
+        ("Severity", incident["severity"]), ("Status", incident["status"]), ("Run", run),
+        ("Steps", f"{incident['start_step']}–{incident['end_step']} (timeline {incident['timeline']})"),
+        ("Ranks", ranks or "job-wide"), ("Findings", str(incident["findings"])), ("Cause", incident["cause"]),
+    ]
+
+
+def _evidence_line(payload: dict[str, Any]) -> str:
+    incident = payload["incident"]
+    if not incident or not incident["evidence"]:
+        return ""
+    return " · ".join(f"{name}={value}" for name, value in incident["evidence"].items())
+
+
+def _url(payload: dict[str, Any]) -> str | None:
+    part = payload["incident"] or payload["digest"]
+    return part["url"] if part else None
+
+
+def _color(payload: dict[str, Any]) -> int:
+    incident = payload["incident"]
+    if incident and incident["status"] == "resolved":
+        return RESOLVED_COLOR
+    return DISCORD_COLOR[payload["severity"]]
+
+
+def _plain(text: str, limit: int) -> dict[str, Any]:
+    return {"type": "plain_text", "text": _clip(text, limit), "emoji": True}
+
+
+def _mrkdwn(text: str, limit: int = SLACK_TEXT_MAX) -> dict[str, Any]:
+    return {"type": "mrkdwn", "text": _clip(text, limit)}
+
+
+def _escape(text: str) -> str:
+    """Slack's three control characters, escaped so that data cannot form links or mentions."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
