@@ -17,13 +17,19 @@ from bedside.collectors.follow import Follower
 from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
+from bedside.detectors.alerts.config import AlertSettings
+from bedside.detectors.alerts.router import AlertRouter
+from bedside.detectors.alerts.sender import OutboxSender
 
 from . import train
+from .alert import alert_settings
 from .detect import LiveDetection
 from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
 
 
+ALERT_DRAIN_S = 15.0
+"""How long the demo waits, once training ends, for its alert messages to be delivered."""
 FOLLOWER_NICENESS = 10
 """How far this process (collector and detectors) steps back for the training ranks: on a two-core
 machine it would otherwise slow one rank enough to be seen as a straggler."""
@@ -41,6 +47,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=integer_in(2, 8), default=2, metavar="N", help="ranks, 2 to 8 (default 2)")
     p.add_argument("--crash-rank", type=integer_in(0), metavar="R",
                    help="also make rank R crash halfway through (the demo then fails and says so)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="alert configuration: send the demo's incidents to its notifiers (default: bedside.toml in "
+                        "--out, if there is one; docs/alerts.md)")
     p.set_defaults(handler=cmd_demo)
 
 
@@ -50,29 +59,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise BedsideError(f"--crash-rank {args.crash_rank} is not one of the {args.nproc} ranks")
     faults = DemoFaults(args.steps, crash_rank=args.crash_rank)
     run_dir = args.out / time.strftime("run-%Y%m%d-%H%M%S")
+    settings = alert_settings(args.config, run_dir)
     run_dir.mkdir(parents=True)
     print(f"training tiny_cpu on {args.nproc} ranks for {args.steps} steps into {run_dir}; injecting:\n  "
           + "\n  ".join(faults.specs()), file=sys.stderr)
     with _start_training(run_dir, args.nproc, args.steps, faults.specs()) as training:
         os.nice(FOLLOWER_NICENESS)  # the ranks started at normal priority; on a small machine they come first
         with Store.open(RunLayout(run_dir).store) as store:
-            follow_until_exit(Collector(run_dir, store, warn=warn), training)
+            follow_until_exit(Collector(run_dir, store, warn=warn), training, settings)
             if training.returncode:
                 raise BedsideError(f"training exited with code {training.returncode}; what the run wrote is in "
                                    f'its store, see: {_command_name()} query {run_dir} "SELECT * FROM run"')
-            for title, name, params in summary_queries(faults):
+            for title, name, params in summary_queries(faults, alerts=bool(settings.notifiers)):
                 print(f"\n== {title}")
                 print_frame(store.fetch_named(name, params), "table")
     print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
     return 0
 
 
-def summary_queries(faults: DemoFaults) -> list[tuple[str, str, dict[str, Any]]]:
+def summary_queries(faults: DemoFaults, *, alerts: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
     """(title, named query, parameters) of what the demo prints, aimed at each injected fault."""
     first, last = faults.straggler_window
+    sent = [("alert messages and their delivery", "demo_alerts", {})] if alerts else []
     return [
         ("run", "demo_run", {}),
         ("incidents the detectors opened (bedside detect RUN lists every finding)", "demo_incidents", {}),
+        *sent,
         ("each injected fault and the findings that caught it", "demo_scorecard", {"margin": 12}),
         ("held-out loss against compute (above_floor: nats above the language's entropy)", "demo_evals", {}),
         (f"bad data shard from step {faults.bad_shard_step}: the loss jumps", "demo_loss_spike",
@@ -99,10 +111,24 @@ def _start_training(run_dir: Path, nproc: int, steps: int, specs: list[str]) -> 
                             stderr=subprocess.PIPE, text=True)
 
 
-def follow_until_exit(collector: Collector, training: subprocess.Popen) -> None:
-    """Follow the run, detecting as it goes, until it ends or the training process exits; then the rest."""
+def follow_until_exit(collector: Collector, training: subprocess.Popen, settings: AlertSettings) -> None:
+    """Follow the run, detecting and alerting as it goes, until it ends or the training process exits;
+    then ingest the rest and give the alerts time to be delivered."""
     progress = Progress()
-    live = LiveDetection(collector.store)
+    sender = OutboxSender(collector.store, settings, warn=warn)
+    router = AlertRouter(collector.store, settings, on_commit=sender.wake) if settings.notifiers else None
+    live = LiveDetection(collector.store, alerts=router)
+    sender.start()
+    try:
+        _follow(collector, training, live, progress)
+    finally:
+        left = sender.close(drain_s=ALERT_DRAIN_S)
+    if left:
+        warn(f"{left} alert message{'s' if left > 1 else ''} not delivered; see: {_command_name()} query "
+             f"{collector.layout.root} \"SELECT * FROM alerts\"")
+
+
+def _follow(collector: Collector, training: subprocess.Popen, live: LiveDetection, progress: Progress) -> None:
     stop = threading.Event()
 
     def on_pass(result: PassResult) -> None:

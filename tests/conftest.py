@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import pytest
+from receiver import Receiver
 
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
@@ -83,8 +85,11 @@ def _cli(*args: str | Path) -> list[str]:
 def bedside() -> Callable[..., subprocess.CompletedProcess]:
     """Run the real ``bedside`` CLI in a new process and wait for it (text output captured)."""
 
-    def run(*args: str | Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-        return subprocess.run(_cli(*args), capture_output=True, text=True, timeout=timeout)
+    def run(*args: str | Path, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+        """``env`` adds to (or overrides) this process's environment."""
+        return subprocess.run(_cli(*args), capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **env} if env else None)
 
     return run
 
@@ -123,3 +128,11 @@ def read_records() -> Callable[[Path], list[dict]]:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
     return read
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real HTTP receiver on 127.0.0.1 (tests/receiver.py), closed after the test."""
+    server = Receiver()
+    yield server
+    server.close()

@@ -1,10 +1,15 @@
 """``bedside demo`` as a user runs it: the real trainer under torchrun, a live follower, the summary."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
+from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from receiver import Receiver
 
 from bedside.app.fault_plan import DemoFaults
 
@@ -21,9 +26,28 @@ def sections(out: str) -> dict[str, list[str]]:
     return found
 
 
+SECRET = "demo-signing-secret"
+
+
 @pytest.fixture(scope="module")
-def demo_output(tmp_path_factory, bedside) -> str:
-    done = bedside("demo", "--out", tmp_path_factory.mktemp("demo"), "--steps", STEPS, timeout=DEMO_TIMEOUT_S)
+def hook() -> Iterator[Receiver]:
+    """The webhook receiver the demo's bedside.toml points at."""
+    server = Receiver()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def demo_output(tmp_path_factory, bedside, hook: Receiver) -> str:
+    out = tmp_path_factory.mktemp("demo")
+    (out / "bedside.toml").write_text(f'''
+[notifiers.hook]
+type = "webhook"
+url = "{hook.url}/alerts"
+secret = "${{DEMO_SECRET}}"
+min_severity = "info"
+''')
+    done = bedside("demo", "--out", out, "--steps", STEPS, timeout=DEMO_TIMEOUT_S, env={"DEMO_SECRET": SECRET})
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -80,3 +104,16 @@ def test_demo_options_out_of_range_are_refused_before_anything_runs(tmp_path: Pa
 def test_the_fault_plan_refuses_a_run_too_short_for_it() -> None:
     with pytest.raises(ValueError, match="at least 40 steps"):
         DemoFaults(20)
+
+
+def test_the_demo_posts_each_incident_to_the_configured_webhook_once(demo_output: str, hook: Receiver) -> None:
+    incidents = section(demo_output, "incidents the detectors opened")[1:]
+    delivered = hook.delivered("/alerts")
+    opened = [r.json()["incident"]["id"] for r in delivered if r.json()["event"] == "opened"]
+    assert sorted(opened) == sorted(set(opened)) and len(opened) == len(incidents) >= 1
+    assert Counter(r.key for r in delivered).most_common(1)[0][1] == 1
+    for request in delivered:
+        expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
+        assert request.headers["X-Bedside-Signature-256"] == expected
+    sent = section(demo_output, "alert messages and their delivery")[1:]
+    assert len(sent) == len(delivered) and all("delivered" in line for line in sent)

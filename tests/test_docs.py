@@ -72,15 +72,16 @@ def test_the_collector_takes_enums_and_canonical_metrics_from_format_py() -> Non
     assert [value for value in values if f"'{value}'" in text] == []
 
 
-def cli_options() -> list[tuple[str, str]]:
-    """(command, option or positional) for every sub-command of the CLI."""
+def cli_options(parser: argparse.ArgumentParser | None = None, prefix: str = "") -> list[tuple[str, str]]:
+    """(command, option or positional) for every sub-command of the CLI, nested ones as "alert test"."""
     found = []
-    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    for command, parser in subparsers.choices.items():
-        for action in parser._actions:
-            if isinstance(action, argparse._HelpAction):
-                continue
-            found.append((command, action.option_strings[0] if action.option_strings else action.dest))
+    subparsers = next(a for a in (parser or build_parser())._actions if isinstance(a, argparse._SubParsersAction))
+    for command, sub in subparsers.choices.items():
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += cli_options(sub, f"{prefix}{command} ")
+            elif not isinstance(action, argparse._HelpAction):
+                found.append((prefix + command, action.option_strings[0] if action.option_strings else action.dest))
     return found
 
 
