@@ -14,7 +14,7 @@ from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DEFAULT_QUERY_TIMEOUT_S, Store
 
-from . import action, alert, demo, detect, simulate, train, watch
+from . import action, alert, demo, detect, serve, simulate, train, watch
 from .detect import LiveDetection
 from .output import FORMATS, Progress, integer_in, positive_seconds, print_frame, warn
 from .watch import follow_until_stopped
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(commands)
     watch.add_parser(commands)
     alert.add_parser(commands)
+    serve.add_parser(commands)
     return parser
 
 

@@ -85,17 +85,18 @@ class LiveDetection:
         self.detection = StoreDetection(store, alerts=alerts)
         self.quiet = quiet
 
-    def update(self, result: PassResult) -> None:
-        """After an ingest pass (whose backlog says whether ranks' files are level yet)."""
-        self._say(self.detection.update(caught_up=not result.backlog))
+    def update(self, result: PassResult) -> list[Finding]:
+        """After an ingest pass (whose backlog says whether ranks' files are level yet); the findings changed."""
+        return self._say(self.detection.update(caught_up=not result.backlog))
 
-    def tick(self) -> None:
-        self._say(self.detection.tick())
+    def tick(self) -> list[Finding]:
+        return self._say(self.detection.tick())
 
-    def finish(self) -> None:
-        self._say(self.detection.finish())
+    def finish(self) -> list[Finding]:
+        return self._say(self.detection.finish())
 
-    def _say(self, changed: list[Finding]) -> None:
+    def _say(self, changed: list[Finding]) -> list[Finding]:
         for finding in [] if self.quiet else changed:
             state = "open" if finding.active else "cleared"
             print(f"[{finding.severity.value}] {finding.kind} ({state}): {finding.summary}", file=sys.stderr)
+        return changed

@@ -118,13 +118,11 @@ class EvalStallDetector(Detector):
             return None, 0.0
         c = np.array([p[1] for p in series.points])
         v = np.array([p[2] for p in series.points])
-        params = _fit_power_law(c, v)
-        if params is None:
+        forecast = forecast_evals(c, v, np.array([compute]), min_rel_sigma=self.min_rel_sigma)
+        if forecast is None:
             return None, 0.0
-        residuals = np.log(v) - np.log(_power_law(c, *params))
-        spread = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
-        sigma = max(spread * math.sqrt(len(v) / (len(v) - 3)), self.min_rel_sigma)  # three fitted parameters
-        return float(_power_law(np.array([compute]), *params)[0]), sigma
+        center, sigma = forecast
+        return float(center[0]), sigma
 
     def _still_improving(self, evals: list[tuple], sigma: float) -> bool:
         """The last ``trend_evals`` evals (step, compute, value, ...) fall, by more than the band, first to last."""
@@ -188,6 +186,22 @@ def _compute(row: object) -> float:
         if value is not None and not (isinstance(value, float) and math.isnan(value)) and value > 0:
             return float(value)
     return float("nan")
+
+
+def forecast_evals(compute: np.ndarray, values: np.ndarray, at: np.ndarray, *, min_rel_sigma: float = 0.001
+                   ) -> tuple[np.ndarray, float] | None:
+    """The saturating power law through (compute, values), evaluated at ``at``, and its relative sigma.
+
+    The band the detector holds evals to is ``center * exp(±band_z * sigma)``; None when
+    the fit fails. The dashboard draws the same band.
+    """
+    params = _fit_power_law(compute, values)
+    if params is None:
+        return None
+    residuals = np.log(values) - np.log(_power_law(compute, *params))
+    spread = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
+    sigma = max(spread * math.sqrt(len(values) / max(len(values) - 3, 1)), min_rel_sigma)  # three fitted parameters
+    return _power_law(at, *params), sigma
 
 
 def _power_law(c: np.ndarray, e: float, a: float, alpha: float, c0: float) -> np.ndarray:

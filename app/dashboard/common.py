@@ -1,0 +1,92 @@
+"""What every page shares: the run being looked at, the operator's unlock, and small formatting helpers."""
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+import streamlit as st
+
+from bedside.collectors.errors import BedsideError
+
+from .data import RunData
+from .registry import Desk, desk
+
+STATUS_LABELS = {"live": "live", "stalled": "stalled", "finished": "finished", "failed": "crashed",
+                 "aborted": "aborted", "empty": "empty"}
+SEVERITY_MARKS = {"critical": ":red[●]", "warning": ":orange[●]", "info": ":blue[●]"}
+
+
+def current_run() -> RunData:
+    """The run chosen in the sidebar (or by the ``run`` query parameter of a link), with its data layer."""
+    try:
+        served = desk()
+    except BedsideError as exc:
+        st.error(str(exc))
+        st.stop()
+    runs = served.runs()
+    if not runs:
+        st.error(f"no runs in {served.target}")
+        st.stop()
+    names = [r.name for r in runs]
+    wanted = st.query_params.get("run")
+    if wanted in names and "run" not in st.session_state:
+        st.session_state["run"] = wanted
+    name = st.sidebar.selectbox("Run", names, key="run")
+    data = served.data(runs[names.index(name)])
+    if data.note:
+        st.sidebar.warning(data.note)
+    operator_panel(served)
+    return data
+
+
+def operator_panel(served: Desk) -> None:
+    """Unlock actions with the operator token; the operator's name goes with every action."""
+    with st.sidebar.expander("Operator", expanded=not is_operator()):
+        if not served.operator_token:
+            st.caption("Read-only: no operator token is configured (set BEDSIDE_OPERATOR_TOKEN for bedside serve).")
+            return
+        if is_operator():
+            st.caption(f"Acting as **{st.session_state['operator']}**.")
+            if st.button("Lock", key="lock"):
+                del st.session_state["operator"]
+                st.rerun()
+            return
+        name = st.text_input("Your name", key="operator_name")
+        token = st.text_input("Operator token", type="password", key="operator_token")
+        if st.button("Unlock actions", key="unlock"):
+            if not name.strip():
+                st.error("Enter your name: it is recorded with every action.")
+            elif served.can_act(token):
+                st.session_state["operator"] = name.strip()
+                st.rerun()
+            else:
+                st.error("Wrong token.")
+
+
+def is_operator() -> bool:
+    return bool(st.session_state.get("operator"))
+
+
+def age(seconds: float | None) -> str:
+    """A duration in words: 42 s, 5 min, 3.2 h, 2.1 d."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "–"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}" if unit != "min" else f"{seconds / size:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def since(timestamp: float | None) -> str:
+    return age(None if timestamp is None or pd.isna(timestamp) else time.time() - timestamp)
+
+
+def number(value: float | None, unit: str = "") -> str:
+    """A large number with an SI prefix: 1.36e11 -> 136 G."""
+    if value is None or pd.isna(value):
+        return "–"
+    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".strip()

@@ -1,0 +1,109 @@
+"""The dashboard's one data layer: named queries of a run (SQL in ``collectors/store/queries/dash_*.sql``),
+cached per store version, and the few writes an operator can make (actions, acknowledgements).
+
+A run is read through its owner's store in this process. When another process holds
+the store (``bedside watch``), it is rebuilt read-only from the raw telemetry each
+refresh, without findings (those live in the owner's store).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bedside.collectors.control import request_action
+from bedside.collectors.errors import BedsideError
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.query import ReadView, open_for_reading
+from bedside.collectors.store import Store
+
+from ..owner import RunOwner
+from . import audit
+
+CACHED_VERSIONS = 1
+
+
+class RunData:
+    """One run as the pages see it."""
+
+    def __init__(self, run_dir: Path, owner: RunOwner | None, *, refresh_s: float, refused: str = "") -> None:
+        self.run_dir = run_dir
+        self.layout = RunLayout(run_dir)
+        self.owner = owner
+        self.refresh_s = refresh_s
+        self.note = "" if owner else ("Read-only: another process holds this run's store (bedside watch?). Telemetry "
+                                      "is read from the raw files; findings, incidents and acknowledgements are in "
+                                      "that process.")
+        self.refused = refused
+        self.timings: dict[str, float] = {}
+        self._cache: dict[tuple, pd.DataFrame] = {}
+        self._view: tuple[int, ReadView] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    def title(self) -> str:
+        """The run's name from run.json, else its folder's."""
+        run = self.frame("run")
+        return str(run["name"].iloc[0]) if not run.empty and run["name"].notna().iloc[0] else self.name
+
+    @property
+    def can_write(self) -> bool:
+        """Acknowledgements need the store's owner; control requests only the run directory."""
+        return self.owner is not None
+
+    def version(self) -> int:
+        """Changes whenever the store may have: the owner's counter, else the refresh period."""
+        return self.owner.version if self.owner else int(time.time() // self.refresh_s)
+
+    def store(self) -> Store:
+        if self.owner:
+            return self.owner.store
+        version = self.version()
+        if self._view is None or self._view[0] != version:
+            if self._view:
+                self._view[1].store.close()
+            self._view = (version, open_for_reading(self.run_dir))
+        return self._view[1].store
+
+    def frame(self, query: str, /, **params: Any) -> pd.DataFrame:
+        """The named query ``dash_<query>`` with its parameters, cached until the store changes."""
+        key = (query, tuple(sorted(params.items())), self.version())
+        if key not in self._cache:
+            started = time.perf_counter()
+            self._cache[key] = self.store().fetch_named(f"dash_{query}", params)
+            self.timings[query] = time.perf_counter() - started
+            self._forget_old(key[2])
+        return self._cache[key]
+
+    def user_query(self, sql: str, timeout_s: float = 10.0) -> pd.DataFrame:
+        """A read-only SELECT (QueryError names the problem)."""
+        return self.store().run_user_query(sql, timeout_s)
+
+    def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str,
+                incident_id: str | None) -> str:
+        """File a control request for the trainer and record it in the audit trail; its request id."""
+        try:
+            request_id = request_action(self.layout, action, args, operator=operator, reason=reason)
+        except ValueError as exc:
+            raise BedsideError(str(exc)) from exc
+        audit.record(self.layout, operator=operator, what=action, reason=reason, incident_id=incident_id,
+                     request_id=request_id, args=args)
+        return request_id
+
+    def acknowledge(self, incident_id: str, *, operator: str, note: str) -> None:
+        """Take an incident on: stored, announced to the notifiers, and in the audit trail."""
+        if not self.owner:
+            raise BedsideError("acknowledging needs the store, which another process holds: use that process")
+        self.owner.acknowledge(incident_id, operator, note)
+        audit.record(self.layout, operator=operator, what="acknowledge", reason=note, incident_id=incident_id)
+
+    def audit_trail(self) -> tuple[pd.DataFrame, int]:
+        return audit.read(self.layout)
+
+    def _forget_old(self, version: int) -> None:
+        for key in [k for k in self._cache if k[2] < version - CACHED_VERSIONS + 1]:
+            del self._cache[key]

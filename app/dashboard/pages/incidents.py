@@ -1,0 +1,132 @@
+"""Incidents: what happened, the evidence, and a safe, recorded action on the live job."""
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+import streamlit as st
+
+from bedside.app.dashboard import figures
+from bedside.app.dashboard.actions import ACTION_LABELS, prefilled_args, request_status
+from bedside.app.dashboard.common import SEVERITY_MARKS, age, current_run, is_operator
+from bedside.collectors.errors import BedsideError
+
+WINDOW_MARGIN = 30
+
+data = current_run()
+st.title(f"{data.name}: incidents")
+
+
+@st.fragment(run_every=data.refresh_s)
+def incident_list() -> None:
+    incidents = data.frame("incidents")
+    if incidents.empty:
+        st.success("No incidents.")
+        return
+    now = time.time()
+    shown = pd.DataFrame({
+        "severity": incidents["severity"],
+        "status": incidents["status"], "title": incidents["title"],
+        "steps": incidents["start_step"].astype(str) + "-" + incidents["end_step"].astype(str),
+        "timeline": incidents["timeline"], "age": incidents["opened_at"].map(lambda t: age(now - t)),
+        "findings": incidents["findings"], "id": incidents["incident_id"],
+    })
+    st.dataframe(shown, hide_index=True, key="incident_table")
+
+
+incident_list()
+incidents = data.frame("incidents")
+if incidents.empty:
+    st.stop()
+
+ids = incidents["incident_id"].tolist()
+linked = st.query_params.get("incident")
+if linked in ids and "incident" not in st.session_state:
+    st.session_state["incident"] = linked
+chosen = st.selectbox("Incident", ids, key="incident",
+                      format_func=lambda i: f"{i}: {incidents.set_index('incident_id').loc[i, 'title']}")
+incident = incidents.set_index("incident_id").loc[chosen]
+suggestion = json.loads(incident["suggested_action"])
+
+st.subheader(f"{SEVERITY_MARKS.get(incident['severity'], '')} {incident['title']} ({incident['status']})")
+st.markdown(f"{incident['summary']}  \n**Cause:** {incident['cause']}  \n"
+            f"**Suggested action:** `{suggestion['action']}` {json.dumps(suggestion['args'])} {suggestion['why']}")
+if incident["acknowledged_by"]:
+    st.caption(f"Acknowledged by {incident['acknowledged_by']}: {incident['ack_note'] or ''}")
+
+first = int(incident["start_step"]) - WINDOW_MARGIN
+last = int(incident["end_step"]) + WINDOW_MARGIN
+ranks = data.frame("window_ranks", timeline=int(incident["timeline"]), first=first, last=last) \
+    if len(incident["ranks"]) else pd.DataFrame()
+st.plotly_chart(figures.incident_window(
+    data.frame("window_steps", timeline=int(incident["timeline"]), first=first, last=last), ranks,
+    int(incident["start_step"]), int(incident["end_step"])), key="incident_evidence")
+with st.expander("Findings", expanded=False):
+    st.dataframe(data.frame("incident_findings", incident_id=chosen), hide_index=True, key="incident_findings")
+
+st.subheader("Act")
+if not is_operator():
+    st.info("Actions are locked: enter your name and the operator token in the sidebar.")
+else:
+    operator = st.session_state["operator"]
+    with st.form("acknowledge", clear_on_submit=True):
+        note = st.text_input("Acknowledgement note", key="ack_note")
+        if st.form_submit_button("Acknowledge", disabled=not data.can_write or incident["status"] == "resolved"):
+            try:
+                data.acknowledge(chosen, operator=operator, note=note)
+                st.success(f"Acknowledged by {operator}.")
+            except BedsideError as exc:
+                st.error(str(exc))
+    actions = list(ACTION_LABELS)
+    default = actions.index(suggestion["action"]) if suggestion["action"] in actions else 0
+    action = st.selectbox("Action", actions, index=default, format_func=ACTION_LABELS.get, key="action")
+    args = prefilled_args(action, suggestion, incident, data.frame("checkpoints"))
+    edited = {name: st.number_input(name, min_value=0, value=int(value), step=1, key=f"arg_{name}")
+              for name, value in args.items()}
+    reason = st.text_input("Reason (required, recorded with the request)", key="reason")
+    pending = st.session_state.get("confirming")
+    if st.button("Review request", key="review"):
+        if not reason.strip():
+            st.error("A reason is required.")
+        else:
+            st.session_state["confirming"] = {"action": action, "args": edited, "reason": reason.strip()}
+            st.rerun()
+    if pending:
+        st.warning(f"{operator} asks the trainer to **{pending['action']}** {json.dumps(pending['args'])}: "
+                   f"{pending['reason']}")
+        confirm, cancel = st.columns(2)
+        if confirm.button(f"Confirm {pending['action']}", type="primary", key="confirm"):
+            try:
+                request_id = data.request(pending["action"], pending["args"], operator=operator,
+                                          reason=pending["reason"], incident_id=chosen)
+                st.session_state.setdefault("requests", []).append(request_id)
+                st.success(f"Request {request_id} filed.")
+            except BedsideError as exc:
+                st.error(str(exc))
+            del st.session_state["confirming"]
+        if cancel.button("Cancel", key="cancel"):
+            del st.session_state["confirming"]
+            st.rerun()
+
+
+@st.fragment(run_every=data.refresh_s)
+def requests() -> None:
+    trail, unreadable = data.audit_trail()
+    filed = trail[trail["request_id"].notna() & (trail["incident_id"] == chosen)]
+    if filed.empty:
+        return
+    st.subheader("Requests for this incident")
+    statuses = data.frame("actions")
+    for entry in filed.itertuples():
+        st.markdown(f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
+                    f"{request_status(entry.request_id, statuses, data.layout)}")
+
+
+requests()
+
+st.subheader("Audit trail")
+trail, unreadable = data.audit_trail()
+if unreadable:
+    st.warning(f"{unreadable} line(s) of the audit trail could not be read")
+st.dataframe(trail, hide_index=True, key="audit_trail")

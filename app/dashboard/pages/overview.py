@@ -1,0 +1,48 @@
+"""Overview: is the run alive, is it learning for the compute spent, and what is open."""
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from bedside.app.dashboard import figures, summaries
+from bedside.app.dashboard.common import STATUS_LABELS, age, current_run, number
+
+data = current_run()
+st.title(data.title())
+
+
+@st.fragment(run_every=data.refresh_s)
+def overview() -> None:
+    t = summaries.tiles(data.frame("run"), data.frame("progress", window=50), data.frame("good_checkpoint"),
+                        data.frame("open_incidents"), time.time())
+    cols = st.columns(8)
+    cols[0].metric("Status", STATUS_LABELS.get(t.status, t.status))
+    cols[1].metric("Step", "–" if t.step is None else f"{t.step:,}", f"timeline {t.timeline}" if t.timeline else None,
+                   delta_color="off")
+    cols[2].metric("Tokens", number(t.tokens))
+    cols[3].metric("FLOPs spent", number(t.flops))
+    cols[4].metric("Tokens/s", number(t.tokens_per_s))
+    cols[5].metric("MFU", "–" if t.mfu is None else f"{t.mfu:.1%}",
+                   help="model FLOPs per second / (ranks x peak_flops_per_device of the run's config)")
+    cols[6].metric("Since good checkpoint", age(t.since_checkpoint_s))
+    cols[7].metric("Open incidents", sum(t.open_incidents.values()),
+                   ", ".join(f"{n} {s}" for s, n in sorted(t.open_incidents.items())) or None,
+                   delta_color="off")
+
+    evals = data.frame("evals")
+    metric = summaries.headline_metric(evals)
+    if metric:
+        band = summaries.forecast_band(evals, metric)
+        st.plotly_chart(figures.eval_vs_compute(evals, metric, band), key="eval_vs_compute")
+    else:
+        st.info("No held-out evals yet: eval versus compute appears with the first eval record.")
+    steps = data.frame("steps")
+    if steps.empty:
+        st.info("No training steps yet.")
+    else:
+        st.plotly_chart(figures.training_curves(steps, data.frame("incidents"), data.frame("actions")),
+                        key="training_curves")
+
+
+overview()

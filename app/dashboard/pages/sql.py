@@ -1,0 +1,33 @@
+"""SQL: a read-only console over the documented views (docs/schema.md)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from bedside.app.dashboard.common import current_run
+from bedside.collectors.errors import QueryError
+
+EXAMPLES = {
+    "open incidents": "SELECT severity, title, start_step, summary FROM incidents WHERE status <> 'resolved'",
+    "loss around a step": "SELECT step, loss, grad_norm, shards FROM step_metrics WHERE step BETWEEN 80 AND 100 ORDER BY step",
+    "slowest ranks": "SELECT rank, host, median(compute_time) AS compute_s FROM rank_step_metrics "
+                     "GROUP BY ALL ORDER BY compute_s DESC LIMIT 10",
+    "eval against compute": "SELECT step, cum_flops, name, value FROM eval_scores ORDER BY step",
+    "alerts sent": "SELECT notifier, event, incident_id, status, last_error FROM alerts",
+    "rejected lines": "SELECT path, line_offset, reason FROM rejected",
+}
+
+data = current_run()
+st.title(f"{data.name}: SQL")
+st.caption("One read-only SELECT over the views of docs/schema.md; files and the network are out of reach.")
+example = st.selectbox("Examples", list(EXAMPLES), key="example")
+query = st.text_area("SQL", EXAMPLES[example], height=120, key="sql")
+if st.button("Run", key="run_sql", type="primary"):
+    try:
+        result = data.user_query(query)
+    except QueryError as exc:
+        st.error(str(exc))
+    else:
+        st.caption(f"{len(result):,} rows")
+        st.dataframe(result, hide_index=True, key="sql_result")
+        st.download_button("Download CSV", result.to_csv(index=False), file_name=f"{data.name}.csv",
+                           mime="text/csv", key="sql_csv")

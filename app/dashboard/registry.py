@@ -1,0 +1,118 @@
+"""What the dashboard serves: the runs, their owners in this process, and who may act.
+
+``bedside serve`` sets the environment (the target, the configuration, live mode)
+before Streamlit starts; the dashboard reads it once per process. A run whose store
+another process holds (``bedside watch``) is shown read-only from its raw telemetry.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bedside.collectors.errors import BedsideError, StoreLockedError
+from bedside.collectors.layout import is_run_dir
+from bedside.collectors.runs import find_runs
+from bedside.detectors.alerts.config import AlertSettings
+
+from ..alert import alert_settings
+from ..output import warn
+from ..owner import RunOwner
+from .data import RunData
+
+TARGET_ENV = "BEDSIDE_DASHBOARD_TARGET"
+CONFIG_ENV = "BEDSIDE_DASHBOARD_CONFIG"
+LIVE_ENV = "BEDSIDE_DASHBOARD_LIVE"
+TOKEN_ENV = "BEDSIDE_OPERATOR_TOKEN"
+REFRESH_ENV = "BEDSIDE_DASHBOARD_REFRESH_S"
+DEFAULT_REFRESH_S = 5.0
+
+
+@dataclass
+class Desk:
+    """The runs one dashboard process serves, with an owner for each store it could take."""
+
+    target: Path
+    settings: AlertSettings
+    live: bool
+    operator_token: str
+    refresh_s: float = DEFAULT_REFRESH_S
+    owners: dict[Path, RunOwner] = field(default_factory=dict)
+    refused: dict[Path, str] = field(default_factory=dict)
+    views: dict[Path, RunData] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def runs(self) -> list[Path]:
+        """The run directories served: the target itself, or the runs in it, newest first."""
+        return sorted(find_runs(self.target), key=lambda p: p.stat().st_mtime, reverse=True)
+
+    def data(self, run_dir: Path) -> RunData:
+        """The run's data layer (one per run and process, shared by every browser session)."""
+        run_dir = run_dir.resolve()
+        owner = self.owner(run_dir)
+        with self._lock:
+            if run_dir not in self.views:
+                self.views[run_dir] = RunData(run_dir, owner, refresh_s=self.refresh_s,
+                                              refused=self.refused.get(run_dir, ""))
+            return self.views[run_dir]
+
+    def owner(self, run_dir: Path) -> RunOwner | None:
+        """The run's owner in this process, taking the store on first use; None when another process holds it."""
+        run_dir = run_dir.resolve()
+        with self._lock:
+            if run_dir in self.owners:
+                return self.owners[run_dir]
+            if run_dir in self.refused:
+                return None
+            try:
+                owner = RunOwner(run_dir, self.settings, warn=warn)
+            except StoreLockedError as exc:
+                self.refused[run_dir] = str(exc)
+                return None
+            owner.catch_up()
+            if self.live:
+                owner.start()
+            self.owners[run_dir] = owner
+            return owner
+
+    def can_act(self, token: str) -> bool:
+        """Whether ``token`` is the operator token (never, when none is configured)."""
+        return bool(self.operator_token) and hmac.compare_digest(token.encode(), self.operator_token.encode())
+
+    def close(self) -> None:
+        with self._lock:
+            for owner in self.owners.values():
+                owner.close()
+            self.owners.clear()
+
+
+_DESKS: dict[tuple[str, ...], Desk] = {}
+_DESKS_LOCK = threading.Lock()
+
+
+def desk() -> Desk:
+    """This process's desk, from the environment ``bedside serve`` (or a test) set."""
+    key = tuple(os.environ.get(name, "") for name in (TARGET_ENV, CONFIG_ENV, LIVE_ENV, TOKEN_ENV, REFRESH_ENV))
+    with _DESKS_LOCK:
+        if key not in _DESKS:
+            target, config, live, token, refresh = key
+            if not target:
+                raise BedsideError(f"no run to show: start the dashboard with bedside serve RUN (or set {TARGET_ENV})")
+            path = Path(target)
+            _DESKS[key] = Desk(target=path, settings=alert_settings(Path(config) if config else None,
+                                                                   path if is_run_dir(path) else None),
+                               live=live == "1", operator_token=token,
+                               refresh_s=float(refresh) if refresh else DEFAULT_REFRESH_S)
+        return _DESKS[key]
+
+
+def close_all() -> None:
+    """Close every owner (at server shutdown)."""
+    with _DESKS_LOCK:
+        for each in _DESKS.values():
+            each.close()
+        _DESKS.clear()

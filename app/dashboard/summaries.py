@@ -1,0 +1,106 @@
+"""What the pages compute from query results: tiles, the eval forecast band, rank slowdowns and
+checkpoint advice. Pure functions of DataFrames, so they are tested without Streamlit."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from bedside.detectors.checkpointing import CheckpointAdvice, advise
+from bedside.detectors.eval_stall import forecast_evals
+
+BAND_Z = 3.0
+MIN_EVALS_FOR_BAND = 6
+PREFERRED_METRICS = ("excess_loss", "loss", "perplexity")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The Overview's headline numbers (None where the run does not say)."""
+
+    status: str
+    step: int | None
+    timeline: int | None
+    tokens: float | None
+    flops: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    since_checkpoint_s: float | None
+    open_incidents: dict[str, int]
+
+
+def tiles(run: pd.DataFrame, progress: pd.DataFrame, checkpoint: pd.DataFrame, open_incidents: pd.DataFrame,
+          now: float) -> Tiles:
+    """Headline numbers from the ``run``, ``progress``, ``good_checkpoint`` and ``open_incidents`` queries."""
+    r = run.iloc[0] if not run.empty else None
+    p = progress.iloc[0] if not progress.empty else None
+    world = _value(r, "world_size")
+    peak = _value(r, "peak_flops_per_device")
+    flops_per_s = _value(p, "flops_per_s")
+    mfu = flops_per_s / (world * peak) if flops_per_s and world and peak else None
+    last_good = _value(checkpoint.iloc[0] if not checkpoint.empty else None, "checkpoint_time")
+    return Tiles(
+        status=str(_value(r, "status") or "empty"), step=_int(_value(p, "step")), timeline=_int(_value(p, "timeline")),
+        tokens=_value(p, "spent_tokens"), flops=_value(p, "spent_flops"), tokens_per_s=_value(p, "tokens_per_s"),
+        mfu=mfu, since_checkpoint_s=now - last_good if last_good else None,
+        open_incidents={str(s): int(n) for s, n in zip(open_incidents["severity"], open_incidents["incidents"])},
+    )
+
+
+def headline_metric(evals: pd.DataFrame) -> str | None:
+    """The held-out metric to lead with: excess loss (nats above the floor) when there is one, else loss."""
+    names = list(dict.fromkeys(evals["name"]))
+    return next((m for m in PREFERRED_METRICS if m in names), names[0] if names else None)
+
+
+def forecast_band(evals: pd.DataFrame, metric: str, points: int = 80) -> pd.DataFrame | None:
+    """The detectors' power-law forecast of ``metric`` against compute on the live timeline, ±3 sigma."""
+    series = evals[(evals["name"] == metric)].dropna(subset=["cum_flops", "value"])
+    series = series[(series["cum_flops"] > 0) & (series["value"] > 0)]
+    series = series.sort_values(["timeline"]).drop_duplicates("step", keep="last").sort_values("cum_flops")
+    if len(series) < MIN_EVALS_FOR_BAND:
+        return None
+    compute = series["cum_flops"].to_numpy(dtype=float)
+    grid = np.geomspace(compute[0], compute[-1] * 1.5, points)
+    fitted = forecast_evals(compute, series["value"].to_numpy(dtype=float), grid)
+    if fitted is None:
+        return None
+    center, sigma = fitted
+    spread = math.exp(BAND_Z * sigma)
+    return pd.DataFrame({"cum_flops": grid, "center": center, "low": center / spread, "high": center * spread})
+
+
+def slowdowns(phases: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's median compute and step time against the median rank (1.0 = typical), slowest first."""
+    table = phases.copy()
+    for column in ("compute_time", "step_time"):
+        typical = table[column].median()
+        table[f"{column.removesuffix('_time')}_slowdown"] = table[column] / typical if typical else np.nan
+    return table.sort_values("compute_slowdown", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def checkpoint_advice(checkpoints: pd.DataFrame, restarts: pd.DataFrame) -> CheckpointAdvice | None:
+    """Young/Daly advice from the measured save durations, the interval between saves and the restarts seen."""
+    saved = checkpoints.dropna(subset=["duration_s"])
+    span = restarts.iloc[0] if not restarts.empty else None
+    if saved.empty or span is None or pd.isna(span["started_at"]) or pd.isna(span["last_at"]):
+        return None
+    elapsed = float(span["last_at"] - span["started_at"])
+    if elapsed <= 0:
+        return None
+    starts = saved.sort_values("started_at")["started_at"].to_numpy(dtype=float)
+    interval = float(np.median(np.diff(starts))) if len(starts) > 1 else None
+    return advise(float(saved["duration_s"].median()), elapsed, int(span["restarts"]), interval)
+
+
+def _value(row: pd.Series | None, name: str) -> float | None:
+    if row is None or name not in row or pd.isna(row[name]):
+        return None
+    value = row[name]
+    return value if isinstance(value, str) else float(value)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)

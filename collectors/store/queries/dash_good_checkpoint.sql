@@ -1,0 +1,14 @@
+-- Dashboard: the newest good checkpoint (verified, else saved) and the work since it on the live timeline.
+WITH good AS (
+    SELECT timeline, step, time FROM checkpoint_events
+    WHERE event = 'verified' OR (event = 'saved' AND NOT EXISTS (SELECT 1 FROM checkpoint_events WHERE event = 'verified'))
+), live AS (
+    SELECT * FROM step_metrics WHERE timeline = (SELECT max(timeline) FROM step_metrics)
+), last_good AS (
+    SELECT * FROM good ORDER BY time DESC LIMIT 1
+)
+SELECT g.step AS checkpoint_step, g.time AS checkpoint_time,
+       (SELECT max(step) FROM live) - g.step AS steps_at_risk,
+       (SELECT max(time) FROM live) - g.time AS seconds_at_risk,
+       (SELECT sum(flops) FROM live WHERE step > g.step) AS flops_at_risk
+FROM last_good g;
