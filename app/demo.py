@@ -74,6 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(f"\n== {title}")
                 print_frame(store.fetch_named(name, params), "table")
     print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
+    print(f"explore: {_command_name()} serve {run_dir}   (the dashboard, at http://127.0.0.1:8501)")
     return 0
 
 
