@@ -12,10 +12,13 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 HANG = "hang"
+POLL_S = 0.02
+"""How often the server loop looks for a shutdown request (``down()`` waits for it)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class Receiver:
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(POLL_S,), daemon=True).start()
 
     def down(self) -> None:
         """Stop listening: connections are refused until ``up()``."""
@@ -110,6 +113,25 @@ class Receiver:
             time.sleep(0.02)
         raise AssertionError(f"{len(self.delivered(path_prefix))} of {count} deliveries after {timeout_s} s; "
                              f"requests: {[(r.path, r.status) for r in self.requests]}")
+
+    def wait_for_requests(self, count: int, timeout_s: float = 30.0) -> list[Request]:
+        """Wait until ``count`` requests arrived, whatever they were answered; those requests (fails on timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.requests) >= count:
+                    return list(self.requests)
+            time.sleep(0.02)
+        raise AssertionError(f"{len(self.requests)} of {count} requests after {timeout_s} s")
+
+    def answered(self) -> list[int | str]:
+        """What each request was answered, in order (an HTTP status, or ``HANG``)."""
+        with self._lock:
+            return [r.status for r in self.requests]
+
+    def delivered_keys(self) -> Counter:
+        """How many 2xx answers each idempotency key got."""
+        return Counter(r.key for r in self.delivered())
 
     def _next_answer(self) -> Any:
         with self._lock:

@@ -10,6 +10,7 @@ DISCORD_COLOR = {"info": 0x3B82F6, "warning": 0xF59E0B, "critical": 0xDC2626}
 RESOLVED_MARK, RESOLVED_COLOR = "✅", 0x16A34A
 SLACK_HEADER_MAX, SLACK_TEXT_MAX, SLACK_FIELD_MAX = 150, 3000, 2000
 DISCORD_TITLE_MAX, DISCORD_DESCRIPTION_MAX, DISCORD_FIELD_MAX = 256, 4096, 1024
+DISCORD_EMBED_TOTAL_MAX = 6000
 
 
 def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +48,16 @@ def discord_message(payload: dict[str, Any]) -> dict[str, Any]:
     url = _url(payload)
     if url:
         embed["url"] = url
+    overflow = _embed_size(embed) - DISCORD_EMBED_TOTAL_MAX
+    if overflow > 0:  # Discord refuses embeds over 6000 characters in all: the description gives way
+        embed["description"] = _clip(embed["description"], len(embed["description"]) - overflow)
     return {"username": "bedside", "allowed_mentions": {"parse": []}, "embeds": [embed]}
+
+
+def _embed_size(embed: dict[str, Any]) -> int:
+    """The characters Discord counts against an embed's total: title, description, field names and values, footer."""
+    fields = sum(len(f["name"]) + len(f["value"]) for f in embed["fields"])
+    return len(embed["title"]) + len(embed["description"]) + fields + len(embed["footer"]["text"])
 
 
 def _title(payload: dict[str, Any]) -> str:

@@ -127,7 +127,10 @@ class AlertRouter:
         self._history = {i for i, resolved in zip(incidents["incident_id"], incidents["resolved"]) if resolved}
         self._acks = {i: Acknowledgement(by, note or "") for i, by, note in
                       zip(incidents["incident_id"], incidents["acknowledged_by"], incidents["ack_note"]) if by}
-        self._stored_findings = set(store.fetch_named("finding_incidents")["finding_id"])
+        stored = store.fetch_named("finding_incidents")
+        self._stored_findings = {f: (int(end), bool(active)) for f, end, active in
+                                 zip(stored["finding_id"], stored["end_step"], stored["active"])}
+        self._stored_members = Counter(stored["incident_id"])
         self._recall(store.fetch_named("outbox_history"))
 
     def _recall(self, history: Any) -> None:
@@ -150,6 +153,8 @@ class AlertRouter:
         """The messages these incident changes call for; ``changed`` are the finding ids that changed."""
         out = OutboxWrite()
         for incident in incidents:
+            if self._replayed(incident):
+                continue
             for notifier in self._notifiers:
                 message = self._message_for(notifier, incident, now)
                 if message:
@@ -182,6 +187,20 @@ class AlertRouter:
     def committed(self) -> None:
         """The messages routed so far are in the store: wake the sender."""
         self.on_commit()
+
+    def _replayed(self, incident: Incident) -> bool:
+        """Whether the incident is in a state older than the one stored: a restarted owner's replay passing
+        through what was already routed (a finding still active that the end of the data settled, one not
+        replayed yet), which is no news. Anything beyond the stored state is."""
+        behind = len(incident.findings) < self._stored_members[incident.incident_id]
+        for finding in incident.findings:
+            if finding.finding_id not in self._stored_findings:
+                return False
+            end_step, active = self._stored_findings[finding.finding_id]
+            if finding.end_step > end_step or (active and not finding.active):
+                return False
+            behind |= finding.end_step < end_step or (finding.active and not active)
+        return behind
 
     def _message_for(self, notifier: NotifierConfig, incident: Incident, now: float) -> OutboxMessage | None:
         told = self._told_of(notifier, incident)
@@ -220,7 +239,7 @@ class AlertRouter:
     def _quiet(self, notifier: NotifierConfig, incident: Incident, changed: set[str], now: float) -> None:
         """Count the incident's new findings that went out without a message of their own (or were held)."""
         window = self._windows[notifier.name]
-        new = {f.finding_id for f in incident.findings} & changed - self._stored_findings
+        new = {f.finding_id for f in incident.findings} & changed - self._stored_findings.keys()
         if new or window.held and window.held[-1].incident_id == incident.incident_id:
             window.note(now, incident.severity)
             window.findings |= new

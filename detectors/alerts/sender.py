@@ -95,8 +95,8 @@ class _Worker(threading.Thread):
                 continue
             now = self.sender.clock()
             due = message["next_attempt_at"] if message else now + IDLE_POLL_S
-            if self.sender.stopping_before(due):
-                return
+            if self.sender.stopping_before(due) or (message is None and self.sender._stop.is_set()):
+                return  # closing, and nothing is due before the drain deadline (or nothing is left to drain)
             if message is None or due > now:
                 self.wake.wait(due - now)
                 continue
@@ -110,8 +110,9 @@ class _Worker(threading.Thread):
         settings = self.sender.settings
         attempts = int(message["attempts"])
         if now - message["created_at"] > settings.give_up_after_s:
+            last_error = message["last_error"] or "never attempted"
             outcome = Outcome(False, f"gave up after {attempts} attempts over {now - message['created_at']:.0f} s "
-                                     f"(the horizon is {settings.give_up_after_s:g} s): {message['last_error']}")
+                                     f"(the horizon is {settings.give_up_after_s:g} s): {last_error}")
             self._record(message, "failed", 0, now, outcome.detail)
             self._say(message, outcome)
             return

@@ -1,1 +1,1 @@
-SELECT finding_id, incident_id FROM finding_rows;
+SELECT finding_id, incident_id, end_step, active FROM finding_rows;
