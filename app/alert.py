@@ -12,7 +12,7 @@ from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import read_run_info
 from bedside.detectors.alerts.config import CONFIG_NAME, AlertSettings, NotifierConfig, find_config, load_settings
 from bedside.detectors.alerts.delivery import deliver
-from bedside.detectors.alerts.payload import RunRef, test_payload
+from bedside.detectors.alerts.payload import RunRef, probe_payload
 
 DEFAULT_LOG_NOTIFIER = NotifierConfig(name="log", type="log")
 
@@ -54,7 +54,7 @@ def cmd_alert_test(args: argparse.Namespace) -> int:
     failed = 0
     for notifier in notifiers:
         now = time.time()
-        payload = test_payload(f"{run.name}/{notifier.name}/test/{int(now * 1000)}", run, notifier=notifier.name,
+        payload = probe_payload(f"{run.name}/{notifier.name}/test/{int(now * 1000)}", run, notifier=notifier.name,
                                now=now)
         outcome = deliver(notifier, payload)
         took = time.time() - now

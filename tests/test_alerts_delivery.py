@@ -21,9 +21,9 @@ from receiver import HANG, Receiver, free_port
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
-from bedside.detectors.alerts.config import AlertSettings, parse_settings
-from bedside.detectors.alerts.delivery import MAX_RETRY_AFTER_S, retry_after
-from bedside.detectors.alerts.payload import schema
+from bedside.detectors.alerts.config import AlertSettings, NotifierConfig, parse_settings
+from bedside.detectors.alerts.delivery import MAX_RETRY_AFTER_S, deliver, retry_after
+from bedside.detectors.alerts.payload import RunRef, probe_payload, schema
 from bedside.detectors.alerts.router import AlertRouter
 from bedside.detectors.alerts.sender import OutboxSender
 from bedside.detectors.session import StoreDetection
@@ -306,3 +306,11 @@ def test_backoff_doubles_from_the_base_up_to_the_cap_with_jitter() -> None:
             waits = [sender.backoff_s(attempts) for _ in range(50)]
             assert all(0.5 * ceiling <= w < ceiling for w in waits)
             assert len(set(waits)) == 50
+
+
+def test_a_redirect_is_refused_not_followed_as_a_get(receiver: Receiver) -> None:
+    receiver.script = [(301, {"Location": f"{receiver.url}/elsewhere"})]
+    notifier = NotifierConfig(name="hook", type="webhook", url=f"{receiver.url}/hook", timeout_s=2.0)
+    outcome = deliver(notifier, probe_payload("id-1", RunRef("r", "run"), notifier="hook", now=0.0))
+    assert not outcome.delivered and not outcome.retry and "redirects" in outcome.detail
+    assert [r.path for r in receiver.requests] == ["/hook"]

@@ -73,7 +73,7 @@ class NotifierConfig:
             parts = urlsplit(self.url)
             return f"{parts.scheme}://{parts.hostname}{'' if parts.port is None else f':{parts.port}'}/{MASK}"
         if self.command:
-            return f"command {self.command[0]}"
+            return f"command {self.scrub(self.command[0])}"
         return str(self.path) if self.path else "stderr"
 
 
@@ -255,5 +255,6 @@ class _Reader:
             raise self.fail(f"{prefix}.command", "expected a non-empty list of strings (program, then arguments)")
         argv = tuple(self.resolve(f"{prefix}.command", a, secret=False) for a in value)
         if shutil.which(argv[0]) is None:
-            raise self.fail(f"{prefix}.command", f"program {argv[0]!r} not found")
+            shown = MASK if _REFERENCE.search(value[0]) else repr(argv[0])
+            raise self.fail(f"{prefix}.command", f"program {shown} not found")
         return argv

@@ -66,7 +66,7 @@ def _post(notifier: NotifierConfig, payload: dict[str, Any]) -> Outcome:
     url = notifier.url + ("?wait=true" if notifier.type == "discord" and "?" not in notifier.url else "")
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=notifier.timeout_s) as response:
+        with _OPENER.open(request, timeout=notifier.timeout_s) as response:
             response.read()
             return Outcome(True, f"HTTP {response.status}")
     except urllib.error.HTTPError as exc:
@@ -77,8 +77,20 @@ def _post(notifier: NotifierConfig, payload: dict[str, Any]) -> Outcome:
         return Outcome(False, f"{notifier.destination}: {type(exc).__name__}: {exc}", retry=True)
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: following it would re-send the POST as a GET without its body."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def _http_error(exc: urllib.error.HTTPError) -> Outcome:
     detail = f"HTTP {exc.code} {exc.reason}".strip()
+    if 300 <= exc.code < 400:
+        return Outcome(False, f"{detail}: the receiver redirects; configure the URL it redirects to")
     if exc.code >= 500 or exc.code in _RETRYABLE_STATUS:
         return Outcome(False, detail, retry=True, retry_after_s=retry_after(exc.headers.get("Retry-After")))
     hint = "; check the URL and token" if exc.code in (401, 403, 404, 410) else ""

@@ -72,7 +72,7 @@ def digest_payload(message_id: str, run: RunRef, *, notifier: str, severity: str
     return _envelope(message_id, "digest", run, notifier, now, severity, digest=digest)
 
 
-def test_payload(message_id: str, run: RunRef, *, notifier: str, now: float) -> dict[str, Any]:
+def probe_payload(message_id: str, run: RunRef, *, notifier: str, now: float) -> dict[str, Any]:
     """A message that only proves the path works."""
     return _envelope(message_id, "test", run, notifier, now, "info")
 
