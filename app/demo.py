@@ -3,7 +3,9 @@ the run live into its store, and print what the store shows of each incident."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -26,8 +28,12 @@ from .alert import alert_settings
 from .detect import LiveDetection
 from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
+from .dashboard.registry import TOKEN_ENV
+from .serve import DEFAULT_PORT, serve_dashboard
 
 
+DEFAULT_STEPS = 200
+SERVE_STEPS = 3000
 ALERT_DRAIN_S = 15.0
 """How long the demo waits, once training ends, for its alert messages to be delivered."""
 FOLLOWER_NICENESS = 10
@@ -42,11 +48,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                                         "bad data shard, bit flips in a gradient and in a replica, a NaN), follow "
                                         "the run live into its store, and print what the store shows.")
     p.add_argument("--out", type=Path, default=Path("bedside-demo"), help="folder for the demo run (default bedside-demo)")
-    p.add_argument("--steps", type=integer_in(MIN_STEPS), default=200, metavar="N",
-                   help=f"training steps, at least {MIN_STEPS} (default 200)")
+    p.add_argument("--steps", type=integer_in(MIN_STEPS), metavar="N",
+                   help=f"training steps, at least {MIN_STEPS} (default {DEFAULT_STEPS}; {SERVE_STEPS} with --serve, "
+                        "a few minutes, time to act on the run)")
     p.add_argument("--nproc", type=integer_in(2, 8), default=2, metavar="N", help="ranks, 2 to 8 (default 2)")
     p.add_argument("--crash-rank", type=integer_in(0), metavar="R",
                    help="also make rank R crash halfway through (the demo then fails and says so)")
+    p.add_argument("--serve", action="store_true",
+                   help="instead of printing a summary, serve the dashboard on the live run (bedside serve), with an "
+                        "operator token for its actions printed at start; stop with Ctrl-C")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"with --serve: the dashboard's port "
+                                                                   f"(default {DEFAULT_PORT})")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="alert configuration: send the demo's incidents to its notifiers (default: bedside.toml in "
                         "--out, if there is one; docs/alerts.md)")
@@ -57,13 +69,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Train with the fault plan, follow the run into its store, and print each incident's evidence."""
     if args.crash_rank is not None and args.crash_rank >= args.nproc:
         raise BedsideError(f"--crash-rank {args.crash_rank} is not one of the {args.nproc} ranks")
-    faults = DemoFaults(args.steps, crash_rank=args.crash_rank)
+    steps = args.steps or (SERVE_STEPS if args.serve else DEFAULT_STEPS)
+    faults = DemoFaults(steps, crash_rank=args.crash_rank)
     run_dir = args.out / time.strftime("run-%Y%m%d-%H%M%S")
     settings = alert_settings(args.config, run_dir)
     run_dir.mkdir(parents=True)
-    print(f"training tiny_cpu on {args.nproc} ranks for {args.steps} steps into {run_dir}; injecting:\n  "
+    print(f"training tiny_cpu on {args.nproc} ranks for {steps} steps into {run_dir}; injecting:\n  "
           + "\n  ".join(faults.specs()), file=sys.stderr)
-    with _start_training(run_dir, args.nproc, args.steps, faults.specs()) as training:
+    if args.serve:
+        return _serve_live(run_dir, args, steps, faults)
+    with _start_training(run_dir, args.nproc, steps, faults.specs()) as training:
         os.nice(FOLLOWER_NICENESS)  # the ranks started at normal priority; on a small machine they come first
         with Store.open(RunLayout(run_dir).store) as store:
             follow_until_exit(Collector(run_dir, store, warn=warn), training, settings)
@@ -75,6 +90,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print_frame(store.fetch_named(name, params), "table")
     print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
     print(f"explore: {_command_name()} serve {run_dir}   (the dashboard, at http://127.0.0.1:8501)")
+    return 0
+
+
+def _serve_live(run_dir: Path, args: argparse.Namespace, steps: int, faults: DemoFaults) -> int:
+    """Train in the background while ``bedside serve`` owns the run; the training stops with the server."""
+    importlib.import_module("streamlit.web.bootstrap")  # the server's heavy imports, before the ranks start:
+    importlib.import_module("plotly.graph_objects")    # on a small machine they would slow one rank down
+    token = os.environ.setdefault(TOKEN_ENV, secrets.token_hex(8))
+    print(f"dashboard: http://127.0.0.1:{args.port}  (operator token for actions: {token}); Ctrl-C stops it all",
+          file=sys.stderr)
+    with _start_training(run_dir, args.nproc, steps, faults.specs()) as training:
+        threading.Thread(target=training.communicate, name="training-output", daemon=True).start()
+        os.nice(FOLLOWER_NICENESS)
+        try:
+            serve_dashboard(run_dir, host="127.0.0.1", port=args.port, config=args.config, refresh_s=2.0)
+        finally:
+            if training.poll() is None:
+                training.terminate()
     return 0
 
 

@@ -18,7 +18,7 @@ def prefilled_args(action: str, suggestion: Mapping[str, Any], incident: pd.Seri
                    checkpoints: pd.DataFrame) -> dict[str, int]:
     """Arguments for ``action`` from the suggestion when it is the same action, else from the incident.
 
-    A rewind goes to the newest good checkpoint before the onset; a skip covers the
+    A rewind goes to the newest good checkpoint before the onset still on disk; a skip covers the
     incident's steps (bedside's trainer reads global batch ``i`` at step ``i``).
     """
     if suggestion.get("action") == action:
@@ -27,7 +27,8 @@ def prefilled_args(action: str, suggestion: Mapping[str, Any], incident: pd.Seri
             return {name: int(value) for name, value in given.items()}
     start, end = int(incident["start_step"]), int(incident["end_step"])
     if action == "rewind":
-        good = checkpoints[checkpoints["state"].isin(["verified", "saved"]) & (checkpoints["step"] < start)]
+        good = checkpoints[checkpoints["state"].isin(["verified", "saved"]) & ~checkpoints["deleted"].astype(bool)
+                           & (checkpoints["step"] < start)]
         return {"to_step": int(good["step"].max()) if not good.empty else 0}
     if action == "skip":
         return {"first_batch": start, "last_batch": end}

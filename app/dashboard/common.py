@@ -26,7 +26,7 @@ def current_run() -> RunData:
         st.stop()
     runs = served.runs()
     if not runs:
-        st.error(f"no runs in {served.target}")
+        st.info(f"No run in {served.target} yet: reload once one has started (bedside takes it over as it appears).")
         st.stop()
     names = [r.name for r in runs]
     wanted = st.query_params.get("run")

@@ -10,6 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from bedside.detectors.incidents import FAMILIES
+
 MAX_POINTS = 2000
 SEVERITY_COLORS = {"info": "#3b82f6", "warning": "#f59e0b", "critical": "#dc2626"}
 PHASES = ("data_time", "compute_time", "comm_time", "optimizer_time")
@@ -29,9 +31,9 @@ def downsample_minmax(frame: pd.DataFrame, x: str, y: str, max_points: int = MAX
         return frame
     values = frame[y].to_numpy(dtype=float)
     finite = np.isfinite(values)
-    buckets = max(1, max_points // 2)
-    bucket = (np.arange(len(frame)) * buckets) // len(frame)
     kept = set(np.flatnonzero(~finite)[: max_points // 10].tolist())
+    buckets = max(1, (max_points - len(kept)) // 2)  # the gaps count against max_points too
+    bucket = (np.arange(len(frame)) * buckets) // len(frame)
     shown = pd.DataFrame({"bucket": bucket[finite], "value": values[finite], "row": np.flatnonzero(finite)})
     grouped = shown.groupby("bucket")["value"]
     kept.update(shown.loc[grouped.idxmin(), "row"].tolist())
@@ -39,10 +41,12 @@ def downsample_minmax(frame: pd.DataFrame, x: str, y: str, max_points: int = MAX
     return frame.iloc[sorted(kept)].reset_index(drop=True)
 
 
-def eval_vs_compute(evals: pd.DataFrame, metric: str, band: pd.DataFrame | None = None) -> go.Figure:
+def eval_vs_compute(evals: pd.DataFrame, metric: str, band: pd.DataFrame | None = None,
+                    incidents: pd.DataFrame | None = None) -> go.Figure:
     """Held-out ``metric`` against cumulative FLOPs (log x), one line per timeline, the live one in front.
 
-    ``band``: columns ``cum_flops``, ``low``, ``center``, ``high`` (the detectors' forecast).
+    ``band``: columns ``cum_flops``, ``low``, ``center``, ``high`` (the detectors' forecast);
+    ``incidents``: columns ``cum_flops``, ``value``, ``severity``, ``label``, drawn as markers.
     """
     fig = go.Figure()
     shown = evals[evals["name"] == metric].dropna(subset=["cum_flops"])
@@ -59,14 +63,19 @@ def eval_vs_compute(evals: pd.DataFrame, metric: str, band: pd.DataFrame | None 
             x=points["cum_flops"], y=points["value"], mode="lines+markers", name=f"timeline {timeline}",
             opacity=1.0 if timeline == live else FADED, customdata=points["step"],
             hovertemplate="step %{customdata}<br>%{x:.3g} FLOPs<br>" + metric + " %{y:.4g}<extra></extra>"))
+    for severity, marks in (incidents if incidents is not None else pd.DataFrame(columns=["severity"])).groupby(
+            "severity"):
+        fig.add_trace(go.Scatter(x=marks["cum_flops"], y=marks["value"], mode="markers", name=f"{severity} incident",
+                                 marker={"symbol": "x", "size": 12, "color": SEVERITY_COLORS.get(severity)},
+                                 text=marks["label"], hovertemplate="%{text}<extra></extra>"))
     fig.update_xaxes(type="log", title="cumulative FLOPs spent")
     fig.update_yaxes(title=f"held-out {metric}")
     return _layout(fig, "Held-out eval against compute")
 
 
 def training_curves(steps: pd.DataFrame, incidents: pd.DataFrame, actions: pd.DataFrame) -> go.Figure:
-    """Loss, gradient norm and LR against step, each timeline a line (abandoned ones faded), with the
-    incidents' windows shaded by severity and applied rewinds and skips marked."""
+    """Loss, gradient norm and LR against step, each timeline a line (abandoned ones faded), with the windows
+    of incidents about the training's numbers shaded by severity and applied rewinds and skips marked."""
     metrics = [m for m in ("loss", "grad_norm", "lr") if m in steps and steps[m].notna().any()]
     fig = make_subplots(rows=max(1, len(metrics)), cols=1, shared_xaxes=True, vertical_spacing=0.04,
                         subplot_titles=metrics)
@@ -77,7 +86,7 @@ def training_curves(steps: pd.DataFrame, incidents: pd.DataFrame, actions: pd.Da
             fig.add_trace(go.Scatter(x=points["step"], y=points[metric], mode="lines", name=f"timeline {timeline}",
                                      legendgroup=str(timeline), showlegend=row == 1,
                                      opacity=1.0 if timeline == live else FADED), row=row, col=1)
-    for incident in incidents.itertuples():
+    for incident in incidents[incidents["kinds"].map(_about_training)].itertuples():
         fig.add_vrect(x0=incident.start_step - 0.5, x1=incident.end_step + 0.5, line_width=0, opacity=0.15,
                       fillcolor=SEVERITY_COLORS.get(incident.severity, "#94a3b8"))
     for action in actions.itertuples():
@@ -86,6 +95,11 @@ def training_curves(steps: pd.DataFrame, incidents: pd.DataFrame, actions: pd.Da
                           annotation_text=action.action, annotation_position="top left")
     fig.update_xaxes(title="step", row=max(1, len(metrics)), col=1)
     return _layout(fig, "Training", height=180 + 170 * len(metrics))
+
+
+def _about_training(kinds: object) -> bool:
+    """Whether an incident concerns the numbers being trained (not only the speed of the job)."""
+    return any(FAMILIES[kind] != "performance" for kind in list(kinds))
 
 
 def rank_heatmap(times: pd.DataFrame, order: list[int]) -> go.Figure:
@@ -122,7 +136,7 @@ def incident_window(window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: 
     fig.add_trace(go.Scatter(x=window["step"], y=window["loss"], name="loss", mode="lines+markers"), row=1, col=1)
     fig.add_trace(go.Scatter(x=window["step"], y=window["grad_norm"], name="grad norm", mode="lines",
                              line={"dash": "dot"}), row=1, col=1, secondary_y=True)
-    for rank, series in ranks.groupby("rank"):
+    for rank, series in ranks.groupby("rank") if not ranks.empty else ():  # a job-level incident has no ranks
         fig.add_trace(go.Scatter(x=series["step"], y=series["step_time"], name=f"rank {rank}", mode="lines",
                                  legendgroup="ranks"), row=2, col=1)
     fig.add_vrect(x0=start - 0.5, x1=end + 0.5, line_width=0, fillcolor="#f59e0b", opacity=0.15)
@@ -155,6 +169,7 @@ def runs_overlay(curves: dict[str, pd.DataFrame], metric: str) -> go.Figure:
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
-    fig.update_layout(title=title, height=height, margin={"l": 40, "r": 20, "t": 50, "b": 40},
-                      legend={"orientation": "h", "y": -0.15}, template="plotly_white")
+    fig.update_layout(title=title, height=height, margin={"l": 40, "r": 20, "t": 80, "b": 40},
+                      legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
+                      template="plotly_white")
     return fig

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import streamlit as st
 
-PAGES = Path(__file__).parent / "pages"
+PAGES = Path(__file__).parent / "screens"  # not "pages": Streamlit would list that folder as pages of its own
 
 st.set_page_config(page_title="bedside", page_icon="🛏️", layout="wide")
 page = st.navigation([

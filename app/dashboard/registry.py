@@ -28,6 +28,7 @@ LIVE_ENV = "BEDSIDE_DASHBOARD_LIVE"
 TOKEN_ENV = "BEDSIDE_OPERATOR_TOKEN"
 REFRESH_ENV = "BEDSIDE_DASHBOARD_REFRESH_S"
 DEFAULT_REFRESH_S = 5.0
+ADOPT_EVERY_S = 2.0
 
 
 @dataclass
@@ -78,6 +79,13 @@ class Desk:
                 owner.start()
             self.owners[run_dir] = owner
             return owner
+
+    def adopt_runs(self, stop: threading.Event, every_s: float = ADOPT_EVERY_S) -> None:
+        """Take every run's store as soon as it appears, until ``stop`` (so that alerts fire with nobody looking)."""
+        while not stop.is_set():
+            for run_dir in self.runs():
+                self.owner(run_dir)
+            stop.wait(every_s)
 
     def can_act(self, token: str) -> bool:
         """Whether ``token`` is the operator token (never, when none is configured)."""

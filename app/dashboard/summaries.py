@@ -72,6 +72,28 @@ def forecast_band(evals: pd.DataFrame, metric: str, points: int = 80) -> pd.Data
     return pd.DataFrame({"cum_flops": grid, "center": center, "low": center / spread, "high": center * spread})
 
 
+def incidents_on_evals(incidents: pd.DataFrame, evals: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Where each incident's onset falls on the eval-versus-compute curve of its timeline (interpolated by step).
+
+    Columns ``cum_flops``, ``value``, ``severity``, ``label``; an incident before the first eval of its
+    timeline is left out.
+    """
+    series = evals[evals["name"] == metric].dropna(subset=["cum_flops", "value"])
+    placed = []
+    for incident in incidents.itertuples():
+        curve = (series[series["timeline"] <= incident.timeline].sort_values("timeline")
+                 .drop_duplicates("step", keep="last").sort_values("step"))
+        if curve.empty or incident.start_step < curve["step"].iloc[0]:
+            continue
+        steps = curve["step"].to_numpy(dtype=float)
+        placed.append({
+            "cum_flops": float(np.interp(incident.start_step, steps, curve["cum_flops"].to_numpy(dtype=float))),
+            "value": float(np.interp(incident.start_step, steps, curve["value"].to_numpy(dtype=float))),
+            "severity": incident.severity, "label": f"{incident.title} (step {incident.start_step})",
+        })
+    return pd.DataFrame(placed, columns=["cum_flops", "value", "severity", "label"])
+
+
 def slowdowns(phases: pd.DataFrame) -> pd.DataFrame:
     """Each rank's median compute and step time against the median rank (1.0 = typical), slowest first."""
     table = phases.copy()

@@ -19,10 +19,15 @@ st.title(f"{data.name}: incidents")
 
 
 @st.fragment(run_every=data.refresh_s)
-def incident_list() -> None:
+def incident_list(listed: frozenset[str]) -> None:
     incidents = data.frame("incidents")
+    if set(incidents["incident_id"]) != listed:  # new incidents: the picker below is built by the whole page
+        st.rerun(scope="app")
     if incidents.empty:
-        st.success("No incidents.")
+        if data.can_write:
+            st.success("No incidents.")
+        else:  # read from the raw telemetry: the incidents are in the process holding the store
+            st.warning(data.note)
         return
     now = time.time()
     shown = pd.DataFrame({
@@ -35,8 +40,8 @@ def incident_list() -> None:
     st.dataframe(shown, hide_index=True, key="incident_table")
 
 
-incident_list()
 incidents = data.frame("incidents")
+incident_list(frozenset(incidents["incident_id"]))
 if incidents.empty:
     st.stop()
 
@@ -80,17 +85,22 @@ else:
                 st.error(str(exc))
     actions = list(ACTION_LABELS)
     default = actions.index(suggestion["action"]) if suggestion["action"] in actions else 0
-    action = st.selectbox("Action", actions, index=default, format_func=ACTION_LABELS.get, key="action")
+    action = st.selectbox("Action", actions, index=default, format_func=ACTION_LABELS.get,
+                          key=f"action_{chosen}")  # keyed per incident: each prefills its own
     args = prefilled_args(action, suggestion, incident, data.frame("checkpoints"))
-    edited = {name: st.number_input(name, min_value=0, value=int(value), step=1, key=f"arg_{name}")
+    edited = {name: st.number_input(name, min_value=0, value=int(value), step=1, key=f"arg_{chosen}_{action}_{name}")
               for name, value in args.items()}
     reason = st.text_input("Reason (required, recorded with the request)", key="reason")
+    here = {"run": str(data.run_dir), "incident_id": chosen}
     pending = st.session_state.get("confirming")
+    if pending and {name: pending[name] for name in here} != here:  # reviewed on another run or incident
+        del st.session_state["confirming"]
+        pending = None
     if st.button("Review request", key="review"):
         if not reason.strip():
             st.error("A reason is required.")
         else:
-            st.session_state["confirming"] = {"action": action, "args": edited, "reason": reason.strip()}
+            st.session_state["confirming"] = {**here, "action": action, "args": edited, "reason": reason.strip()}
             st.rerun()
     if pending:
         st.warning(f"{operator} asks the trainer to **{pending['action']}** {json.dumps(pending['args'])}: "

@@ -16,25 +16,25 @@ st.title(data.title())
 def overview() -> None:
     t = summaries.tiles(data.frame("run"), data.frame("progress", window=50), data.frame("good_checkpoint"),
                         data.frame("open_incidents"), time.time())
-    cols = st.columns(8)
-    cols[0].metric("Status", STATUS_LABELS.get(t.status, t.status))
-    cols[1].metric("Step", "–" if t.step is None else f"{t.step:,}", f"timeline {t.timeline}" if t.timeline else None,
-                   delta_color="off")
-    cols[2].metric("Tokens", number(t.tokens))
-    cols[3].metric("FLOPs spent", number(t.flops))
-    cols[4].metric("Tokens/s", number(t.tokens_per_s))
-    cols[5].metric("MFU", "–" if t.mfu is None else f"{t.mfu:.1%}",
-                   help="model FLOPs per second / (ranks x peak_flops_per_device of the run's config)")
-    cols[6].metric("Since good checkpoint", age(t.since_checkpoint_s))
-    cols[7].metric("Open incidents", sum(t.open_incidents.values()),
-                   ", ".join(f"{n} {s}" for s, n in sorted(t.open_incidents.items())) or None,
-                   delta_color="off")
+    top, bottom = st.columns(4), st.columns(4)
+    top[0].metric("Status", STATUS_LABELS.get(t.status, t.status))
+    top[1].metric("Step", "–" if t.step is None else f"{t.step:,}")
+    top[1].caption(f"timeline {t.timeline}" if t.timeline is not None else "")
+    top[2].metric("Tokens", number(t.tokens))
+    top[3].metric("FLOPs spent", number(t.flops), help="every timeline, abandoned branches included")
+    bottom[0].metric("Tokens/s", number(t.tokens_per_s), help="over the last 50 steps")
+    bottom[1].metric("MFU", "–" if t.mfu is None else f"{t.mfu:.1%}",
+                     help="model FLOPs per second / (ranks x peak_flops_per_device of the run's config)")
+    bottom[2].metric("Since good checkpoint", age(t.since_checkpoint_s))
+    bottom[3].metric("Open incidents", sum(t.open_incidents.values()))
+    bottom[3].caption(", ".join(f"{n} {s}" for s, n in sorted(t.open_incidents.items())))
 
     evals = data.frame("evals")
     metric = summaries.headline_metric(evals)
     if metric:
         band = summaries.forecast_band(evals, metric)
-        st.plotly_chart(figures.eval_vs_compute(evals, metric, band), key="eval_vs_compute")
+        marks = summaries.incidents_on_evals(data.frame("incidents"), evals, metric)
+        st.plotly_chart(figures.eval_vs_compute(evals, metric, band, marks), key="eval_vs_compute")
     else:
         st.info("No held-out evals yet: eval versus compute appears with the first eval record.")
     steps = data.frame("steps")

@@ -16,11 +16,18 @@ EXAMPLES = {
     "rejected lines": "SELECT path, line_offset, reason FROM rejected",
 }
 
+
+def use_example() -> None:
+    """Put the chosen example in the editor (a keyed text area keeps its text when its default changes)."""
+    st.session_state["sql"] = EXAMPLES[st.session_state["example"]]
+
+
 data = current_run()
 st.title(f"{data.name}: SQL")
 st.caption("One read-only SELECT over the views of docs/schema.md; files and the network are out of reach.")
-example = st.selectbox("Examples", list(EXAMPLES), key="example")
-query = st.text_area("SQL", EXAMPLES[example], height=120, key="sql")
+example = st.selectbox("Examples", list(EXAMPLES), key="example", on_change=use_example)
+st.session_state.setdefault("sql", EXAMPLES[example])
+query = st.text_area("SQL", height=120, key="sql")
 if st.button("Run", key="run_sql", type="primary"):
     try:
         result = data.user_query(query)
