@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -128,6 +129,14 @@ def read_records() -> Callable[[Path], list[dict]]:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
     return read
+
+
+@pytest.fixture
+def tiny_faults(tmp_path: Path) -> Path:
+    """A private copy of sample_runs/tiny-faults (2 ranks, a bad shard, a straggler, bit flips, a NaN), no store."""
+    run = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults",
+                               tmp_path / "tiny-faults", ignore=shutil.ignore_patterns("bedside.duckdb*")))
+    return run
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sys
 import threading
 import time
@@ -28,21 +27,11 @@ from bedside.detectors.alerts.router import AlertRouter
 from bedside.detectors.alerts.sender import OutboxSender
 from bedside.detectors.session import StoreDetection
 
-SAMPLE_RUN = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
 VALIDATOR = jsonschema.Draft202012Validator(schema())
 TOKEN = "tok-9f8e7d-secret"
 SECRET = "signing-secret-for-tests"
 FAST = {"retry_base_s": 0.05, "retry_max_s": 0.2}
 EVENTUALLY_S = 20.0
-
-
-@pytest.fixture
-def sample(tmp_path: Path) -> Path:
-    """A private copy of the recorded 2-rank run with faults (no store yet)."""
-    run = Path(shutil.copytree(SAMPLE_RUN, tmp_path / "tiny-faults"))
-    for stale in run.glob("bedside.duckdb*"):
-        stale.unlink()
-    return run
 
 
 def settings_for(notifiers: dict[str, dict[str, Any]], **alerts: Any) -> AlertSettings:
@@ -103,8 +92,8 @@ def owning(run: Path, settings: AlertSettings) -> Iterator[Owner]:
 
 # -- delivered ------------------------------------------------------------------------------------------------
 
-def test_the_outbox_is_delivered_in_order_and_once_each(sample: Path, receiver: Receiver) -> None:
-    with owning(sample, settings_for({"hook": webhook(receiver)})) as owner:
+def test_the_outbox_is_delivered_in_order_and_once_each(tiny_faults: Path, receiver: Receiver) -> None:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message delivered")
         rows = owner.outbox()
     assert set(rows["status"]) == {"delivered"} and set(rows["attempts"]) == {1}
@@ -117,10 +106,10 @@ def test_the_outbox_is_delivered_in_order_and_once_each(sample: Path, receiver: 
         VALIDATOR.validate(request.json())
 
 
-def test_server_errors_are_retried_with_the_same_idempotency_key_until_delivered(sample: Path,
+def test_server_errors_are_retried_with_the_same_idempotency_key_until_delivered(tiny_faults: Path,
                                                                                   receiver: Receiver) -> None:
     receiver.script = [500, 502, 503, 408]
-    with owning(sample, settings_for({"hook": webhook(receiver)})) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message delivered")
         rows = owner.outbox()
     assert set(rows["status"]) == {"delivered"}
@@ -131,9 +120,9 @@ def test_server_errors_are_retried_with_the_same_idempotency_key_until_delivered
     assert set(receiver.delivered_keys().values()) == {1}
 
 
-def test_a_429_is_retried_no_sooner_than_its_retry_after(sample: Path, receiver: Receiver) -> None:
+def test_a_429_is_retried_no_sooner_than_its_retry_after(tiny_faults: Path, receiver: Receiver) -> None:
     receiver.script = [(429, {"Retry-After": "1"})]
-    with owning(sample, settings_for({"hook": webhook(receiver)})) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message delivered")
     limited, retried = receiver.requests[:2]
     assert (limited.status, retried.status, limited.key) == (429, 200, retried.key)
@@ -141,10 +130,10 @@ def test_a_429_is_retried_no_sooner_than_its_retry_after(sample: Path, receiver:
     assert set(receiver.delivered_keys().values()) == {1}
 
 
-def test_a_receiver_that_hangs_past_the_timeout_is_retried_and_delivers_once(sample: Path,
+def test_a_receiver_that_hangs_past_the_timeout_is_retried_and_delivers_once(tiny_faults: Path,
                                                                              receiver: Receiver) -> None:
     receiver.script, receiver.hang_s = [HANG, HANG], 2.0
-    with owning(sample, settings_for({"hook": webhook(receiver, timeout_s=0.3)})) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver, timeout_s=0.3)})) as owner:
         eventually(owner.settled, "every message delivered")
         rows = owner.outbox()
     assert receiver.answered()[:3] == [HANG, HANG, 200]
@@ -154,9 +143,9 @@ def test_a_receiver_that_hangs_past_the_timeout_is_retried_and_delivers_once(sam
     assert any("failing" in w and "timed out" in w for w in owner.warnings), owner.warnings
 
 
-def test_refused_connections_are_retried_until_the_receiver_is_back(sample: Path, receiver: Receiver) -> None:
+def test_refused_connections_are_retried_until_the_receiver_is_back(tiny_faults: Path, receiver: Receiver) -> None:
     receiver.down()
-    with owning(sample, settings_for({"hook": webhook(receiver)})) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(lambda: owner.outbox()["attempts"].iloc[0] >= 3, "three refused attempts")
         error = owner.outbox()["last_error"].iloc[0]
         assert error.startswith(f"cannot reach http://127.0.0.1:{receiver.port}/***") and TOKEN not in error
@@ -170,10 +159,10 @@ def test_refused_connections_are_retried_until_the_receiver_is_back(sample: Path
 
 
 @pytest.mark.parametrize("status, reason", [(403, "Forbidden"), (404, "Not Found"), (410, "Gone")])
-def test_a_wrong_url_or_token_is_not_retried_and_is_recorded_failed(sample: Path, receiver: Receiver, status: int,
+def test_a_wrong_url_or_token_is_not_retried_and_is_recorded_failed(tiny_faults: Path, receiver: Receiver, status: int,
                                                                     reason: str) -> None:
     receiver.default = status
-    with owning(sample, settings_for({"hook": webhook(receiver)})) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message recorded")  # failed is final: nothing is sent again
         rows = owner.outbox()
     assert set(rows["status"]) == {"failed"} and set(rows["attempts"]) == {1}
@@ -184,9 +173,9 @@ def test_a_wrong_url_or_token_is_not_retried_and_is_recorded_failed(sample: Path
     assert len(failed) == len(rows) and not [w for w in owner.warnings if TOKEN in w or SECRET in w]
 
 
-def test_a_message_undelivered_past_the_horizon_is_given_up_as_failed(sample: Path, receiver: Receiver) -> None:
+def test_a_message_undelivered_past_the_horizon_is_given_up_as_failed(tiny_faults: Path, receiver: Receiver) -> None:
     receiver.down()
-    with owning(sample, settings_for({"hook": webhook(receiver)}, give_up_after_s=0.5)) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)}, give_up_after_s=0.5)) as owner:
         eventually(owner.settled, "every message given up")
         rows = owner.outbox()
     assert set(rows["status"]) == {"failed"} and rows["delivered_at"].isna().all()
@@ -199,9 +188,9 @@ def test_a_message_undelivered_past_the_horizon_is_given_up_as_failed(sample: Pa
     assert receiver.requests == []
 
 
-def test_a_receiver_that_is_down_holds_only_its_own_notifier(sample: Path, receiver: Receiver) -> None:
+def test_a_receiver_that_is_down_holds_only_its_own_notifier(tiny_faults: Path, receiver: Receiver) -> None:
     elsewhere = {"type": "webhook", "url": f"http://127.0.0.1:{free_port()}/gone"}
-    with owning(sample, settings_for({"hook": webhook(receiver), "gone": elsewhere})) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver), "gone": elsewhere})) as owner:
         expected = int((owner.outbox()["notifier"] == "hook").sum())
         receiver.wait_for(expected)
         eventually(lambda: (owner.outbox().query("notifier == 'gone'")["attempts"] >= 2).any(), "retries elsewhere")
@@ -210,17 +199,17 @@ def test_a_receiver_that_is_down_holds_only_its_own_notifier(sample: Path, recei
     assert set(rows.query("notifier == 'gone'")["status"]) == {"pending"}
 
 
-def test_closing_the_sender_leaves_what_is_undelivered_pending(sample: Path, receiver: Receiver) -> None:
+def test_closing_the_sender_leaves_what_is_undelivered_pending(tiny_faults: Path, receiver: Receiver) -> None:
     receiver.down()
-    with owning(sample, settings_for({"hook": webhook(receiver)})) as owner:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(lambda: owner.outbox()["attempts"].iloc[0] >= 1, "a first attempt")
         left = owner.sender.close(drain_s=0.2)
         assert left == len(owner.outbox()) == owner.sender.pending()
         assert set(owner.statuses()) == {"pending"}
 
 
-def test_closing_with_nothing_pending_does_not_wait_for_the_drain(sample: Path, receiver: Receiver) -> None:
-    with owning(sample, settings_for({"hook": webhook(receiver)})) as owner:
+def test_closing_with_nothing_pending_does_not_wait_for_the_drain(tiny_faults: Path, receiver: Receiver) -> None:
+    with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message delivered")
         closing = threading.Thread(target=owner.sender.close, kwargs={"drain_s": 600.0})
         closing.start()
@@ -245,12 +234,12 @@ payload = sys.stdin.read()
 """
 
 
-def test_a_command_gets_the_payload_on_stdin_and_a_failing_exit_is_retried(sample: Path, tmp_path: Path) -> None:
+def test_a_command_gets_the_payload_on_stdin_and_a_failing_exit_is_retried(tiny_faults: Path, tmp_path: Path) -> None:
     script, calls = tmp_path / "page.py", tmp_path / "calls"
     script.write_text(COMMAND)
     calls.mkdir()
     pager = {"type": "command", "command": [sys.executable, str(script), str(calls)], "timeout_s": 10}
-    with owning(sample, settings_for({"pager": pager})) as owner:
+    with owning(tiny_faults, settings_for({"pager": pager})) as owner:
         eventually(owner.settled, "every message delivered", timeout=60)
         rows = owner.outbox()
     assert set(rows["status"]) == {"delivered"} and rows["attempts"].iloc[0] == 3
@@ -266,21 +255,21 @@ def test_a_command_gets_the_payload_on_stdin_and_a_failing_exit_is_retried(sampl
     assert f"command {sys.executable} exited with 3: the pager service said no" in failing
 
 
-def test_a_command_that_runs_past_its_timeout_is_retried(sample: Path, tmp_path: Path) -> None:
+def test_a_command_that_runs_past_its_timeout_is_retried(tiny_faults: Path, tmp_path: Path) -> None:
     marker = tmp_path / "slow-once"
     slow = f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n" \
            "if not p.exists():\n    p.write_text('x')\n    time.sleep(30)\nsys.stdin.read()\n"
     pager = {"type": "command", "command": [sys.executable, "-c", slow], "timeout_s": 1}
-    with owning(sample, settings_for({"pager": pager})) as owner:
+    with owning(tiny_faults, settings_for({"pager": pager})) as owner:
         eventually(owner.settled, "every message delivered", timeout=60)
         rows = owner.outbox()
     assert set(rows["status"]) == {"delivered"} and rows["attempts"].iloc[0] == 2
     assert any("did not finish within 1 s" in w for w in owner.warnings), owner.warnings
 
 
-def test_a_log_notifier_appends_one_line_per_message(sample: Path, tmp_path: Path) -> None:
+def test_a_log_notifier_appends_one_line_per_message(tiny_faults: Path, tmp_path: Path) -> None:
     log = tmp_path / "alerts.log"
-    with owning(sample, settings_for({"journal": {"type": "log", "path": str(log)}})) as owner:
+    with owning(tiny_faults, settings_for({"journal": {"type": "log", "path": str(log)}})) as owner:
         eventually(owner.settled, "every message written")
         rows = owner.outbox()
     lines = log.read_text().splitlines()

@@ -5,7 +5,6 @@ the findings come from a scripted detector (told what to report), or from the re
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +25,6 @@ from bedside.detectors.finding import Finding
 from bedside.detectors.session import StoreDetection
 from bedside.detectors.telemetry import TelemetryBatch
 
-SAMPLE_RUN = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
 VALIDATOR = jsonschema.Draft202012Validator(schema())
 T0 = 1_796_000_000.0
 SEVERITIES = ("info", "warning", "critical")
@@ -280,15 +278,6 @@ def test_held_messages_are_digested_by_the_router_of_a_restarted_owner(open_desk
 
 # -- restarts and history -------------------------------------------------------------------------------------
 
-@pytest.fixture
-def sample(tmp_path: Path) -> Path:
-    """A private copy of the recorded 2-rank run with faults (no store yet)."""
-    run = Path(shutil.copytree(SAMPLE_RUN, tmp_path / "tiny-faults"))
-    for stale in run.glob("bedside.duckdb*"):
-        stale.unlink()
-    return run
-
-
 def detect_run(run: Path, settings: AlertSettings | None, *, batch_bytes: int | None = None,
                ack: str | None = None) -> pd.DataFrame:
     """Ingest and detect ``run`` (streaming with ``batch_bytes``) in a new store session with alerts per
@@ -305,22 +294,22 @@ def detect_run(run: Path, settings: AlertSettings | None, *, batch_bytes: int | 
         return store.cursor().execute("SELECT * FROM outbox ORDER BY seq").df()
 
 
-def test_a_restarted_owner_replays_the_run_and_sends_nothing_twice(sample: Path) -> None:
+def test_a_restarted_owner_replays_the_run_and_sends_nothing_twice(tiny_faults: Path) -> None:
     settings = alert_settings({"digest_window_s": 3600}, ops={"burst": 100})
-    first = detect_run(sample, settings, batch_bytes=4096, ack="nonfinite@0:150")
+    first = detect_run(tiny_faults, settings, batch_bytes=4096, ack="nonfinite@0:150")
     assert {"opened", "resolved", "acknowledged"} <= set(first["event"])
     assert len(first) == len(set(first["message_id"]))
-    again = detect_run(sample, settings)
+    again = detect_run(tiny_faults, settings)
     pd.testing.assert_frame_equal(first, again)
-    assert detect_run(sample, settings, batch_bytes=4096).equals(first)
+    assert detect_run(tiny_faults, settings, batch_bytes=4096).equals(first)
 
 
-def test_incidents_closed_before_alerts_were_configured_are_history_and_open_ones_are_sent(sample: Path) -> None:
-    assert detect_run(sample, None).empty
-    with Store.open(RunLayout(sample).store, read_only=True) as store:
+def test_incidents_closed_before_alerts_were_configured_are_history_and_open_ones_are_sent(tiny_faults: Path) -> None:
+    assert detect_run(tiny_faults, None).empty
+    with Store.open(RunLayout(tiny_faults).store, read_only=True) as store:
         statuses = dict(store.cursor().execute("SELECT incident_id, status FROM incidents").fetchall())
     assert "resolved" in statuses.values() and "open" in statuses.values()
-    rows = detect_run(sample, alert_settings(ops={"burst": 100}))
+    rows = detect_run(tiny_faults, alert_settings(ops={"burst": 100}))
     opened = [i for i, status in statuses.items() if status == "open"]
     assert sorted(rows["incident_id"]) == sorted(opened)
     assert set(rows["event"]) == {"opened"} and set(rows["incident_status"]) == {"open"}
@@ -348,16 +337,16 @@ def detect_settled(run: Path, settings: AlertSettings | None) -> pd.DataFrame:
         return store.cursor().execute("SELECT message_id, status FROM outbox ORDER BY seq").df()
 
 
-def test_a_replay_passing_through_a_state_already_announced_says_nothing(sample: Path) -> None:
+def test_a_replay_passing_through_a_state_already_announced_says_nothing(tiny_faults: Path) -> None:
     settings = alert_settings(ops={})
-    first = detect_settled(sample, settings)
+    first = detect_settled(tiny_faults, settings)
     assert list(first["message_id"]) == [f"912eef7d1259/ops/straggler@0:10/r1/{e}/1" for e in ("opened", "resolved")]
-    assert detect_settled(sample, settings).equals(first)
+    assert detect_settled(tiny_faults, settings).equals(first)
 
 
-def test_a_replay_passing_through_an_open_state_does_not_announce_history(sample: Path) -> None:
-    assert detect_settled(sample, None).empty
-    assert detect_settled(sample, alert_settings(ops={})).empty
+def test_a_replay_passing_through_an_open_state_does_not_announce_history(tiny_faults: Path) -> None:
+    assert detect_settled(tiny_faults, None).empty
+    assert detect_settled(tiny_faults, alert_settings(ops={})).empty
 
 
 def test_after_a_restart_the_replay_is_silent_but_news_is_still_sent(open_desk) -> None:
@@ -377,8 +366,8 @@ def test_after_a_restart_the_replay_is_silent_but_news_is_still_sent(open_desk) 
     assert again.outbox("ops")["message_id"].iloc[-1] == "run/ops/loss_spike@0:100/resolved/2"
 
 
-def test_alerts_need_the_store_s_owner(sample: Path) -> None:
-    detect_run(sample, None)
-    with Store.open(RunLayout(sample).store, read_only=True) as store:
+def test_alerts_need_the_store_s_owner(tiny_faults: Path) -> None:
+    detect_run(tiny_faults, None)
+    with Store.open(RunLayout(tiny_faults).store, read_only=True) as store:
         with pytest.raises(BedsideError, match="owner"):
             StoreDetection(store, alerts=AlertRouter(store, alert_settings(ops={})))

@@ -8,7 +8,6 @@ import hashlib
 import hmac
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import IO, Callable
 
 import pandas as pd
-import pytest
 from receiver import HANG, Receiver
 
 from bedside.collectors.ingest import Collector
@@ -28,12 +26,11 @@ from bedside.detectors.alerts.router import AlertRouter
 from bedside.detectors.alerts.sender import OutboxSender
 from bedside.detectors.session import StoreDetection
 
-SAMPLE_RUN = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
 TOKEN = "tok-5a4b3c-secret"
 SECRET = "watch-signing-secret"
 ENVIRON = {"BEDSIDE_TEST_TOKEN": TOKEN, "BEDSIDE_TEST_SECRET": SECRET}
 SPLIT_STEP = 120
-"""The sample run is written up to this step before watching starts, the rest during the outage."""
+"""The tiny_faults run is written up to this step before watching starts, the rest during the outage."""
 OUTAGE = [500, 500, (429, {"Retry-After": "1"}), HANG]
 RETRY_MAX_S = 0.3
 EVENTUALLY_S = 30.0
@@ -45,15 +42,6 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = EVENTUALLY
     while not check():
         assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
         time.sleep(0.02)
-
-
-@pytest.fixture
-def sample(tmp_path: Path) -> Path:
-    """A private copy of the recorded 2-rank run with faults (no store yet)."""
-    run = Path(shutil.copytree(SAMPLE_RUN, tmp_path / "tiny-faults"))
-    for stale in run.glob("bedside.duckdb*"):
-        stale.unlink()
-    return run
 
 
 def split_run(run: Path, step: int = SPLIT_STEP) -> Callable[[], None]:
@@ -153,11 +141,11 @@ def assert_each_message_delivered_once(run: Path, receiver: Receiver) -> pd.Data
 # -- bedside watch through an outage --------------------------------------------------------------------------
 
 def test_watch_delivers_every_incident_through_an_outage_and_keeps_ingesting_meanwhile(
-        sample: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
-    append_rest = split_run(sample)
+        tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
+    append_rest = split_run(tiny_faults)
     config = write_config(tmp_path, receiver)
     receiver.script, receiver.default, receiver.hang_s = list(OUTAGE), 503, 1.5
-    watch, stderr = start_watch(start_bedside, sample, "--config", str(config), "--drain", "30")
+    watch, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config), "--drain", "30")
     receiver.wait_for_requests(len(OUTAGE) + 1)  # the scripted answers, then 503s
     receiver.down()
     append_rest()
@@ -171,7 +159,7 @@ def test_watch_delivers_every_incident_through_an_outage_and_keeps_ingesting_mea
     assert stop(watch) == 0
     said = stderr.text()
 
-    rows = assert_each_message_delivered_once(sample, receiver)
+    rows = assert_each_message_delivered_once(tiny_faults, receiver)
     answered = receiver.answered()
     assert answered[:len(OUTAGE)] == [500, 500, 429, HANG] and 503 in answered
     limited = receiver.requests[2]
@@ -181,26 +169,26 @@ def test_watch_delivers_every_incident_through_an_outage_and_keeps_ingesting_mea
     assert rows["attempts"].iloc[0] > len(reached)  # the attempts that found the receiver down
 
     [[ingested_until, rank_steps]] = read_store(
-        sample, "SELECT (SELECT max(updated_at) FROM sources), (SELECT count(*) FROM rank_steps)").values
+        tiny_faults, "SELECT (SELECT max(updated_at) FROM sources), (SELECT count(*) FROM rank_steps)").values
     assert rank_steps == 400 and ingested_until < recovered
     later = rows[rows["incident_id"] == "nonfinite@0:150"]
     assert len(later) and (later["created_at"] < recovered).all()
     assert TOKEN not in said and SECRET not in said and "still pending" not in said
     assert "failing" in said and "delivered again" in said
-    critical = read_store(sample, "SELECT payload->>'$.text' AS text FROM outbox WHERE notifier = 'journal' "
+    critical = read_store(tiny_faults, "SELECT payload->>'$.text' AS text FROM outbox WHERE notifier = 'journal' "
                                   "ORDER BY seq")["text"]
     assert (tmp_path / "alerts.log").read_text().splitlines() == [f"bedside: alert: {t}" for t in critical]
 
 
 def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
-        sample: Path, tmp_path: Path, receiver: Receiver) -> None:
-    append_rest = split_run(sample)
+        tiny_faults: Path, tmp_path: Path, receiver: Receiver) -> None:
+    append_rest = split_run(tiny_faults)
     settings = load_settings(write_config(tmp_path, receiver), ENVIRON)
     receiver.script, receiver.default, receiver.hang_s = list(OUTAGE), 503, 1.5
-    with Store.open(RunLayout(sample).store) as store:
+    with Store.open(RunLayout(tiny_faults).store) as store:
         sender = OutboxSender(store, settings)
         detection = StoreDetection(store, alerts=AlertRouter(store, settings, on_commit=sender.wake))
-        collector = Collector(sample, store)
+        collector = Collector(tiny_faults, store)
 
         def ingest() -> tuple[int, int]:
             collector.ingest_available()
@@ -226,61 +214,61 @@ def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
             eventually(lambda: sender.pending() == 0, "every message delivered")
         finally:
             sender.close()
-    assert_each_message_delivered_once(sample, receiver)
+    assert_each_message_delivered_once(tiny_faults, receiver)
 
 
 def test_messages_pending_when_watch_is_killed_are_delivered_once_after_a_restart(
-        sample: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
+        tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
     config = write_config(tmp_path, receiver)
     receiver.down()
-    watch, stderr = start_watch(start_bedside, sample, "--config", str(config))
+    watch, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config))
     stderr.wait_for("at step 185")  # printed after the findings and their messages were committed
     stderr.wait_for("failing: cannot reach")
     assert stop(watch, signal.SIGKILL) == -signal.SIGKILL
     killed = time.time()
     receiver.up()
 
-    again, stderr = start_watch(start_bedside, sample, "--config", str(config), "--until-finished", "--drain", "30")
+    again, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "30")
     assert again.wait(WATCH_EXIT_S) == 0, stderr.text()
-    rows = assert_each_message_delivered_once(sample, receiver)
+    rows = assert_each_message_delivered_once(tiny_faults, receiver)
     assert (rows["created_at"] < killed).sum() >= 3  # written by the killed watch
     assert "still pending" not in stderr.text()
 
 
 def test_watch_stopped_during_an_outage_says_what_is_left_and_the_next_watch_sends_it(
-        sample: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
+        tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
     config = write_config(tmp_path, receiver)
     receiver.down()
-    watch, stderr = start_watch(start_bedside, sample, "--config", str(config), "--until-finished", "--drain", "0.5")
+    watch, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "0.5")
     assert watch.wait(WATCH_EXIT_S) == 0
     assert "alert messages are still pending: delivered when bedside watch or serve next runs" in stderr.text()
-    pending = read_store(sample, "SELECT message_id FROM outbox WHERE status = 'pending'")["message_id"]
+    pending = read_store(tiny_faults, "SELECT message_id FROM outbox WHERE status = 'pending'")["message_id"]
     receiver.up()
-    again, stderr = start_watch(start_bedside, sample, "--config", str(config), "--until-finished", "--drain", "30")
+    again, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "30")
     assert again.wait(WATCH_EXIT_S) == 0, stderr.text()
-    assert set(pending) <= set(assert_each_message_delivered_once(sample, receiver)["message_id"])
+    assert set(pending) <= set(assert_each_message_delivered_once(tiny_faults, receiver)["message_id"])
 
 
 # -- bedside watch without or with a bad configuration --------------------------------------------------------
 
-def test_watch_without_a_configuration_writes_incidents_to_stderr(sample: Path, bedside) -> None:
-    done = bedside("watch", sample, "--until-finished", "--quiet", "--rescan-every", "0.2", "--drain", "5")
+def test_watch_without_a_configuration_writes_incidents_to_stderr(tiny_faults: Path, bedside) -> None:
+    done = bedside("watch", tiny_faults, "--until-finished", "--quiet", "--rescan-every", "0.2", "--drain", "5")
     assert done.returncode == 0, done.stderr
     alerts = [line for line in done.stderr.splitlines() if line.startswith("bedside: alert: ")]
-    rows = read_store(sample, "SELECT notifier, severity, status, payload->>'$.text' AS text FROM outbox ORDER BY seq")
+    rows = read_store(tiny_faults, "SELECT notifier, severity, status, payload->>'$.text' AS text FROM outbox ORDER BY seq")
     assert len(rows) >= 1 and set(rows["notifier"]) == {"log"} and set(rows["status"]) == {"delivered"}
     assert set(rows["severity"]) <= {"warning", "critical"}  # the default notifier's threshold
     assert alerts == [f"bedside: alert: {text}" for text in rows["text"]]
     assert any("[CRITICAL] tiny-faults: New incident: Training instability" in line for line in alerts)
 
 
-def test_watch_with_a_bad_configuration_stops_before_anything_runs(sample: Path, tmp_path: Path, bedside) -> None:
-    (sample / "bedside.toml").write_text('[notifiers.team]\ntype = "slack"\nurl = "${BEDSIDE_UNSET_VARIABLE}"\n')
-    done = bedside("watch", sample, "--until-finished")
+def test_watch_with_a_bad_configuration_stops_before_anything_runs(tiny_faults: Path, tmp_path: Path, bedside) -> None:
+    (tiny_faults / "bedside.toml").write_text('[notifiers.team]\ntype = "slack"\nurl = "${BEDSIDE_UNSET_VARIABLE}"\n')
+    done = bedside("watch", tiny_faults, "--until-finished")
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"bedside: error: {sample / 'bedside.toml'}: notifiers.team.url: environment "
+    assert done.stderr.strip() == (f"bedside: error: {tiny_faults / 'bedside.toml'}: notifiers.team.url: environment "
                                    "variable BEDSIDE_UNSET_VARIABLE is not set")
-    assert not RunLayout(sample).store.exists()
+    assert not RunLayout(tiny_faults).store.exists()
 
 
 # -- bedside alert test ---------------------------------------------------------------------------------------
@@ -298,9 +286,9 @@ def test_alert_test_sends_one_message_to_the_notifier_named(tmp_path: Path, rece
 
 
 def test_alert_test_of_a_run_uses_the_configuration_beside_it_and_names_the_run(
-        sample: Path, tmp_path: Path, receiver: Receiver, bedside) -> None:
+        tiny_faults: Path, tmp_path: Path, receiver: Receiver, bedside) -> None:
     write_config(tmp_path, receiver)  # in the folder that holds the run
-    done = bedside("alert", "test", sample, env=ENVIRON)
+    done = bedside("alert", "test", tiny_faults, env=ENVIRON)
     assert done.returncode == 0, done.stderr
     assert [r.json()["run"] for r in receiver.requests] == [{"id": "912eef7d1259", "name": "tiny-faults"}]
     assert "journal (log, " in done.stdout and "delivered" in done.stdout
