@@ -57,7 +57,7 @@ def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, 
     served = registry.desk()
     for run_dir in served.runs():
         if served.owner(run_dir) is None:
-            print(f"bedside: {run_dir.name}: {served.refused[run_dir.resolve()]}; shown read-only", file=sys.stderr)
+            print(f"bedside: {run_dir.name}: {served.refused[run_dir.resolve()][1]}; shown read-only", file=sys.stderr)
     stop = threading.Event()
     threading.Thread(target=served.adopt_runs, args=(stop,), name="adopt-runs", daemon=True).start()
     access = "actions unlocked by the operator token" if served.operator_token else "read-only (no operator token)"

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from bedside.collectors.errors import BedsideError
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.runinfo import read_run_info
 
 from .data import RunData
 from .registry import Desk, desk
@@ -29,15 +32,33 @@ def current_run() -> RunData:
         st.info(f"No run in {served.target} yet: reload once one has started (bedside takes it over as it appears).")
         st.stop()
     names = [r.name for r in runs]
-    wanted = st.query_params.get("run")
-    if wanted in names and "run" not in st.session_state:
+    wanted = linked_run(st.query_params.get("run"), runs)
+    if wanted and "run" not in st.session_state:
         st.session_state["run"] = wanted
     name = st.sidebar.selectbox("Run", names, key="run")
+    st.query_params["run"] = name  # the address names the run shown, for reloads and shared links
     data = served.data(runs[names.index(name)])
     if data.note:
         st.sidebar.warning(data.note)
     operator_panel(served)
     return data
+
+
+def linked_run(wanted: str | None, runs: list[Path]) -> str | None:
+    """The folder name of the run a link names: by folder, or by run.json's name (what alert links carry)."""
+    if not wanted:
+        return None
+    for run in runs:
+        if run.name == wanted:
+            return run.name
+    for run in runs:
+        try:
+            info = read_run_info(RunLayout(run))
+        except BedsideError:
+            continue
+        if info and info.name == wanted:
+            return run.name
+    return None
 
 
 def operator_panel(served: Desk) -> None:

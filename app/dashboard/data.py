@@ -104,6 +104,12 @@ class RunData:
     def audit_trail(self) -> tuple[pd.DataFrame, int]:
         return audit.read(self.layout)
 
+    def close(self) -> None:
+        """Release a read-only copy (an owner's store is closed by its owner)."""
+        if self._view:
+            self._view[1].store.close()
+            self._view = None
+
     def _forget_old(self, version: int) -> None:
         for key in [k for k in self._cache if k[2] < version - CACHED_VERSIONS + 1]:
             del self._cache[key]

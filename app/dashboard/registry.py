@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,8 @@ TOKEN_ENV = "BEDSIDE_OPERATOR_TOKEN"
 REFRESH_ENV = "BEDSIDE_DASHBOARD_REFRESH_S"
 DEFAULT_REFRESH_S = 5.0
 ADOPT_EVERY_S = 2.0
+RETAKE_AFTER_S = 10.0
+"""How long after finding a run's store held by another process this one tries to take it again."""
 
 
 @dataclass
@@ -41,7 +44,7 @@ class Desk:
     operator_token: str
     refresh_s: float = DEFAULT_REFRESH_S
     owners: dict[Path, RunOwner] = field(default_factory=dict)
-    refused: dict[Path, str] = field(default_factory=dict)
+    refused: dict[Path, tuple[float, str]] = field(default_factory=dict)  # when, and why, a store was held
     views: dict[Path, RunData] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -52,13 +55,17 @@ class Desk:
         return sorted(find_runs(self.target), key=lambda p: p.stat().st_mtime, reverse=True)
 
     def data(self, run_dir: Path) -> RunData:
-        """The run's data layer (one per run and process, shared by every browser session)."""
+        """The run's data layer (one per run and process, shared by every browser session); a read-only one
+        is replaced as soon as this process can take the store."""
         run_dir = run_dir.resolve()
         owner = self.owner(run_dir)
         with self._lock:
-            if run_dir not in self.views:
+            view = self.views.get(run_dir)
+            if view is None or (view.owner is None and owner is not None):
+                if view:
+                    view.close()
                 self.views[run_dir] = RunData(run_dir, owner, refresh_s=self.refresh_s,
-                                              refused=self.refused.get(run_dir, ""))
+                                              refused=self.refused.get(run_dir, (0.0, ""))[1])
             return self.views[run_dir]
 
     def owner(self, run_dir: Path) -> RunOwner | None:
@@ -67,13 +74,15 @@ class Desk:
         with self._lock:
             if run_dir in self.owners:
                 return self.owners[run_dir]
-            if run_dir in self.refused:
+            if time.monotonic() - self.refused.get(run_dir, (-RETAKE_AFTER_S, ""))[0] < RETAKE_AFTER_S:
                 return None
+            self._release_view(run_dir)  # a read-only view of ours would keep the store from us
             try:
                 owner = RunOwner(run_dir, self.settings, warn=warn)
             except StoreLockedError as exc:
-                self.refused[run_dir] = str(exc)
+                self.refused[run_dir] = (time.monotonic(), str(exc))
                 return None
+            self.refused.pop(run_dir, None)
             owner.catch_up()
             if self.live:
                 owner.start()
@@ -95,7 +104,15 @@ class Desk:
         with self._lock:
             for owner in self.owners.values():
                 owner.close()
+            for view in self.views.values():
+                view.close()
             self.owners.clear()
+            self.views.clear()
+
+    def _release_view(self, run_dir: Path) -> None:
+        view = self.views.get(run_dir)
+        if view is not None and view.owner is None:
+            view.close()
 
 
 _DESKS: dict[tuple[str, ...], Desk] = {}

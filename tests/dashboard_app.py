@@ -1,0 +1,111 @@
+"""The dashboard under AppTest: private copies of the sample runs, the app opened on a page as a link opens it,
+and what a page shows (its tiles, its plotly figures with their arrays decoded, the operator's unlock)."""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import bedside.app.dashboard as dashboard
+from bedside.app.dashboard import registry
+
+SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
+MAIN = Path(dashboard.__file__).parent / "main.py"
+SCREENS = "screens"
+"""Where main.py's pages are, relative to it (their file names are their url paths)."""
+PAGES = ("overview", "ranks", "incidents", "checkpoints", "runs", "sql")
+RUN_TIMEOUT_S = 60
+DASHBOARD_ENV = (registry.TARGET_ENV, registry.CONFIG_ENV, registry.LIVE_ENV, registry.TOKEN_ENV, registry.REFRESH_ENV)
+
+
+def copy_run(name: str, into: Path, as_name: str | None = None) -> Path:
+    """A private copy of ``sample_runs/NAME`` in ``into``, without any store (the dashboard builds its own)."""
+    run = Path(shutil.copytree(SAMPLE_RUNS / name, into / (as_name or name)))
+    for stale in run.glob("bedside.duckdb*"):
+        stale.unlink()
+    return run
+
+
+def serve(monkeypatch: pytest.MonkeyPatch, target: Path, *, token: str = "") -> None:
+    """Point the dashboard at ``target`` as ``bedside serve`` would (not live), with ``token`` for operators."""
+    for name in DASHBOARD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(registry.TARGET_ENV, str(target))
+    if token:
+        monkeypatch.setenv(registry.TOKEN_ENV, token)
+
+
+def open_page(page: str, **query: str) -> AppTest:
+    """A new browser session landing on ``/PAGE?QUERY`` (a link's first run), after its first run."""
+    app = AppTest.from_file(str(MAIN), default_timeout=RUN_TIMEOUT_S)
+    app.query_params.update(query)
+    return app.switch_page(f"{SCREENS}/{page}.py").run()
+
+
+def go_to(app: AppTest, page: str) -> AppTest:
+    """Click ``page`` in the navigation of a running session."""
+    return app.switch_page(f"{SCREENS}/{page}.py").run()
+
+
+def assert_rendered(app: AppTest) -> None:
+    """No exception reached the page (Streamlit shows those as a traceback)."""
+    assert not app.exception, "\n".join(e.message + "\n" + "\n".join(e.stack_trace) for e in app.exception)
+
+
+def tiles(app: AppTest) -> dict[str, str]:
+    return {metric.label: metric.value for metric in app.metric}
+
+
+def chart_keys(app: AppTest) -> list[str]:
+    return [element.key for element in app.get("plotly_chart")]
+
+
+def chart(app: AppTest, key: str) -> dict[str, Any]:
+    """The plotly figure drawn with ``key``, as plain data (typed arrays decoded to numpy)."""
+    [element] = [e for e in app.get("plotly_chart") if e.key == key]
+    return _decoded(json.loads(element.proto.spec))
+
+
+def table(app: AppTest, *columns: str):
+    """The one dataframe on the page with all of ``columns``."""
+    [found] = [d.value for d in app.dataframe if set(columns) <= set(d.value.columns)]
+    return found
+
+
+def texts(app: AppTest) -> str:
+    """Everything written on the page and its sidebar (markdown, captions, alerts, headings), one per line."""
+    kinds = ("markdown", "caption", "error", "warning", "info", "success", "title", "subheader")
+    return "\n".join(str(element.value) for kind in kinds for element in app.get(kind))
+
+
+def unlock(app: AppTest, name: str, token: str) -> AppTest:
+    """Enter a name and a token in the sidebar's operator panel and press Unlock actions."""
+    app.sidebar.text_input(key="operator_name").input(name)
+    app.sidebar.text_input(key="operator_token").input(token)
+    return app.sidebar.button(key="unlock").click().run()
+
+
+def from_store(run: Path, sql: str, *params: Any) -> pd.DataFrame:
+    """What the run's store says, read through the store of the owner this process holds (the dashboard's)."""
+    owner = registry.desk().owner(run)
+    assert owner is not None, f"the dashboard does not own {run}'s store"
+    return owner.store.cursor().execute(sql, list(params)).df()
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, dict):
+        if {"dtype", "bdata"} <= value.keys():
+            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+            shape = value.get("shape")
+            return array.reshape([int(n) for n in str(shape).split(",")]) if shape else array
+        return {name: _decoded(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_decoded(item) for item in value]
+    return value

@@ -1,0 +1,359 @@
+"""Who may act from the dashboard, and what acting leaves behind: the operator token, a confirmed request filed for
+the trainer in ``RUN/control/requests/``, acknowledgements in the store, the append-only audit trail, and a run
+whose store another process holds. Real run copies, the real file system and store; AppTest drives the pages."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pandas as pd
+import pytest
+from dashboard_app import (PAGES, assert_rendered, copy_run, from_store, go_to, open_page, serve, table, texts,
+                           unlock)
+from streamlit.testing.v1 import AppTest
+
+from bedside.app.dashboard import registry
+from bedside.app.dashboard.actions import prefilled_args, request_status
+from bedside.collectors.errors import BedsideError
+from bedside.collectors.layout import RunLayout
+
+TOKEN = "correct horse battery"
+OPERATOR = "alice"
+REASON = "NaN at step 185 after bit flips: back to the last good checkpoint"
+WAITING = "filed, waiting for the trainer's next step"
+ACTION_BUTTONS = {"Acknowledge", "Review request", "Confirm rewind", "Cancel"}
+EVENTUALLY_S = 60.0
+
+
+@pytest.fixture(autouse=True)
+def closed_desks() -> Iterator[None]:
+    """Each test takes its run's store afresh and lets it go after."""
+    yield
+    registry.close_all()
+
+
+@pytest.fixture
+def run(tiny_faults: Path) -> Path:
+    """The run served: a private copy of tiny-faults (3 incidents, one critical suggesting a rewind)."""
+    return tiny_faults
+
+
+@pytest.fixture
+def critical(run: Path, monkeypatch) -> pd.Series:
+    """The run's critical incident (the dashboard serves the run with the operator token)."""
+    serve(monkeypatch, run, token=TOKEN)
+    found = from_store(run, "SELECT * FROM incidents WHERE severity = 'critical'")
+    assert len(found) == 1
+    return found.iloc[0]
+
+
+@pytest.fixture
+def operator(critical: pd.Series) -> AppTest:
+    """alice, unlocked, on the Incidents page with the critical incident chosen."""
+    app = unlock(open_page("incidents"), OPERATOR, TOKEN)
+    app.selectbox(key="incident").set_value(critical["incident_id"]).run()
+    assert_rendered(app)
+    return app
+
+
+def buttons(app: AppTest) -> set[str]:
+    return {b.label for b in app.button}
+
+
+def labelled(widgets, label: str):
+    """The one widget of ``widgets`` with ``label`` (the action's widgets are keyed per incident)."""
+    [widget] = [w for w in widgets if w.label == label]
+    return widget
+
+
+def requests_filed(run: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(RunLayout(run).control_requests.glob("*.json"))]
+
+
+def audit_entries(run: Path) -> list[dict]:
+    trail = RunLayout(run).control / "audit.jsonl"
+    return [json.loads(line) for line in trail.read_text().splitlines()] if trail.exists() else []
+
+
+def review(app: AppTest, reason: str = REASON) -> AppTest:
+    app.text_input(key="reason").input(reason)
+    return app.button(key="review").click().run()
+
+
+# -- the operator token -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("page", PAGES)
+def test_without_an_operator_token_no_page_offers_an_action(run: Path, monkeypatch, page: str) -> None:
+    serve(monkeypatch, run)
+    app = open_page(page)
+    assert_rendered(app)
+    assert not buttons(app) & (ACTION_BUTTONS | {"Unlock actions"})
+    assert not app.sidebar.text_input
+    assert "Read-only: no operator token is configured" in app.sidebar.caption[0].value
+
+
+def test_without_an_operator_token_the_incidents_page_says_actions_are_locked(run: Path, monkeypatch) -> None:
+    serve(monkeypatch, run)
+    app = open_page("incidents")
+    assert [i.value for i in app.info] == ["Actions are locked: enter your name and the operator token in the sidebar."]
+    assert not app.number_input and not app.text_input
+
+
+@pytest.mark.parametrize(("name", "token", "error"), [
+    pytest.param(OPERATOR, "wrong", "Wrong token.", id="wrong token"),
+    pytest.param(OPERATOR, "", "Wrong token.", id="no token"),
+    pytest.param(OPERATOR, TOKEN[:-1], "Wrong token.", id="a prefix of the token"),
+    pytest.param("  ", TOKEN, "Enter your name: it is recorded with every action.", id="no name"),
+])
+def test_unlocking_is_refused_without_the_token_and_a_name(critical: pd.Series, name: str, token: str,
+                                                           error: str) -> None:
+    app = unlock(open_page("incidents"), name, token)
+    assert_rendered(app)
+    assert [e.value for e in app.sidebar.error] == [error]
+    assert not buttons(app) & ACTION_BUTTONS and "operator" not in app.session_state
+    assert "Actions are locked" in app.info[0].value
+
+
+def test_the_token_and_a_name_unlock_actions_until_locked_again(critical: pd.Series) -> None:
+    app = unlock(open_page("incidents"), f" {OPERATOR} ", TOKEN)
+    assert_rendered(app)
+    assert app.session_state["operator"] == OPERATOR
+    assert f"Acting as **{OPERATOR}**." in [c.value for c in app.sidebar.caption]
+    assert {"Acknowledge", "Review request"} <= buttons(app)
+    assert_rendered(go_to(app, "overview"))
+    assert f"Acting as **{OPERATOR}**." in [c.value for c in app.sidebar.caption]  # every page of the session
+    app.sidebar.button(key="lock").click().run()
+    assert_rendered(go_to(app, "incidents"))
+    assert not buttons(app) & ACTION_BUTTONS and app.sidebar.button(key="unlock")
+
+
+# -- a confirmed request ------------------------------------------------------------------------------------------
+
+def test_the_action_is_prefilled_from_the_incidents_suggestion(operator: AppTest, critical: pd.Series) -> None:
+    suggestion = json.loads(critical["suggested_action"])
+    assert suggestion["action"] == "rewind"
+    assert labelled(operator.selectbox, "Action").value == "rewind"
+    assert [(n.label, n.value) for n in operator.number_input] == [("to_step", suggestion["args"]["to_step"])]
+
+
+def test_each_incident_prefills_its_own_action(operator: AppTest, run: Path, critical: pd.Series) -> None:
+    [[spike]] = from_store(run, "SELECT incident_id FROM incidents WHERE list_contains(kinds, 'loss_spike')").values
+    operator.selectbox(key="incident").set_value(spike).run()
+    assert_rendered(operator)
+    assert labelled(operator.selectbox, "Action").value == "rewind"  # its suggestion, investigate, is not an action
+    # to the newest good checkpoint before step 85 still on disk: none, step 50's was rotated out (3 are kept)
+    assert [(n.label, n.value) for n in operator.number_input] == [("to_step", 0)]
+    operator.selectbox(key="incident").set_value(critical["incident_id"]).run()
+    assert [n.value for n in operator.number_input] == [json.loads(critical["suggested_action"])["args"]["to_step"]]
+
+
+def test_a_request_needs_a_reason(operator: AppTest, run: Path) -> None:
+    review(operator, reason="   ")
+    assert_rendered(operator)
+    assert [e.value for e in operator.error] == ["A reason is required."]
+    assert "Confirm rewind" not in buttons(operator)
+    assert requests_filed(run) == [] and audit_entries(run) == []
+
+
+def test_a_reviewed_and_confirmed_rewind_files_one_request_and_one_audit_entry(
+        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    to_step = json.loads(critical["suggested_action"])["args"]["to_step"]
+    review(operator)
+    assert_rendered(operator)
+    assert f"{OPERATOR} asks the trainer to **rewind** {{\"to_step\": {to_step}}}: {REASON}" in \
+        [w.value for w in operator.warning]
+    assert requests_filed(run) == []  # nothing is filed before the confirmation
+
+    before = time.time()
+    operator.button(key="confirm").click().run()
+    assert_rendered(operator)
+    [request] = requests_filed(run)
+    assert {k: request[k] for k in ("action", "args", "operator", "reason")} == \
+        {"action": "rewind", "args": {"to_step": to_step}, "operator": OPERATOR, "reason": REASON}
+    [entry] = audit_entries(run)
+    assert entry == {"time": entry["time"], "operator": OPERATOR, "what": "rewind",
+                     "incident_id": critical["incident_id"], "request_id": request["request_id"],
+                     "args": {"to_step": to_step}, "reason": REASON}
+    assert before <= entry["time"] <= time.time()
+
+    assert f"Request {request['request_id']} filed." in [s.value for s in operator.success]
+    assert f"`{request['request_id']}` **rewind** by {OPERATOR}: {WAITING}" in texts(operator)
+    trail = table(operator, "operator", "what", "request_id", "reason")
+    assert list(zip(trail["operator"], trail["what"], trail["request_id"], trail["reason"])) == \
+        [(OPERATOR, "rewind", request["request_id"], REASON)]
+
+    operator.run()  # the next refresh files nothing more
+    assert len(requests_filed(run)) == 1 and "Confirm rewind" not in buttons(operator)
+
+
+def test_an_edited_argument_is_what_gets_filed(operator: AppTest, run: Path) -> None:
+    labelled(operator.selectbox, "Action").select("skip").run()
+    assert [n.label for n in operator.number_input] == ["first_batch", "last_batch"]
+    labelled(operator.number_input, "last_batch").set_value(190)
+    review(operator)
+    operator.button(key="confirm").click().run()
+    [request] = requests_filed(run)
+    assert (request["action"], request["args"]) == ("skip", {"first_batch": 150, "last_batch": 190})
+
+
+def test_a_request_the_trainer_could_not_take_is_refused_and_not_audited(operator: AppTest, run: Path) -> None:
+    labelled(operator.selectbox, "Action").select("skip").run()
+    labelled(operator.number_input, "first_batch").set_value(200)  # after last_batch
+    review(operator)
+    operator.button(key="confirm").click().run()
+    assert_rendered(operator)
+    assert [e.value for e in operator.error] == ["skip needs first_batch <= last_batch, got 200 > 185"]
+    assert requests_filed(run) == [] and audit_entries(run) == []
+
+
+def test_cancelling_a_review_files_nothing(operator: AppTest, run: Path) -> None:
+    review(operator)
+    operator.button(key="cancel").click().run()
+    assert_rendered(operator)
+    assert "Confirm rewind" not in buttons(operator) and not operator.warning
+    assert requests_filed(run) == [] and audit_entries(run) == []
+
+
+def test_a_review_does_not_carry_over_to_another_incident(operator: AppTest, run: Path, critical: pd.Series) -> None:
+    review(operator)
+    other = next(i for i in from_store(run, "SELECT incident_id FROM incidents")["incident_id"]
+                 if i != critical["incident_id"])
+    operator.selectbox(key="incident").set_value(other).run()
+    assert_rendered(operator)
+    assert "Confirm rewind" not in buttons(operator) and not operator.warning
+    operator.selectbox(key="incident").set_value(critical["incident_id"]).run()
+    assert "Confirm rewind" not in buttons(operator)  # reviewed again, or not at all
+    assert requests_filed(run) == []
+
+
+def test_a_review_does_not_carry_over_to_another_run(tmp_path: Path, monkeypatch) -> None:
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        copy_run("tiny-faults", runs, as_name=name)
+    serve(monkeypatch, runs, token=TOKEN)
+    app = unlock(open_page("incidents", run="a"), OPERATOR, TOKEN)
+    review(app)
+    assert "Confirm rewind" in buttons(app)
+    app.sidebar.selectbox(key="run").select("b").run()
+    assert_rendered(app)
+    assert app.sidebar.selectbox(key="run").value == "b"
+    assert "Confirm rewind" not in buttons(app) and not app.warning
+    assert requests_filed(runs / "a") == requests_filed(runs / "b") == []
+
+
+# -- acknowledgements ---------------------------------------------------------------------------------------------
+
+def test_acknowledging_records_the_operator_in_the_store_and_the_audit_trail(
+        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    note = "on it: checking rank 1's host"
+    operator.text_input(key="ack_note").input(note)
+    [acknowledge] = [b for b in operator.button if b.label == "Acknowledge"]
+    acknowledge.click().run()
+    assert_rendered(operator)
+    assert f"Acknowledged by {OPERATOR}." in [s.value for s in operator.success]
+
+    [[who, said, status]] = from_store(run, "SELECT acknowledged_by, ack_note, status FROM incidents "
+                                            "WHERE incident_id = ?", critical["incident_id"]).values
+    assert (who, said, status) == (OPERATOR, note, "acknowledged")
+    [entry] = audit_entries(run)
+    assert {k: entry[k] for k in ("operator", "what", "incident_id", "request_id", "reason")} == \
+        {"operator": OPERATOR, "what": "acknowledge", "incident_id": critical["incident_id"], "request_id": None,
+         "reason": note}
+    assert requests_filed(run) == []
+
+    operator.run()
+    assert f"Acknowledged by {OPERATOR}: {note}" in [c.value for c in operator.caption]
+    assert list(table(operator, "operator", "what")["what"]) == ["acknowledge"]
+
+
+def test_a_resolved_incident_cannot_be_acknowledged(operator: AppTest, run: Path) -> None:
+    resolved = from_store(run, "SELECT incident_id FROM incidents WHERE status = 'resolved'")["incident_id"][0]
+    operator.selectbox(key="incident").set_value(resolved).run()
+    [acknowledge] = [b for b in operator.button if b.label == "Acknowledge"]
+    assert acknowledge.disabled
+
+
+# -- a store held by another process --------------------------------------------------------------------------
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + EVENTUALLY_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_a_run_whose_store_another_process_holds_is_shown_read_only(
+        run: Path, tmp_path: Path, monkeypatch, start_bedside) -> None:
+    log = tmp_path / "collect.log"
+    with open(log, "w") as err:
+        collector = start_bedside("collect", run, "--follow", stderr=err)
+    wait_for(lambda: "ingested" in log.read_text() or collector.poll() is not None)
+    assert collector.poll() is None, log.read_text()
+    serve(monkeypatch, run, token=TOKEN)
+
+    app = open_page("overview")
+    for page in PAGES:
+        assert_rendered(go_to(app, page))
+        [warning] = app.sidebar.warning
+        assert warning.value.startswith("Read-only: another process holds this run's store")
+    shown = {m.label: m.value for m in go_to(app, "overview").metric}
+    assert (shown["Status"], shown["Step"]) == ("finished", "200")  # from the raw telemetry
+    assert shown["Open incidents"] == "–"  # not "0": the incidents are in the other process
+    assert {c.key for c in app.get("plotly_chart")} == {"eval_vs_compute", "training_curves"}
+
+    unlock(go_to(app, "incidents"), OPERATOR, TOKEN)
+    assert_rendered(app)
+    assert not app.success and "another process holds this run's store" in app.warning[0].value
+    assert not buttons(app) & ACTION_BUTTONS
+
+    with pytest.raises(BedsideError, match="acknowledging needs the store, which another process holds"):
+        registry.desk().data(run).acknowledge("nonfinite@0:150", operator=OPERATOR, note="mine")
+    assert audit_entries(run) == []
+    assert collector.poll() is None
+
+
+# -- the pieces, on small frames ----------------------------------------------------------------------------------
+
+CHECKPOINTS = pd.DataFrame({"step": [20, 50, 60, 100], "state": ["saved", "verified", "corrupt", "verified"],
+                            "deleted": [False, True, False, False]})
+
+
+@pytest.mark.parametrize(("action", "suggestion", "args"), [
+    pytest.param("rewind", {"action": "rewind", "args": {"to_step": 40}}, {"to_step": 40}, id="the suggestion"),
+    pytest.param("rewind", {"action": "investigate", "args": {"step": 85}}, {"to_step": 20},
+                 id="rewind to the newest good checkpoint still on disk"),
+    pytest.param("rewind", {"action": "rewind", "args": {}}, {"to_step": 20}, id="a suggestion without arguments"),
+    pytest.param("skip", {"action": "rewind", "args": {"to_step": 40}}, {"first_batch": 85, "last_batch": 94},
+                 id="skip the incident's batches"),
+    pytest.param("quarantine", {"action": "investigate", "args": {}}, {"shard": 0}, id="quarantine"),
+    pytest.param("pause", {"action": "rewind", "args": {"to_step": 40}}, {}, id="pause"),
+])
+def test_prefilled_args_take_the_suggestion_else_derive_from_the_incident(action: str, suggestion: dict,
+                                                                          args: dict) -> None:
+    incident = pd.Series({"start_step": 85, "end_step": 94})
+    assert prefilled_args(action, suggestion, incident, CHECKPOINTS) == args
+
+
+def test_a_rewind_with_no_good_checkpoint_before_the_onset_goes_to_step_0() -> None:
+    assert prefilled_args("rewind", {"action": "investigate"}, pd.Series({"start_step": 10, "end_step": 12}),
+                          CHECKPOINTS) == {"to_step": 0}
+
+
+def test_request_status_follows_the_request_from_filing_to_the_trainers_answer(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    layout.control_processed.mkdir(parents=True)
+    none = pd.DataFrame(columns=["request_id", "status", "step", "timeline", "message"])
+    assert request_status("req-1", none, layout) == WAITING
+    (layout.control_processed / "req-1.json").write_text("{}")
+    assert request_status("req-1", none, layout) == "taken by the trainer"
+
+    def answered(status: str, message: str | None = None) -> pd.DataFrame:
+        return pd.DataFrame({"request_id": ["req-0", "req-1"], "status": ["applied", status], "step": [3, 187],
+                             "timeline": [0, 1], "message": [None, message]})
+
+    assert request_status("req-1", answered("requested"), layout) == "acknowledged by the trainer, not yet applied"
+    assert request_status("req-1", answered("applied"), layout) == "applied at step 187 on timeline 1"
+    assert request_status("req-1", answered("rejected", "no checkpoint at step 40"), layout) == \
+        "rejected by the trainer: no checkpoint at step 40"

@@ -1,0 +1,313 @@
+"""Every page of the on-call dashboard under AppTest, on copies of the sample runs served together (a directory of
+two runs, as ``bedside serve RUNS_DIR``): what each page shows, checked against the store the dashboard built, and
+the links alerts send (``/incidents?run=NAME&incident=ID``)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+from dashboard_app import (PAGES, assert_rendered, chart, chart_keys, copy_run, from_store, go_to, open_page, serve,
+                           table, texts, tiles)
+
+from bedside.app.dashboard import registry
+from bedside.app.dashboard.common import age, linked_run
+from bedside.app.dashboard.figures import FADED
+from bedside.app.simulation import SimulationConfig, simulate_run
+
+FAULTS, REWIND = "tiny-faults", "tiny-rewind"
+OVERVIEW_TILES = ["Status", "Step", "Tokens", "FLOPs spent", "Tokens/s", "MFU", "Since good checkpoint",
+                  "Open incidents"]
+YOUNG_DALY_TILES = ["Save cost (median)", "Interruptions seen", "Recommended interval", "Current interval"]
+SLOW_RANK = 5
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Iterator[Path]:
+    """A directory with copies of both sample runs; the desk serving it lives for the module, then lets go."""
+    folder = tmp_path_factory.mktemp("runs")
+    copy_run(FAULTS, folder)
+    copy_run(REWIND, folder)
+    yield folder
+    registry.close_all()
+
+
+@pytest.fixture
+def served(runs: Path, monkeypatch) -> Path:
+    """The dashboard pointed at the directory of runs, without an operator token."""
+    serve(monkeypatch, runs)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def straggling(tmp_path_factory) -> Path:
+    """A simulated clean 8-rank run (4 per host) whose rank 5 computes twice as slowly from the first step."""
+    run = tmp_path_factory.mktemp("straggling") / "straggling"
+    simulate_run(SimulationConfig(ranks=8, steps=150, ranks_per_host=4, nuisances=False,
+                                  inject=(f"straggler:rank={SLOW_RANK},factor=2,from=1",)), run)
+    return run
+
+
+# -- every page ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("run", [FAULTS, REWIND])
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_each_run(served: Path, page: str, run: str) -> None:
+    app = open_page(page, run=run)
+    assert_rendered(app)
+    assert app.sidebar.selectbox(key="run").value == run
+    assert app.title and not app.error
+
+
+def test_the_pages_keep_the_chosen_run_from_page_to_page(served: Path) -> None:
+    app = open_page("overview", run=REWIND)
+    for page in PAGES:
+        assert_rendered(go_to(app, page))
+        assert app.sidebar.selectbox(key="run").value == REWIND
+
+
+# -- overview -----------------------------------------------------------------------------------------------------
+
+def test_the_overview_shows_the_finished_run_at_step_200_and_its_eval_against_compute(served: Path) -> None:
+    app = open_page("overview", run=FAULTS)
+    assert_rendered(app)
+    shown = tiles(app)
+    assert list(shown) == OVERVIEW_TILES
+    assert (shown["Status"], shown["Step"]) == ("finished", "200")
+    assert shown["MFU"].endswith("%") and shown["Tokens"] != "–" and shown["FLOPs spent"] != "–"
+    [[still_open]] = from_store(served / FAULTS, "SELECT count(*) FROM incidents WHERE status <> 'resolved'").values
+    assert still_open >= 1 and shown["Open incidents"] == str(still_open)
+
+    assert chart_keys(app) == ["eval_vs_compute", "training_curves"]
+    figure = chart(app, "eval_vs_compute")
+    assert figure["layout"]["xaxis"]["type"] == "log"
+    evals = from_store(served / FAULTS, "SELECT cum_flops, value FROM eval_scores WHERE name = 'excess_loss' "
+                                        "ORDER BY step")
+    lines = {trace["name"]: trace for trace in figure["data"]}
+    assert set(lines) == {"timeline 0", "warning incident", "critical incident"}
+    np.testing.assert_allclose(lines["timeline 0"]["x"], evals["cum_flops"])
+    np.testing.assert_allclose(lines["timeline 0"]["y"], evals["value"])
+
+
+def test_the_eval_against_compute_marks_each_incident_where_it_began(served: Path) -> None:
+    figure = chart(open_page("overview", run=FAULTS), "eval_vs_compute")
+    evals = from_store(served / FAULTS, "SELECT step, cum_flops, value FROM eval_scores WHERE name = 'excess_loss' "
+                                        "ORDER BY step")
+    incidents = from_store(served / FAULTS, "SELECT severity, start_step, title FROM incidents ORDER BY start_step")
+    marks = sorted((x, y, label) for trace in figure["data"] if trace["name"].endswith(" incident")
+                   for x, y, label in zip(trace["x"], trace["y"], trace["text"]))
+    assert len(marks) == len(incidents)  # every one began after the first eval
+    for (x, y, label), incident in zip(marks, incidents.itertuples()):
+        assert label == f"{incident.title} (step {incident.start_step})"
+        assert x == pytest.approx(np.interp(incident.start_step, evals["step"], evals["cum_flops"]))
+        assert y == pytest.approx(np.interp(incident.start_step, evals["step"], evals["value"]))
+
+
+def test_the_training_curves_shade_each_incident_about_the_numbers_by_severity(served: Path) -> None:
+    figure = chart(open_page("overview", run=FAULTS), "training_curves")
+    incidents = from_store(served / FAULTS, "SELECT start_step, end_step, severity, kinds FROM incidents "
+                                            "ORDER BY start_step")
+    about_numbers = incidents[incidents["kinds"].map(lambda kinds: set(kinds) != {"straggler"})]
+    assert len(about_numbers) == len(incidents) - 1  # the straggler is about speed: the ranks page shows it
+    colors = {"warning": "#f59e0b", "critical": "#dc2626"}
+    expected = [(start - 0.5, end + 0.5, colors[severity]) for start, end, severity, _ in about_numbers.values]
+    for axis in ("x", "x2", "x3"):  # loss, gradient norm and LR
+        shaded = [s for s in figure["layout"]["shapes"] if s["type"] == "rect" and s["xref"] == axis]
+        assert sorted((s["x0"], s["x1"], s["fillcolor"]) for s in shaded) == expected
+
+
+def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(served: Path) -> None:
+    figure = chart(open_page("overview", run=REWIND), "training_curves")
+    lines = {(t["yaxis"], t["name"]): t for t in figure["data"]}
+    assert sorted({name for _, name in lines}) == ["timeline 0", "timeline 1"]
+    assert len(lines) == 6  # loss, gradient norm and LR, each timeline a line
+    assert {t["opacity"] for (_, name), t in lines.items() if name == "timeline 0"} == {FADED}
+    assert {t["opacity"] for (_, name), t in lines.items() if name == "timeline 1"} == {1.0}
+    [[rewound_at]] = from_store(served / REWIND, "SELECT step FROM action_events "
+                                                 "WHERE action = 'rewind' AND status = 'applied'").values
+    marks = [s for s in figure["layout"]["shapes"] if s["type"] == "line"]
+    assert len(marks) == 3 and {s["x0"] for s in marks} == {rewound_at}
+    assert {a["text"] for a in figure["layout"]["annotations"] if a["xref"].startswith("x")} == {"rewind"}
+
+
+# -- incidents ----------------------------------------------------------------------------------------------------
+
+def test_the_incidents_page_lists_the_incidents_the_detectors_found(served: Path) -> None:
+    app = open_page("incidents", run=FAULTS)
+    assert_rendered(app)
+    found = from_store(served / FAULTS, "SELECT incident_id, severity, status, title, kinds FROM incidents")
+    assert {kind for kinds in found["kinds"] for kind in kinds} >= {"loss_spike", "straggler", "nonfinite"}
+    listed = table(app, "severity", "status", "title", "steps", "id")
+    assert sorted(zip(listed["id"], listed["severity"], listed["status"], listed["title"])) == \
+        sorted(zip(found["incident_id"], found["severity"], found["status"], found["title"]))
+    assert list(listed["status"]).index("open") == 0  # open first
+    assert app.selectbox(key="incident").options == [f"{i}: {t}" for i, t in zip(listed["id"], listed["title"])]
+
+
+def test_each_incident_opens_to_its_evidence_and_findings(served: Path) -> None:
+    app = open_page("incidents", run=FAULTS)
+    incidents = from_store(served / FAULTS, "SELECT incident_id, title, ranks, findings FROM incidents")
+    for incident in incidents.itertuples():
+        app.selectbox(key="incident").set_value(incident.incident_id).run()
+        assert_rendered(app)
+        assert incident.title in app.subheader[0].value
+        evidence = chart(app, "incident_evidence")
+        rank_lines = [t["name"] for t in evidence["data"] if t["name"].startswith("rank ")]
+        assert rank_lines == ([f"rank {r}" for r in sorted(incident.ranks)] if len(incident.ranks) else [])
+        assert len(table(app, "kind", "severity", "active", "evidence")) == incident.findings
+
+
+def test_the_incidents_page_says_so_when_a_run_has_none(served: Path) -> None:
+    app = open_page("incidents", run=REWIND)
+    assert_rendered(app)
+    assert [s.value for s in app.success] == ["No incidents."]
+    assert not app.get("plotly_chart") and app.sidebar.selectbox(key="run").value == REWIND
+
+
+# -- ranks --------------------------------------------------------------------------------------------------------
+
+def test_the_ranks_page_orders_ranks_by_place_and_shows_their_slowdown(served: Path) -> None:
+    app = open_page("ranks", run=FAULTS)
+    assert_rendered(app)
+    assert chart_keys(app) == ["rank_heatmap", "phase_breakdown"]
+    places = from_store(served / FAULTS, "SELECT rank FROM ranks ORDER BY host, pp, tp, dp, rank")["rank"]
+    assert chart(app, "rank_heatmap")["data"][0]["y"] == [f"rank {r}" for r in places]
+    slowdowns = table(app, "rank", "compute_slowdown", "step_slowdown")
+    assert sorted(slowdowns["rank"]) == sorted(places)
+    assert list(slowdowns["compute_slowdown"]) == sorted(slowdowns["compute_slowdown"], reverse=True)
+    assert "Straggler incidents" in [h.value for h in app.subheader]
+    straggler = from_store(served / FAULTS, "SELECT summary FROM incidents WHERE list_contains(kinds, 'straggler')")
+    assert straggler["summary"][0] in texts(app)
+
+
+def test_the_ranks_page_puts_a_rank_twice_as_slow_first(straggling: Path, monkeypatch) -> None:
+    serve(monkeypatch, straggling)
+    app = open_page("ranks")
+    assert_rendered(app)
+    heat = chart(app, "rank_heatmap")["data"][0]
+    assert heat["y"] == [f"rank {r}" for r in range(8)]  # host, then stage and replica: rank order here
+    slowdowns = table(app, "rank", "compute_slowdown")
+    assert slowdowns["rank"][0] == SLOW_RANK
+    assert slowdowns["compute_slowdown"][0] == pytest.approx(2.0, rel=0.1)
+    assert slowdowns["compute_slowdown"][1:].between(0.9, 1.1).all()
+
+
+# -- checkpoints --------------------------------------------------------------------------------------------------
+
+def test_the_checkpoints_page_shows_the_work_at_risk_and_the_young_daly_interval(served: Path) -> None:
+    app = open_page("checkpoints", run=FAULTS)
+    assert_rendered(app)
+    assert chart_keys(app) == ["checkpoint_timeline"]
+    saved = table(app, "step", "duration_s", "state", "started_at")
+    assert list(saved["step"]) == [50, 100, 150, 200]
+    shown = tiles(app)
+    assert list(shown)[-4:] == YOUNG_DALY_TILES
+    assert (shown["Last good checkpoint"], shown["Steps at risk"]) == ("step 200", "0")
+
+    [[first, last]] = from_store(served / FAULTS, "SELECT min(time), max(time) FROM steps").values
+    save_s, mtbf_s = float(saved["duration_s"].median()), last - first  # no restart seen: one after the span
+    interval_s = float(np.median(np.diff(saved["started_at"])))
+    optimal_s = math.sqrt(2 * save_s * mtbf_s)
+    assert shown["Save cost (median)"] == f"{save_s:.2f} s"
+    assert shown["Interruptions seen"] == "0"
+    assert shown["Recommended interval"] == age(optimal_s)
+    assert shown["Current interval"] == age(interval_s)
+    [current] = [m for m in app.metric if m.label == "Current interval"]
+    waste = save_s / interval_s + interval_s / (2 * mtbf_s)
+    assert current.delta == f"expected waste {waste:.1%} (optimum {2 * save_s / optimal_s:.1%})"
+
+
+# -- runs ---------------------------------------------------------------------------------------------------------
+
+def test_the_runs_page_lists_both_runs_and_overlays_their_evals(served: Path) -> None:
+    app = open_page("runs")
+    assert_rendered(app)
+    listed = table(app, "name", "status", "last_step")
+    assert sorted(zip(listed["name"], listed["status"], listed["last_step"])) == \
+        [(FAULTS, "finished", 200), (REWIND, "finished", 160)]
+    assert sorted(app.multiselect(key="compare").value) == [FAULTS, REWIND]
+    overlay = chart(app, "runs_overlay")
+    assert sorted(t["name"] for t in overlay["data"]) == [FAULTS, REWIND]
+    for line in overlay["data"]:
+        evals = from_store(served / line["name"], "SELECT cum_flops FROM eval_scores WHERE name = 'excess_loss' "
+                                                  "ORDER BY cum_flops")
+        np.testing.assert_allclose(line["x"], evals["cum_flops"])
+
+    app.multiselect(key="compare").unselect(REWIND).run()
+    assert [t["name"] for t in chart(app, "runs_overlay")["data"]] == [FAULTS]
+
+
+# -- SQL ----------------------------------------------------------------------------------------------------------
+
+def test_the_sql_page_runs_an_example_and_offers_the_result_as_csv(served: Path) -> None:
+    app = open_page("sql", run=FAULTS)
+    app.selectbox(key="example").select("loss around a step").run()
+    assert "BETWEEN 80 AND 100" in app.text_area(key="sql").value
+    app.button(key="run_sql").click().run()
+    assert_rendered(app)
+    result = table(app, "step", "loss", "grad_norm", "shards")
+    assert list(result["step"]) == list(range(80, 101))
+    assert "21 rows" in [c.value for c in app.caption]
+    [download] = app.download_button
+    assert download.label == "Download CSV" and download.proto.url.endswith(".csv")
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    pytest.param("SELEC step FROM steps", "SQL error: Parser Error", id="bad SQL"),
+    pytest.param("DELETE FROM steps", "only SELECT queries are allowed here, got DELETE", id="delete"),
+    pytest.param("SELECT * FROM read_csv('/etc/passwd')", "SQL error: Permission Error", id="file access"),
+])
+def test_the_sql_page_shows_refused_sql_as_an_error_not_a_traceback(served: Path, sql: str, message: str) -> None:
+    app = open_page("sql", run=FAULTS)
+    app.text_area(key="sql").input(sql)
+    app.button(key="run_sql").click().run()
+    assert_rendered(app)
+    [error] = app.error
+    assert error.value.startswith(message)
+    assert not app.dataframe and not app.download_button
+    assert "root:" not in texts(app)
+    [[steps]] = from_store(served / FAULTS, "SELECT count(*) FROM steps").values
+    assert steps > 0
+
+
+# -- links from alerts --------------------------------------------------------------------------------------------
+
+def test_a_link_from_an_alert_opens_its_run_and_incident(served: Path) -> None:
+    incidents = from_store(served / FAULTS, "SELECT incident_id, title FROM incidents ORDER BY status DESC, opened_at")
+    linked = incidents[incidents["incident_id"].str.startswith("straggler")].iloc[0]
+    app = open_page("incidents", run=FAULTS, incident=linked["incident_id"])
+    assert_rendered(app)
+    assert app.sidebar.selectbox(key="run").value == FAULTS
+    assert app.selectbox(key="incident").value == linked["incident_id"]
+    assert linked["title"] in app.subheader[0].value
+
+
+@pytest.mark.parametrize("run", [FAULTS, REWIND])
+def test_a_link_picks_the_run_it_names(served: Path, run: str) -> None:
+    app = open_page("overview", run=run)
+    assert app.sidebar.selectbox(key="run").value == run
+    assert tiles(app)["Step"] == {FAULTS: "200", REWIND: "160"}[run]
+
+
+def test_a_link_to_an_unknown_run_or_incident_opens_the_defaults(served: Path) -> None:
+    app = open_page("incidents", run="no-such-run", incident="no-such-incident")
+    assert_rendered(app)
+    assert app.sidebar.selectbox(key="run").value == app.sidebar.selectbox(key="run").options[0]
+    app = open_page("incidents", run=FAULTS, incident="no-such-incident")
+    assert app.selectbox(key="incident").value == table(app, "id")["id"][0]
+
+
+def test_the_run_chosen_in_the_sidebar_wins_over_the_link(served: Path) -> None:
+    app = open_page("incidents", run=FAULTS)
+    app.sidebar.selectbox(key="run").select(REWIND).run()
+    assert_rendered(go_to(app, "overview"))
+    assert app.sidebar.selectbox(key="run").value == REWIND
+
+
+def test_an_alert_link_naming_the_run_as_run_json_does_finds_a_renamed_folder(tiny_faults: Path) -> None:
+    renamed = tiny_faults.rename(tiny_faults.with_name("copied-elsewhere"))
+    assert linked_run("tiny-faults", [renamed]) == "copied-elsewhere"
+    assert linked_run("copied-elsewhere", [renamed]) == "copied-elsewhere"
+    assert linked_run("no-such-run", [renamed]) is None
