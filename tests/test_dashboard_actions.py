@@ -94,10 +94,11 @@ def test_without_an_operator_token_no_page_offers_an_action(run: Path, monkeypat
     assert "Read-only: no operator token is configured" in app.sidebar.caption[0].value
 
 
-def test_without_an_operator_token_the_incidents_page_says_actions_are_locked(run: Path, monkeypatch) -> None:
+def test_without_an_operator_token_the_incidents_page_says_it_is_read_only(run: Path, monkeypatch) -> None:
     serve(monkeypatch, run)
     app = open_page("incidents")
-    assert [i.value for i in app.info] == ["Actions are locked: enter your name and the operator token in the sidebar."]
+    assert [i.value for i in app.info] == [
+        "Read-only: no operator token is configured, so no action can be taken from this page."]
     assert not app.number_input and not app.text_input
 
 

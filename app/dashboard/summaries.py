@@ -41,8 +41,11 @@ def tiles(run: pd.DataFrame, progress: pd.DataFrame, checkpoint: pd.DataFrame, o
     flops_per_s = _value(p, "flops_per_s")
     mfu = flops_per_s / (world * peak) if flops_per_s and world and peak else None
     last_good = _value(checkpoint.iloc[0] if not checkpoint.empty else None, "checkpoint_time")
+    status = str(_value(r, "status") or "empty")
+    if status not in ("live", "stalled"):  # an ended run's work at risk stops growing with its last step
+        now = _value(p, "last_step_time") or now
     return Tiles(
-        status=str(_value(r, "status") or "empty"), step=_int(_value(p, "step")), timeline=_int(_value(p, "timeline")),
+        status=status, step=_int(_value(p, "step")), timeline=_int(_value(p, "timeline")),
         tokens=_value(p, "spent_tokens"), flops=_value(p, "spent_flops"), tokens_per_s=_value(p, "tokens_per_s"),
         mfu=mfu, since_checkpoint_s=now - last_good if last_good else None,
         open_incidents={str(s): int(n) for s, n in zip(open_incidents["severity"], open_incidents["incidents"])},

@@ -10,6 +10,7 @@ import streamlit as st
 from bedside.app.dashboard import figures
 from bedside.app.dashboard.actions import ACTION_LABELS, prefilled_args, request_status
 from bedside.app.dashboard.common import SEVERITY_MARKS, age, current_run, is_operator
+from bedside.app.dashboard.registry import desk
 from bedside.collectors.errors import BedsideError
 
 WINDOW_MARGIN = 30
@@ -71,7 +72,9 @@ with st.expander("Findings", expanded=False):
     st.dataframe(data.frame("incident_findings", incident_id=chosen), hide_index=True, key="incident_findings")
 
 st.subheader("Act")
-if not is_operator():
+if not desk().operator_token:
+    st.info("Read-only: no operator token is configured, so no action can be taken from this page.")
+elif not is_operator():
     st.info("Actions are locked: enter your name and the operator token in the sidebar.")
 else:
     operator = st.session_state["operator"]
@@ -96,6 +99,8 @@ else:
     if pending and {name: pending[name] for name in here} != here:  # reviewed on another run or incident
         del st.session_state["confirming"]
         pending = None
+    if "filed" in st.session_state:
+        st.success(st.session_state.pop("filed"))
     if st.button("Review request", key="review"):
         if not reason.strip():
             st.error("A reason is required.")
@@ -110,11 +115,12 @@ else:
             try:
                 request_id = data.request(pending["action"], pending["args"], operator=operator,
                                           reason=pending["reason"], incident_id=chosen)
-                st.session_state.setdefault("requests", []).append(request_id)
-                st.success(f"Request {request_id} filed.")
             except BedsideError as exc:
                 st.error(str(exc))
-            del st.session_state["confirming"]
+            else:
+                st.session_state["filed"] = f"Request {request_id} filed."
+                del st.session_state["confirming"]
+                st.rerun()
         if cancel.button("Cancel", key="cancel"):
             del st.session_state["confirming"]
             st.rerun()

@@ -1,0 +1,299 @@
+"""The on-call dashboard in a real browser: Chromium, driven by Playwright, against ``bedside serve``.
+
+A live two-rank gloo run is held at its first steps until the Incidents page shows "No
+incidents.", then spikes (a bad data shard) and slows down, so that it is still training
+when the operator acts. The incident appears on the open page; the operator opens it,
+unlocks actions with the token, reviews and confirms the suggested rewind, and watches
+the trainer apply it on a new timeline. Screenshots go to ``test-artifacts/``. Without
+chromium or playwright the tests are skipped, unless ``BEDSIDE_REQUIRE_BROWSER=1`` (CI)
+makes that a failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator, NamedTuple
+
+import pytest
+
+from bedside.app.cli import build_parser
+from bedside.app.train import torchrun_command
+from bedside.collectors.control import request_action
+from bedside.collectors.layout import RunLayout
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # the browser fixture says so: a skip, or a failure where CI requires the browser
+    expect = sync_playwright = None
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+SAMPLE_RUN = REPO / "sample_runs" / "tiny-faults"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Headless, and nothing that reaches out to Google's hosts (CI machines cannot reach them).
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TOKEN, OPERATOR, REASON = "browser-test-token", "ana", "loss spike from a bad shard"
+
+# The live run: checkpoints at steps 90, 180 and 270 (three are kept: step 90's lasts); shards 0-3
+# serve garbage from step 100, once the loss-spike detector has learned the run's noise (it is
+# ready at about step 85); from step 106 every step takes 0.4 s more, so the run goes on for
+# about 80 s unless stopped: time for the operator to act.
+STEPS, CHECKPOINT_EVERY, GOOD_CHECKPOINT, SPIKE_FROM = 300, 90, 90, 100
+FAULTS = (f"bad_shard:shards=0-3,from={SPIKE_FROM}", f"straggler:ranks=0-1,delay_ms=400,from={SPIKE_FROM + 6}")
+REWIND_TEXT = f'rewind {{"to_step": {GOOD_CHECKPOINT}}}'
+SERVE_START_S, INCIDENT_S, APPLIED_S, WIDGET_S = 60, 120, 90, 30
+
+
+def skip_or_fail(reason: str) -> None:
+    """No browser here: a skip, or a failure where CI requires the browser tests to run."""
+    if os.environ.get("BEDSIDE_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason} (BEDSIDE_REQUIRE_BROWSER=1)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        skip_or_fail(f"chromium is not installed ({CHROMIUM}): apt-get install chromium")
+    if sync_playwright is None:
+        skip_or_fail("playwright is not installed: pip install -e '.[test]'")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    """A fresh browser tab; its last state is saved as ``test-artifacts/TEST-last.png`` whatever the outcome."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    tab = context.new_page()
+    tab.set_default_timeout(WIDGET_S * 1000)
+    yield tab
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"))
+    context.close()
+
+
+def screenshot(tab, name: str, showing) -> None:
+    """``test-artifacts/NAME.png``, scrolled to ``showing``, once the charts and tables are drawn."""
+    tab.locator("[data-testid=stSkeleton]").first.wait_for(state="detached")
+    showing.scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def expect_visible(locator, text: str | re.Pattern | None = None, timeout_s: float = WIDGET_S) -> None:
+    expect(locator).to_be_visible(timeout=timeout_s * 1000)
+    if text is not None:
+        expect(locator).to_contain_text(text, timeout=timeout_s * 1000)
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.2)
+
+
+def tail(log: Path) -> str:
+    return log.read_text()[-3000:] if log.exists() else ""
+
+
+# -- bedside serve ------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start ``bedside serve TARGET`` on a free port, with the operator token or without any; its URL.
+
+    Each runs in a process group of its own, stopped at teardown.
+    """
+    started: list[subprocess.Popen] = []
+
+    def start(target: Path, token: str | None) -> str:
+        port, log = free_port(), tmp_path / f"serve-{len(started)}.log"
+        env = {k: v for k, v in os.environ.items() if k != "BEDSIDE_OPERATOR_TOKEN"}
+        env.update({"OMP_NUM_THREADS": "1", **({"BEDSIDE_OPERATOR_TOKEN": token} if token else {})})
+        command = [sys.executable, "-m", "bedside.app.cli", "serve", str(target), "--port", str(port),
+                   "--refresh", "1"]
+        with log.open("w") as out:
+            started.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: answers(f"{url}/_stcore/health") or started[-1].poll() is not None,
+                 "bedside serve to answer", SERVE_START_S)
+        assert started[-1].poll() is None, f"bedside serve exited:\n{tail(log)}"
+        return url
+
+    yield start
+    for process in started:
+        stop_group(process)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process group (Streamlit stops, the stores are closed), SIGKILL if that is not enough."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+# -- the live run -------------------------------------------------------------------------
+class LiveRun(NamedTuple):
+    run: Path
+    trainer: subprocess.Popen
+    log: Path
+
+
+def records(run: Path, rank: int) -> list[dict]:
+    """The complete records of a rank's telemetry file so far."""
+    path = RunLayout(run).rank_file(rank)
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line) for line in lines]
+
+
+def applied(run: Path, request_id: str) -> list[dict]:
+    """Rank 0's ``action`` records saying the request was applied."""
+    return [r for r in records(run, 0) if r["kind"] == "action" and r.get("request_id") == request_id
+            and r["status"] == "applied"]
+
+
+def file_request(run: Path, action: str) -> str:
+    """A control request from the test itself, as ``bedside action`` files one; its id."""
+    return request_action(RunLayout(run), action, operator="test", reason="the test holds the run")
+
+
+@pytest.fixture
+def live_run(tmp_path: Path) -> Iterator[LiveRun]:
+    """The faulty run above under torchrun, paused at its first steps (the test resumes it).
+
+    Stopped at teardown: SIGTERM to torchrun, which stops its ranks (they run in sessions of their own).
+    """
+    run, log = tmp_path / "run", tmp_path / "train.log"
+    args = build_parser().parse_args(["train", "--nproc", "2", "--out", str(run), "--steps", str(STEPS),
+                                      "--checkpoint-every", str(CHECKPOINT_EVERY),
+                                      *(option for spec in FAULTS for option in ("--inject", spec))])
+    with log.open("w") as out:
+        trainer = subprocess.Popen(torchrun_command(args), stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        wait_for(lambda: RunLayout(run).run_info.exists() or trainer.poll() is not None, "run.json", 120)
+        pause = file_request(run, "pause")
+        wait_for(lambda: applied(run, pause) or trainer.poll() is not None, "the pause", 60)
+        assert [r["step"] < SPIKE_FROM for r in applied(run, pause)] == [True], f"not paused early:\n{tail(log)}"
+        yield LiveRun(run, trainer, log)
+    finally:
+        if trainer.poll() is None:
+            trainer.terminate()
+            try:
+                trainer.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                trainer.kill()
+                trainer.wait()
+
+
+# -- what the operator does -----------------------------------------------------------------
+def unlock(tab, token: str) -> None:
+    """The sidebar's Operator panel: name, token, Unlock actions."""
+    tab.get_by_label("Your name").fill(OPERATOR)
+    tab.get_by_label("Operator token").fill(token)
+    tab.get_by_role("button", name="Unlock actions").click()
+
+
+def open_incident(tab, kind: str) -> None:
+    """Pick the incident whose id starts with ``kind@`` in the Incident selectbox."""
+    picker = tab.get_by_role("combobox", name="Incident")
+    picker.click()
+    tab.get_by_role("option", name=re.compile(rf"^{kind}@")).click()
+    expect(picker).to_have_value(re.compile(rf"^{kind}@"))
+
+
+def review_and_confirm(tab) -> str:
+    """Give a reason, review the prefilled rewind and confirm it; the id of the request filed."""
+    tab.get_by_label(re.compile(r"^Reason \(required")).fill(REASON)
+    tab.get_by_role("button", name="Review request").click()
+    expect_visible(tab.get_by_text(f"{OPERATOR} asks the trainer to"), REWIND_TEXT)
+    tab.get_by_role("button", name="Confirm rewind").click()
+    filed = tab.get_by_text(re.compile(r"^Request req-\S+ filed\.$"))
+    expect_visible(filed)
+    screenshot(tab, "dashboard-rewind-confirmed", filed)
+    return filed.inner_text().split()[1]
+
+
+# -- the tests ----------------------------------------------------------------------------
+def test_an_operator_rewinds_a_live_run_from_its_incident_and_sees_the_trainer_apply_it(
+        live_run: LiveRun, serve, page) -> None:
+    run, trainer, log = live_run
+    page.goto(f"{serve(run, token=TOKEN)}/incidents")
+    expect_visible(page.get_by_text("No incidents."))
+    file_request(run, "resume")
+    expect_visible(page.get_by_role("combobox", name="Incident"), timeout_s=INCIDENT_S)  # live, without a reload
+    open_incident(page, "loss_spike")
+    assert trainer.poll() is None, f"the run ended before the operator could act:\n{tail(log)}"
+    suggested = page.get_by_role("paragraph").filter(has_text="Suggested action:")
+    expect_visible(suggested, REWIND_TEXT)
+
+    unlock(page, "not-the-token")
+    expect_visible(page.get_by_text("Wrong token."))
+    assert page.get_by_role("button", name="Review request").count() == 0
+    unlock(page, TOKEN)
+    expect_visible(page.get_by_text(f"Acting as {OPERATOR}"))
+    expect(page.get_by_role("combobox", name="Action")).to_have_value("rewind to a checkpoint")
+    expect(page.get_by_role("spinbutton", name="to_step")).to_have_value(str(GOOD_CHECKPOINT))
+    screenshot(page, "dashboard-incident-open", suggested)
+
+    request_id = review_and_confirm(page)
+    status = page.get_by_text(re.compile(rf"{re.escape(request_id)}.*: applied at step \d+ on timeline 1$"))
+    expect_visible(status, timeout_s=APPLIED_S)
+    screenshot(page, "dashboard-rewind-applied", status)
+    check_rewound(run, request_id, shown_step=int(re.search(r"at step (\d+)", status.inner_text()).group(1)))
+
+
+def check_rewound(run: Path, request_id: str, shown_step: int) -> None:
+    """The trainer applied the request as the page says, and both ranks train on timeline 1 from the checkpoint."""
+    assert [(r["action"], r["args"], r["operator"], r["reason"], r["step"]) for r in applied(run, request_id)] == \
+        [("rewind", {"to_step": GOOD_CHECKPOINT}, OPERATOR, REASON, shown_step)]
+    wait_for(lambda: all(any(r["kind"] == "rank_step" and r["timeline"] == 1 for r in records(run, rank))
+                         for rank in (0, 1)), "both ranks to train on timeline 1", APPLIED_S)
+    assert min(r["step"] for r in records(run, 0) if r["kind"] == "step" and r["timeline"] == 1) == \
+        GOOD_CHECKPOINT + 1
+    audit = [json.loads(line) for line in (RunLayout(run).control / "audit.jsonl").read_text().splitlines()]
+    assert [(a["operator"], a["what"], a["reason"]) for a in audit if a["request_id"] == request_id] == \
+        [(OPERATOR, "rewind", REASON)]
+
+
+def test_without_an_operator_token_the_incident_page_offers_no_action(tmp_path: Path, serve, page) -> None:
+    run = shutil.copytree(SAMPLE_RUN, tmp_path / "tiny-faults")
+    page.goto(f"{serve(run, token=None)}/incidents")
+    expect_visible(page.get_by_role("combobox", name="Incident"), timeout_s=INCIDENT_S)
+    expect_visible(page.get_by_text("set BEDSIDE_OPERATOR_TOKEN for bedside serve"))
+    expect_visible(page.get_by_text("no action can be taken from this page"))
+    expect_visible(page.get_by_role("heading", name="Audit trail"))  # the page is drawn to its end
+    assert page.get_by_label("Operator token").count() == 0
+    assert page.get_by_role("button", name="Review request").count() == 0
