@@ -72,6 +72,12 @@ class RunOwner:
             self.live.detection.acknowledge(incident_id, by, note)
             self.version += 1
 
+    def resolve(self, incident_id: str, by: str, note: str) -> None:
+        """Close an incident by hand (and announce it to the notifiers told of it)."""
+        with self._lock:
+            self.live.detection.resolve(incident_id, by, note)
+            self.version += 1
+
     def close(self) -> None:
         """Stop following, give pending alerts a few seconds, close the store."""
         self._stop.set()

@@ -4,7 +4,8 @@ A finding joins the incident of its family (training health, performance, learni
 on its timeline whose step window it touches within ``gap`` steps; otherwise it opens
 a new incident, named after it. Findings are assigned once and never move, so an
 incident's id is stable while it grows (what alerts and acknowledgements refer to).
-An incident is resolved when every finding in it has cleared.
+An incident is resolved when every finding in it has cleared, or when an operator closes it by
+hand; a closed incident takes no new findings (they open a new incident).
 """
 from __future__ import annotations
 
@@ -45,10 +46,12 @@ class Incident:
 class IncidentBook:
     """Assigns findings to incidents (remembering past assignments) and describes each incident."""
 
-    def __init__(self, assignments: dict[str, str] | None = None, *, gap: int = 25) -> None:
+    def __init__(self, assignments: dict[str, str] | None = None, *, closed: set[str] | None = None,
+                 gap: int = 25) -> None:
         self.gap = gap
         self._incident_of: dict[str, str] = dict(assignments or {})
         self._members: dict[str, dict[str, Finding]] = {}
+        self._closed: set[str] = set(closed or ())
 
     def add(self, findings: list[Finding]) -> list[Incident]:
         """Take new or changed findings; the incidents they changed.
@@ -65,6 +68,10 @@ class IncidentBook:
                 touched.append(incident_id)
         return [self.describe(i) for i in touched]
 
+    def close(self, incident_id: str) -> None:
+        """An operator resolved the incident by hand: new findings no longer join it."""
+        self._closed.add(incident_id)
+
     def incident_ids(self) -> list[str]:
         """Every incident the book holds, oldest first."""
         return list(self._members)
@@ -75,6 +82,8 @@ class IncidentBook:
     def _place(self, finding: Finding) -> str:
         family = FAMILIES[finding.kind]
         for incident_id, members in self._members.items():
+            if incident_id in self._closed:
+                continue
             first = next(iter(members.values()))
             if FAMILIES[first.kind] != family or first.timeline != finding.timeline:
                 continue

@@ -20,7 +20,7 @@ from .feed import StoreFeed
 from .finding import Finding
 from .incidents import Incident
 from .runner import DetectorRunner
-from .sink import load_book, save, save_acknowledgement
+from .sink import load_book, save, save_acknowledgement, save_resolution
 
 
 class StoreDetection:
@@ -66,16 +66,30 @@ class StoreDetection:
 
     def acknowledge(self, incident_id: str, by: str, note: str = "", now: float | None = None) -> None:
         """Someone took an incident on: recorded, and announced to the notifiers that were told of it."""
-        if incident_id not in self.book.incident_ids():
-            raise BedsideError(f"no incident {incident_id!r} in this run")
-        if not by.strip():
-            raise BedsideError("an acknowledgement needs the name of who takes the incident on")
+        incident = self._incident_for(incident_id, by, "an acknowledgement")
         now = time.time() if now is None else now
-        incident = self.book.describe(incident_id)
         outbox = self.alerts.acknowledge(incident, by, note, now) if self.alerts else OutboxWrite()
         save_acknowledgement(self.store, incident_id, by, note, outbox, now)
         if self.alerts:
             self.alerts.committed()
+
+    def resolve(self, incident_id: str, by: str, note: str, now: float | None = None) -> None:
+        """Someone closed an incident by hand: it stays resolved, later findings open a new incident, and the
+        notifiers that were told of it hear that it was resolved, by whom and why."""
+        incident = self._incident_for(incident_id, by, "resolving an incident")
+        now = time.time() if now is None else now
+        self.book.close(incident_id)
+        outbox = self.alerts.resolve_by_hand(incident, by, note, now) if self.alerts else OutboxWrite()
+        save_resolution(self.store, incident_id, by, note, outbox, now)
+        if self.alerts:
+            self.alerts.committed()
+
+    def _incident_for(self, incident_id: str, by: str, what: str) -> Incident:
+        if incident_id not in self.book.incident_ids():
+            raise BedsideError(f"no incident {incident_id!r} in this run")
+        if not by.strip():
+            raise BedsideError(f"{what} needs the name of who does it")
+        return self.book.describe(incident_id)
 
     def incidents(self) -> list[Incident]:
         return [self.book.describe(i) for i in dict.fromkeys(self.book.incident_of(f) for f in self.runner.ordered())]

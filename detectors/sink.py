@@ -17,7 +17,9 @@ from .incidents import Incident, IncidentBook
 def load_book(store: Store) -> IncidentBook:
     """An incident book that remembers which incident each stored finding joined."""
     rows = store.fetch_named("finding_incidents")
-    return IncidentBook(dict(zip(rows["finding_id"], rows["incident_id"])))
+    incidents = store.fetch_named("incident_acks")
+    closed = {i for i, by in zip(incidents["incident_id"], incidents["resolved_by"]) if by is not None}
+    return IncidentBook(dict(zip(rows["finding_id"], rows["incident_id"])), closed=closed)
 
 
 def save(store: Store, book: IncidentBook, findings: list[Finding], incidents: list[Incident],
@@ -40,6 +42,13 @@ def save_acknowledgement(store: Store, incident_id: str, by: str, note: str, out
     """Record who acknowledged an incident and why, with the messages announcing it, in one transaction."""
     ack = pa.Table.from_pylist([{"incident_id": incident_id, "by": by, "note": note, "at": now}], schema=_ACK_SCHEMA)
     store.write_named([("acknowledge_incident", {"ack": ack})] + outbox.writes())
+
+
+def save_resolution(store: Store, incident_id: str, by: str, note: str, outbox: OutboxWrite, now: float) -> None:
+    """Record who closed an incident by hand and why, with the messages announcing it, in one transaction."""
+    closing = pa.Table.from_pylist([{"incident_id": incident_id, "by": by, "note": note, "at": now}],
+                                   schema=_ACK_SCHEMA)
+    store.write_named([("resolve_incident", {"closing": closing})] + outbox.writes())
 
 
 def _findings_table(book: IncidentBook, findings: list[Finding], now: float) -> pa.Table:

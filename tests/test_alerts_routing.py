@@ -201,6 +201,36 @@ def test_acknowledging_a_resolved_or_unknown_incident_sends_nothing(open_desk) -
     assert len(desk.outbox()) == before == 1
 
 
+def test_resolving_by_hand_is_announced_once_and_later_findings_open_a_new_incident(open_desk) -> None:
+    desk = open_desk(alert_settings(ops={}))
+    desk.say(finding("straggler", 100, ranks=(3,)), at=T0)
+    desk.detection.resolve("straggler@0:100/r3", "carol", "rank 3's host was drained", now=T0 + 1)
+    assert desk.told("ops") == [("straggler@0:100/r3", "opened"), ("straggler@0:100/r3", "resolved")]
+    closed = payload(desk.outbox("ops").iloc[1])["incident"]
+    assert (closed["status"], closed["resolved_by"], closed["resolve_note"]) == \
+        ("resolved", "carol", "rank 3's host was drained")
+    [[status, who]] = desk.store.cursor().execute(
+        "SELECT status, resolved_by FROM incidents WHERE incident_id = 'straggler@0:100/r3'").fetchall()
+    assert (status, who) == ("resolved", "carol")
+
+    desk.say(finding("straggler", 100, ranks=(3,), end=140), finding("straggler", 120, ranks=(5,)), at=T0 + 2)
+    assert desk.told("ops")[2:] == [("straggler@0:120/r5", "opened")]  # the closed one stays quiet
+
+    desk.close()
+    desk = open_desk(alert_settings(ops={}))  # a restart keeps it closed
+    desk.say(finding("straggler", 125, ranks=(6,)), at=T0 + 3)
+    assert ("straggler@0:100/r3", "reopened") not in desk.told("ops")
+
+
+def test_resolving_needs_a_known_incident_and_a_name(open_desk) -> None:
+    desk = open_desk(alert_settings(ops={}))
+    desk.say(finding("loss_spike", 10), at=T0)
+    with pytest.raises(BedsideError, match="no incident"):
+        desk.detection.resolve("hang@0:1", "carol", "why")
+    with pytest.raises(BedsideError, match="name"):
+        desk.detection.resolve("loss_spike@0:10", " ", "why")
+
+
 # -- floods ---------------------------------------------------------------------------------------------------
 
 def test_a_burst_of_200_findings_gives_one_message_bounded_follow_ups_and_a_digest(open_desk) -> None:

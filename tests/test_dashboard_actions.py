@@ -269,6 +269,21 @@ def test_acknowledging_records_the_operator_in_the_store_and_the_audit_trail(
     assert list(table(operator, "operator", "what")["what"]) == ["acknowledge"]
 
 
+def test_resolving_by_hand_needs_a_note_and_is_recorded_in_the_store_and_the_audit_trail(
+        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    [resolve] = [b for b in operator.button if b.label == "Resolve"]
+    resolve.click().run()
+    assert any("say why the incident is resolved" in e.value for e in operator.error)
+    operator.text_input(key="ack_note").input("false alarm: the NaN came from a test shard")
+    [resolve] = [b for b in operator.button if b.label == "Resolve"]
+    resolve.click().run()
+    assert f"Resolved by {OPERATOR}." in [s.value for s in operator.success]
+    [[who, status]] = from_store(run, "SELECT resolved_by, status FROM incidents WHERE incident_id = ?",
+                                 critical["incident_id"]).values
+    assert (who, status) == (OPERATOR, "resolved")
+    assert [e["what"] for e in audit_entries(run)] == ["resolve"]
+
+
 def test_a_resolved_incident_cannot_be_acknowledged(operator: AppTest, run: Path) -> None:
     resolved = from_store(run, "SELECT incident_id FROM incidents WHERE status = 'resolved'")["incident_id"][0]
     operator.selectbox(key="incident").set_value(resolved).run()

@@ -101,6 +101,15 @@ class RunData:
         self.owner.acknowledge(incident_id, operator, note)
         audit.record(self.layout, operator=operator, what="acknowledge", reason=note, incident_id=incident_id)
 
+    def resolve(self, incident_id: str, *, operator: str, note: str) -> None:
+        """Close an incident by hand (a false alarm, or handled): stored, announced, and in the audit trail."""
+        if not self.owner:
+            raise BedsideError("resolving needs the store, which another process holds: use that process")
+        if not note.strip():
+            raise BedsideError("say why the incident is resolved: the note goes to the audit trail and the alerts")
+        self.owner.resolve(incident_id, operator, note.strip())
+        audit.record(self.layout, operator=operator, what="resolve", reason=note.strip(), incident_id=incident_id)
+
     def audit_trail(self) -> tuple[pd.DataFrame, int]:
         return audit.read(self.layout)
 

@@ -45,9 +45,13 @@ def schema() -> dict[str, Any]:
 
 
 def incident_payload(message_id: str, event: str, run: RunRef, incident: Incident, *, notifier: str,
-                     ack: Acknowledgement | None, dashboard_url: str, now: float) -> dict[str, Any]:
-    """An incident's message: what happened, where, the key evidence and what to do."""
-    status = "resolved" if incident.resolved else "acknowledged" if ack else "open"
+                     ack: Acknowledgement | None, dashboard_url: str, now: float,
+                     resolution: Acknowledgement | None = None) -> dict[str, Any]:
+    """An incident's message: what happened, where, the key evidence and what to do.
+
+    ``resolution``: who closed the incident by hand, and why.
+    """
+    status = "resolved" if incident.resolved or resolution else "acknowledged" if ack else "open"
     body = {
         "id": incident.incident_id, "title": incident.title, "status": status,
         "severity": incident.severity.value, "cause": incident.cause, "timeline": incident.timeline,
@@ -56,6 +60,7 @@ def incident_payload(message_id: str, event: str, run: RunRef, incident: Inciden
         "suggested_action": incident.suggested_action.to_json(),
         "evidence": key_evidence(_worst(incident.findings)),
         "acknowledged_by": ack.by if ack else None, "ack_note": ack.note if ack else None,
+        "resolved_by": resolution.by if resolution else None, "resolve_note": resolution.note if resolution else None,
         "url": incident_url(dashboard_url, run, incident.incident_id),
     }
     return _envelope(message_id, event, run, notifier, now, incident.severity.value, incident=json_safe(body))

@@ -78,9 +78,10 @@ def _body(payload: dict[str, Any]) -> list[str]:
             args = ", ".join(f"{k}={v}" for k, v in action["args"].items())
             lines.append(f"Suggested action: {action['action']}" + (f" ({args})" if args else "")
                          + (f": {action['why']}" if action["why"] else ""))
-        if incident["acknowledged_by"]:
-            note = f": {incident['ack_note']}" if incident["ack_note"] else ""
-            lines.append(f"Acknowledged by {incident['acknowledged_by']}{note}")
+        for who, note, done in (("acknowledged_by", "ack_note", "Acknowledged"),
+                                 ("resolved_by", "resolve_note", "Resolved by hand")):
+            if incident.get(who):
+                lines.append(f"{done} by {incident[who]}" + (f": {incident[note]}" if incident.get(note) else ""))
         return lines
     if digest:
         held = [f"{i['severity']} {i['event']}: {i['title']} ({i['status']})" for i in digest["incidents"]]

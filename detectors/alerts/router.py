@@ -127,6 +127,7 @@ class AlertRouter:
         self._history = {i for i, resolved in zip(incidents["incident_id"], incidents["resolved"]) if resolved}
         self._acks = {i: Acknowledgement(by, note or "") for i, by, note in
                       zip(incidents["incident_id"], incidents["acknowledged_by"], incidents["ack_note"]) if by}
+        self._closed = {i for i, by in zip(incidents["incident_id"], incidents["resolved_by"]) if by is not None}
         stored = store.fetch_named("finding_incidents")
         self._stored_findings = {f: (int(end), bool(active)) for f, end, active in
                                  zip(stored["finding_id"], stored["end_step"], stored["active"])}
@@ -153,7 +154,7 @@ class AlertRouter:
         """The messages these incident changes call for; ``changed`` are the finding ids that changed."""
         out = OutboxWrite()
         for incident in incidents:
-            if self._replayed(incident):
+            if incident.incident_id in self._closed or self._replayed(incident):
                 continue
             for notifier in self._notifiers:
                 message = self._message_for(notifier, incident, now)
@@ -170,6 +171,19 @@ class AlertRouter:
         for notifier in self._notifiers:
             if self._told_of(notifier, incident).level >= 0 and not incident.resolved:
                 out.messages.append(self._message(notifier, incident, "acknowledged", now, held=False))
+        return out
+
+    def resolve_by_hand(self, incident: Incident, by: str, note: str, now: float) -> OutboxWrite:
+        """Announce that an operator closed the incident to every notifier told of it and not yet told it was
+        resolved (never held back); nothing more is said of it."""
+        self._closed.add(incident.incident_id)
+        resolution = Acknowledgement(by, note)
+        out = OutboxWrite()
+        for notifier in self._notifiers:
+            told = self._told_of(notifier, incident)
+            if told.level >= 0 and not told.resolved:
+                out.messages.append(self._message(notifier, incident, "resolved", now, held=False,
+                                                  resolution=resolution))
         return out
 
     def tick(self, now: float) -> OutboxWrite:
@@ -219,17 +233,17 @@ class AlertRouter:
         held = not self._buckets[notifier.name].take(now)
         return self._message(notifier, incident, event, now, held=held)
 
-    def _message(self, notifier: NotifierConfig, incident: Incident, event: str, now: float, *, held: bool
-                 ) -> OutboxMessage:
+    def _message(self, notifier: NotifierConfig, incident: Incident, event: str, now: float, *, held: bool,
+                 resolution: Acknowledgement | None = None) -> OutboxMessage:
         told = self._told_of(notifier, incident)
         told.events[event] += 1
         told.level = max(told.level, incident.severity.level)
-        told.resolved = incident.resolved
+        told.resolved = incident.resolved or resolution is not None
         run = self._run()
         message_id = f"{run.run_id or run.name}/{notifier.name}/{incident.incident_id}/{event}/{told.events[event]}"
         payload = incident_payload(message_id, event, run, incident, notifier=notifier.name,
                                    ack=self._acks.get(incident.incident_id),
-                                   dashboard_url=self.settings.dashboard_url, now=now)
+                                   dashboard_url=self.settings.dashboard_url, now=now, resolution=resolution)
         message = OutboxMessage(message_id, notifier.name, incident.incident_id, event, incident.severity.value,
                                 payload["incident"]["status"], payload, now, "held" if held else "pending")
         if held:

@@ -60,6 +60,8 @@ st.markdown(f"{incident['summary']}  \n**Cause:** {incident['cause']}  \n"
             f"**Suggested action:** `{suggestion['action']}` {json.dumps(suggestion['args'])} {suggestion['why']}")
 if incident["acknowledged_by"]:
     st.caption(f"Acknowledged by {incident['acknowledged_by']}: {incident['ack_note'] or ''}")
+if incident["resolved_by"]:
+    st.caption(f"Resolved by hand by {incident['resolved_by']}: {incident['resolve_note'] or ''}")
 
 first = int(incident["start_step"]) - WINDOW_MARGIN
 last = int(incident["end_step"]) + WINDOW_MARGIN
@@ -79,11 +81,21 @@ elif not is_operator():
 else:
     operator = st.session_state["operator"]
     with st.form("acknowledge", clear_on_submit=True):
-        note = st.text_input("Acknowledgement note", key="ack_note")
-        if st.form_submit_button("Acknowledge", disabled=not data.can_write or incident["status"] == "resolved"):
+        note = st.text_input("Note (required to resolve)", key="ack_note")
+        acknowledge, resolve = st.columns(2)
+        closed = not data.can_write or incident["status"] == "resolved"
+        if acknowledge.form_submit_button("Acknowledge", disabled=closed):
             try:
                 data.acknowledge(chosen, operator=operator, note=note)
                 st.success(f"Acknowledged by {operator}.")
+            except BedsideError as exc:
+                st.error(str(exc))
+        if resolve.form_submit_button("Resolve", disabled=closed,
+                                      help="close it by hand (a false alarm, or handled): later findings open a "
+                                           "new incident"):
+            try:
+                data.resolve(chosen, operator=operator, note=note)
+                st.success(f"Resolved by {operator}.")
             except BedsideError as exc:
                 st.error(str(exc))
     actions = list(ACTION_LABELS)

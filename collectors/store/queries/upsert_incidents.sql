@@ -1,4 +1,6 @@
-INSERT INTO incident_rows
+INSERT INTO incident_rows (incident_id, title, severity, resolved, cause, timeline, start_step, end_step, kinds, ranks,
+                           findings, summary, suggested_action, opened_at, updated_at, resolved_at, acknowledged_by,
+                           acknowledged_at, ack_note)
 SELECT incident_id, title, severity, resolved, cause, timeline, start_step, end_step, kinds, ranks, findings,
        summary, suggested_action::JSON, now, now, CASE WHEN resolved THEN now END, NULL, NULL, NULL
 FROM new_incidents
