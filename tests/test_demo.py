@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import re
+import signal
+import subprocess
+import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from receiver import Receiver
+from receiver import Receiver, free_port
 
 from bedside.app.fault_plan import DemoFaults
 
@@ -117,3 +122,30 @@ def test_the_demo_posts_each_incident_to_the_configured_webhook_once(demo_output
         assert request.headers["X-Bedside-Signature-256"] == expected
     sent = section(demo_output, "alert messages and their delivery")[1:]
     assert len(sent) == len(delivered) and all("delivered" in line for line in sent)
+
+
+def test_the_demo_can_serve_the_dashboard_on_its_live_run(tmp_path: Path, start_bedside) -> None:
+    port = free_port()
+    demo = start_bedside("demo", "--serve", "--out", tmp_path, "--steps", 400, "--port", port,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "BEDSIDE_OPERATOR_TOKEN": "t0ken"},
+                         start_new_session=True)
+    deadline = time.monotonic() + DEMO_TIMEOUT_S
+    while time.monotonic() < deadline and not _healthy(port):
+        assert demo.poll() is None, demo.stderr.read()
+        time.sleep(0.5)
+    [run] = list(tmp_path.glob("run-*"))
+    while time.monotonic() < deadline and not (run / "bedside.duckdb").exists():
+        time.sleep(0.5)
+    assert (run / "bedside.duckdb").exists(), "serve did not take over the demo's run"
+    os.killpg(demo.pid, signal.SIGINT)
+    assert demo.wait(60) == 0
+    said = demo.stderr.read()
+    assert f"http://127.0.0.1:{port}  (operator token for actions: t0ken)" in said
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as response:
+            return response.read() == b"ok"
+    except OSError:
+        return False
