@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from bedside.app.dashboard.figures import (FADED, MAX_POINTS, SEVERITY_COLORS, downsample_minmax, eval_vs_compute,
-                                           rank_heatmap, training_curves)
+                                           incident_window, rank_heatmap, training_curves)
 from bedside.app.dashboard.summaries import (MIN_EVALS_FOR_BAND, checkpoint_advice, forecast_band, headline_metric,
                                              incidents_on_evals, slowdowns, tiles)
 from bedside.detectors.checkpointing import advise, expected_waste
@@ -296,3 +296,14 @@ def test_tiles_leave_mfu_out_when_the_run_does_not_say(run: pd.DataFrame) -> Non
 def test_tiles_of_a_run_with_nothing_yet() -> None:
     t = tiles(RUN.iloc[:0], PROGRESS.iloc[:0], GOOD_CHECKPOINT.iloc[:0], OPEN.iloc[:0], now=0.0)
     assert (t.status, t.step, t.mfu, t.since_checkpoint_s, t.open_incidents) == ("empty", None, None, None, {})
+
+
+def test_an_incident_window_over_many_ranks_draws_its_own_ranks_and_a_band_for_the_rest() -> None:
+    steps = np.arange(100, 130)
+    ranks = pd.DataFrame([{"rank": r, "step": s, "step_time": 1.0 + (r == 7)} for r in range(1024) for s in steps])
+    window = pd.DataFrame({"step": steps, "loss": 2.0, "grad_norm": 1.0})
+    fig = incident_window(window, ranks, 110, 120, focus=(7,))
+    names = [t.name for t in fig.data]
+    assert "rank 7" in names and "other 1023 ranks" in names and "their median" in names
+    assert len(fig.data) <= 2 + 3 + 1  # loss, grad norm, the band's edges and median, rank 7
+    assert len([n for n in names if n and n.startswith("rank ")]) == 1

@@ -13,6 +13,8 @@ from plotly.subplots import make_subplots
 from bedside.detectors.incidents import FAMILIES
 
 MAX_POINTS = 2000
+RANK_LINES = 16
+"""The most ranks drawn as lines of their own; the rest share a band."""
 SEVERITY_COLORS = {"info": "#3b82f6", "warning": "#f59e0b", "critical": "#dc2626"}
 PHASES = ("data_time", "compute_time", "comm_time", "optimizer_time")
 PHASE_COLORS = {"data_time": "#a78bfa", "compute_time": "#2563eb", "comm_time": "#f97316", "optimizer_time": "#10b981"}
@@ -127,8 +129,13 @@ def phase_breakdown(phases: pd.DataFrame, top: int = 64) -> go.Figure:
     return _layout(fig, "Where each rank's step goes")
 
 
-def incident_window(window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: int) -> go.Figure:
-    """An incident's evidence: the training curves around it and, when ranks differ, each rank's step time."""
+def incident_window(window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: int,
+                    focus: tuple[int, ...] = ()) -> go.Figure:
+    """An incident's evidence: the training curves around it and, when ranks are involved, their step times.
+
+    The incident's own ranks (``focus``) are drawn as lines; with more than ``RANK_LINES`` ranks
+    in all, the others are one band (min to max, with the median), so 1,024 ranks stay readable.
+    """
     rows = 2 if not ranks.empty else 1
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=["loss and gradient norm", "step time by rank"][:rows],
@@ -136,11 +143,28 @@ def incident_window(window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: 
     fig.add_trace(go.Scatter(x=window["step"], y=window["loss"], name="loss", mode="lines+markers"), row=1, col=1)
     fig.add_trace(go.Scatter(x=window["step"], y=window["grad_norm"], name="grad norm", mode="lines",
                              line={"dash": "dot"}), row=1, col=1, secondary_y=True)
-    for rank, series in ranks.groupby("rank") if not ranks.empty else ():  # a job-level incident has no ranks
-        fig.add_trace(go.Scatter(x=series["step"], y=series["step_time"], name=f"rank {rank}", mode="lines",
-                                 legendgroup="ranks"), row=2, col=1)
+    if not ranks.empty:  # a job-level incident has no ranks
+        _rank_lines(fig, ranks, focus)
     fig.add_vrect(x0=start - 0.5, x1=end + 0.5, line_width=0, fillcolor="#f59e0b", opacity=0.15)
     return _layout(fig, "Evidence", height=300 * rows)
+
+
+def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...]) -> None:
+    everyone = ranks["rank"].nunique()
+    lined = set(ranks["rank"]) if everyone <= RANK_LINES else set(focus[:RANK_LINES])
+    others = ranks[~ranks["rank"].isin(lined)]
+    if not others.empty:
+        band = others.groupby("step")["step_time"].agg(["min", "median", "max"]).reset_index()
+        fig.add_trace(go.Scatter(x=band["step"], y=band["max"], mode="lines", line={"width": 0}, showlegend=False,
+                                 hoverinfo="skip"), row=2, col=1)
+        fig.add_trace(go.Scatter(x=band["step"], y=band["min"], mode="lines", line={"width": 0}, fill="tonexty",
+                                 fillcolor="rgba(100,116,139,0.25)", name=f"other {everyone - len(lined)} ranks"),
+                      row=2, col=1)
+        fig.add_trace(go.Scatter(x=band["step"], y=band["median"], mode="lines", name="their median",
+                                 line={"color": "#64748b", "dash": "dot"}), row=2, col=1)
+    for rank, series in ranks[ranks["rank"].isin(lined)].groupby("rank"):
+        fig.add_trace(go.Scatter(x=series["step"], y=series["step_time"], name=f"rank {rank}", mode="lines",
+                                 legendgroup="ranks"), row=2, col=1)
 
 
 def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:

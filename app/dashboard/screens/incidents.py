@@ -69,7 +69,8 @@ ranks = data.frame("window_ranks", timeline=int(incident["timeline"]), first=fir
     if len(incident["ranks"]) else pd.DataFrame()
 st.plotly_chart(figures.incident_window(
     data.frame("window_steps", timeline=int(incident["timeline"]), first=first, last=last), ranks,
-    int(incident["start_step"]), int(incident["end_step"])), key="incident_evidence")
+    int(incident["start_step"]), int(incident["end_step"]), tuple(int(r) for r in incident["ranks"])),
+    key="incident_evidence")
 with st.expander("Findings", expanded=False):
     st.dataframe(data.frame("incident_findings", incident_id=chosen), hide_index=True, key="incident_findings")
 
