@@ -100,7 +100,8 @@ def _serve_live(run_dir: Path, args: argparse.Namespace, steps: int, faults: Dem
     token = os.environ.setdefault(TOKEN_ENV, secrets.token_hex(8))
     print(f"dashboard: http://127.0.0.1:{args.port}  (operator token for actions: {token}); Ctrl-C stops it all",
           file=sys.stderr)
-    with _start_training(run_dir, args.nproc, steps, faults.specs()) as training:
+    keep_every_checkpoint = ("--keep-checkpoints", str(steps))  # a rewind may go back to any of them
+    with _start_training(run_dir, args.nproc, steps, faults.specs(), keep_every_checkpoint) as training:
         threading.Thread(target=training.communicate, name="training-output", daemon=True).start()
         os.nice(FOLLOWER_NICENESS)
         try:
@@ -134,11 +135,12 @@ def summary_queries(faults: DemoFaults, *, alerts: bool = False) -> list[tuple[s
     ]
 
 
-def _start_training(run_dir: Path, nproc: int, steps: int, specs: list[str]) -> subprocess.Popen:
+def _start_training(run_dir: Path, nproc: int, steps: int, specs: list[str], extra: tuple[str, ...] = ()
+                    ) -> subprocess.Popen:
     """``bedside train`` with the fault plan, as a child process (its ranks are torchrun's)."""
     parser = argparse.ArgumentParser()
     train.add_parser(parser.add_subparsers())
-    options = ["train", "--out", str(run_dir), "--nproc", str(nproc), "--steps", str(steps)]
+    options = ["train", "--out", str(run_dir), "--nproc", str(nproc), "--steps", str(steps), *extra]
     args = parser.parse_args(options + [option for spec in specs for option in ("--inject", spec)])
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     return subprocess.Popen(train.torchrun_command(args), env=env, stdout=subprocess.DEVNULL,

@@ -84,6 +84,7 @@ class LiveDetection:
     def __init__(self, store: Store, *, quiet: bool = False, alerts: AlertRouter | None = None) -> None:
         self.detection = StoreDetection(store, alerts=alerts)
         self.quiet = quiet
+        self._said: dict[str, tuple[bool, str]] = {}
 
     def update(self, result: PassResult) -> list[Finding]:
         """After an ingest pass (whose backlog says whether ranks' files are level yet); the findings changed."""
@@ -96,7 +97,11 @@ class LiveDetection:
         return self._say(self.detection.finish())
 
     def _say(self, changed: list[Finding]) -> list[Finding]:
+        """One line when a finding opens, clears or changes severity (not each time it grows)."""
         for finding in [] if self.quiet else changed:
-            state = "open" if finding.active else "cleared"
-            print(f"[{finding.severity.value}] {finding.kind} ({state}): {finding.summary}", file=sys.stderr)
+            now = (finding.active, finding.severity.value)
+            if self._said.get(finding.finding_id) != now:
+                self._said[finding.finding_id] = now
+                state = "open" if finding.active else "cleared"
+                print(f"[{finding.severity.value}] {finding.kind} ({state}): {finding.summary}", file=sys.stderr)
         return changed

@@ -27,6 +27,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    help="override the preset's data parallelism: ddp, or fsdp (FSDP2 fully_shard, ZeRO-3 style)")
     p.add_argument("--checkpoint-every", type=integer_in(1, 10**9), metavar="N",
                    help="override the preset's checkpoint interval (steps)")
+    p.add_argument("--keep-checkpoints", type=integer_in(1, 10**6), metavar="N",
+                   help="override how many of the newest checkpoints are kept (tiny_cpu: 3); a rewind can only go "
+                        "back as far as the oldest one")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN from its latest good checkpoint, on a new timeline")
     p.add_argument("--inject", action="append", default=[], metavar="SPEC",
@@ -41,6 +44,7 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
     command += ["--steps", str(args.steps)] if args.steps else []
     command += ["--parallelism", args.parallelism] if args.parallelism else []
     command += ["--checkpoint-every", str(args.checkpoint_every)] if args.checkpoint_every else []
+    command += ["--keep-checkpoints", str(args.keep_checkpoints)] if args.keep_checkpoints else []
     command += ["--resume"] if args.resume else []
     return command + [option for spec in args.inject for option in ("--inject", spec)]
 
@@ -52,7 +56,7 @@ def check_before_launch(args: argparse.Namespace) -> None:
 
     try:
         config = preset(args.preset, steps=args.steps, parallelism=args.parallelism,
-                        checkpoint_every=args.checkpoint_every)
+                        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
         fault_plan(args.inject, config, rank=0, world_size=args.nproc)
     except ValueError as exc:
         raise BedsideError(str(exc)) from exc

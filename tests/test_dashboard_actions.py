@@ -23,6 +23,7 @@ TOKEN = "correct horse battery"
 OPERATOR = "alice"
 REASON = "NaN at step 185 after bit flips: back to the last good checkpoint"
 WAITING = "filed, waiting for the trainer's next step"
+NEVER = "not applied: the run has ended (a resumed run would take it)"
 ACTION_BUTTONS = {"Acknowledge", "Review request", "Confirm rewind", "Cancel"}
 EVENTUALLY_S = 60.0
 
@@ -180,7 +181,7 @@ def test_a_reviewed_and_confirmed_rewind_files_one_request_and_one_audit_entry(
     assert before <= entry["time"] <= time.time()
 
     assert f"Request {request['request_id']} filed." in [s.value for s in operator.success]
-    assert f"`{request['request_id']}` **rewind** by {OPERATOR}: {WAITING}" in texts(operator)
+    assert f"`{request['request_id']}` **rewind** by {OPERATOR}: {NEVER}" in texts(operator)  # the sample run ended
     trail = table(operator, "operator", "what", "request_id", "reason")
     assert list(zip(trail["operator"], trail["what"], trail["request_id"], trail["reason"])) == \
         [(OPERATOR, "rewind", request["request_id"], REASON)]
@@ -362,6 +363,7 @@ def test_request_status_follows_the_request_from_filing_to_the_trainers_answer(t
     layout.control_processed.mkdir(parents=True)
     none = pd.DataFrame(columns=["request_id", "status", "step", "timeline", "message"])
     assert request_status("req-1", none, layout) == WAITING
+    assert request_status("req-1", none, layout, ended=True) == NEVER
     (layout.control_processed / "req-1.json").write_text("{}")
     assert request_status("req-1", none, layout) == "taken by the trainer"
 

@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument("--parallelism", choices=PARALLELISMS, help="override the preset's parallelism")
     parser.add_argument("--checkpoint-every", type=int, help="override the preset's checkpoint interval (steps)")
+    parser.add_argument("--keep-checkpoints", type=int, help="override how many of the newest checkpoints are kept")
     parser.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint in OUT")
     parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
                         help="inject a fault, e.g. straggler:rank=1,factor=2,from=20 (docs/faults.md); repeatable")
@@ -73,7 +74,7 @@ def gather_topology() -> tuple[RankPlacement, ...]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = preset(args.preset, steps=args.steps, parallelism=args.parallelism,
-                    checkpoint_every=args.checkpoint_every)
+                    checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
     device = init_distributed()
     topology = gather_topology()
     placement = topology[dist.get_rank()]

@@ -37,8 +37,9 @@ def prefilled_args(action: str, suggestion: Mapping[str, Any], incident: pd.Seri
     return {}
 
 
-def request_status(request_id: str, actions: pd.DataFrame, layout: RunLayout) -> str:
-    """Where a filed request stands: waiting, taken, applied at step S on timeline T, or rejected and why."""
+def request_status(request_id: str, actions: pd.DataFrame, layout: RunLayout, *, ended: bool = False) -> str:
+    """Where a filed request stands: waiting, taken, applied at step S on timeline T, or rejected and why
+    (``ended``: the run has ended, so a request not yet taken never will be)."""
     rows = actions[actions["request_id"] == request_id]
     if not rows.empty:
         row = rows.iloc[0]
@@ -49,4 +50,6 @@ def request_status(request_id: str, actions: pd.DataFrame, layout: RunLayout) ->
         return "acknowledged by the trainer, not yet applied"
     if (layout.control_processed / f"{request_id}.json").exists():
         return "taken by the trainer"
+    if ended:
+        return "not applied: the run has ended (a resumed run would take it)"
     return "filed, waiting for the trainer's next step"

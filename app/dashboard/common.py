@@ -93,6 +93,7 @@ def age(seconds: float | None) -> str:
     """A duration in words: 42 s, 5 min, 3.2 h, 2.1 d."""
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
         return "–"
+    seconds = max(seconds, 0.0)  # clocks of different hosts: a moment ago, not "-0 s"
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
             return f"{seconds / size:.1f} {unit}" if unit != "min" else f"{seconds / size:.0f} min"

@@ -70,7 +70,7 @@ def eval_vs_compute(evals: pd.DataFrame, metric: str, band: pd.DataFrame | None 
         fig.add_trace(go.Scatter(x=marks["cum_flops"], y=marks["value"], mode="markers", name=f"{severity} incident",
                                  marker={"symbol": "x", "size": 12, "color": SEVERITY_COLORS.get(severity)},
                                  text=marks["label"], hovertemplate="%{text}<extra></extra>"))
-    fig.update_xaxes(type="log", title="cumulative FLOPs spent")
+    fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI")
     fig.update_yaxes(title=f"held-out {metric}")
     return _layout(fig, "Held-out eval against compute")
 
@@ -187,7 +187,7 @@ def runs_overlay(curves: dict[str, pd.DataFrame], metric: str) -> go.Figure:
     fig = go.Figure()
     for name, curve in curves.items():
         fig.add_trace(go.Scatter(x=curve["cum_flops"], y=curve["value"], mode="lines+markers", name=name))
-    fig.update_xaxes(type="log", title="cumulative FLOPs spent")
+    fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI")
     fig.update_yaxes(title=f"held-out {metric}")
     return _layout(fig, "Runs: eval against compute")
 

@@ -9,7 +9,7 @@ PAGES = Path(__file__).parent / "screens"  # not "pages": Streamlit would list t
 
 st.set_page_config(page_title="bedside", page_icon="🛏️", layout="wide")
 page = st.navigation([
-    st.Page(PAGES / "overview.py", title="Overview", icon=":material/monitoring:", url_path="overview", default=True),
+    st.Page(PAGES / "overview.py", title="Overview", icon=":material/monitoring:", default=True),
     st.Page(PAGES / "ranks.py", title="Ranks", icon=":material/grid_on:", url_path="ranks"),
     st.Page(PAGES / "incidents.py", title="Incidents", icon=":material/crisis_alert:", url_path="incidents"),
     st.Page(PAGES / "checkpoints.py", title="Checkpoints", icon=":material/save:", url_path="checkpoints"),

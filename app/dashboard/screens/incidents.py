@@ -147,9 +147,11 @@ def requests() -> None:
         return
     st.subheader("Requests for this incident")
     statuses = data.frame("actions")
+    run = data.frame("run")
+    ended = not run.empty and run["status"].iloc[0] in ("finished", "failed", "aborted")
     for entry in filed.itertuples():
         st.markdown(f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
-                    f"{request_status(entry.request_id, statuses, data.layout)}")
+                    f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}")
 
 
 requests()
