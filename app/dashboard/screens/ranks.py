@@ -31,13 +31,12 @@ def ranks() -> None:
                "pipeline, tensor and data coordinates")
     phases = data.frame("rank_phases", timeline=timeline, steps=RECENT_STEPS)
     table = summaries.slowdowns(phases)
-    left, right = st.columns([2, 3])
-    left.subheader(f"Slowdown (median of the last {RECENT_STEPS} steps)")
-    left.dataframe(table[["rank", "host", "dp", "tp", "pp", "compute_slowdown", "step_slowdown", "compute_time",
-                          "step_time"]], hide_index=True, key="slowdowns",
-                   column_config={"compute_slowdown": st.column_config.NumberColumn(format="%.2fx"),
-                                  "step_slowdown": st.column_config.NumberColumn(format="%.2fx")})
-    right.plotly_chart(figures.phase_breakdown(phases), key="phase_breakdown")
+    st.subheader(f"Slowdown (median of the last {RECENT_STEPS} steps)")
+    st.dataframe(table[["rank", "host", "dp", "tp", "pp", "compute_slowdown", "step_slowdown", "compute_time",
+                        "step_time"]], hide_index=True, key="slowdowns",
+                 column_config={"compute_slowdown": st.column_config.NumberColumn(format="%.2fx"),
+                                "step_slowdown": st.column_config.NumberColumn(format="%.2fx")})
+    st.plotly_chart(figures.phase_breakdown(phases), key="phase_breakdown")
     stragglers = data.frame("incidents")
     stragglers = stragglers[stragglers["kinds"].map(lambda kinds: "straggler" in list(kinds))]
     st.subheader("Straggler incidents")
