@@ -37,6 +37,13 @@ before it has stepped: ``stepped`` False); whether its last record is run_end.""
 PAUSES = ("checkpoint", "eval")
 
 
+def _watermark(rows: Columns) -> float:
+    """The time up to which every known rank's records have been read: the earliest latest record of the
+    ranks still running (one that wrote run_end has nothing more to read)."""
+    last = np.append(rows["rank"][1:] != rows["rank"][:-1], True) & ~rows["end"]
+    return float(rows["time"][last].min(initial=np.inf))
+
+
 def _keys(timelines: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """(timeline, step) as one integer."""
     return np.asarray(timelines, dtype=np.int64) * 2**40 + np.asarray(steps, dtype=np.int64)
@@ -187,6 +194,9 @@ class HangDetector(Detector):
     def _detect(self, rows: Columns, seg: Columns, evidence: dict[str, np.ndarray]) -> list[_Hang]:
         """Open a hang for each stretch without steps in which either test fires."""
         times = {name: np.sort(np.append(found, self._newest[name])) for name, found in evidence.items()}
+        if not self.run.caught_up:  # files read unevenly (a backlog): no rank is judged past where all are known
+            mark = _watermark(rows)
+            times = {name: found[found <= mark] for name, found in times.items()}
         stopped = self._first_after(times["step"], seg["pt"], seg["ptl"], seg["ps"], seg["until"])
         silent = self._first_after(times["any"], rows["time"], rows["ptl"], rows["ps"], rows["next"])
         silent[rows["end"]] = np.inf

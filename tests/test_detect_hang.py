@@ -182,3 +182,22 @@ def test_one_batch_or_many_give_the_same_findings() -> None:
 def test_bad_settings_are_refused(settings: dict) -> None:
     with pytest.raises(DetectorConfigError):
         build_detectors({"hang": settings}, only=["hang"])
+
+
+def test_a_rank_whose_file_is_read_behind_the_others_is_not_taken_for_hung() -> None:
+    """A backlog: rank 7's file is read to step 100 while the others' are read to the end."""
+    timing = tf.synchronous(tf.work(np.random.default_rng(2), 400, RANKS, 0.5, kind="gaussian", scale=0.1))
+    frame = tf.rank_step_frame(timing)
+    behind = (frame["rank"] == 7) & (frame["step"] > 100)
+    first, rest = TelemetryBatch(rank_steps=frame[~behind]), TelemetryBatch(rank_steps=frame[behind])
+
+    def fed(caught_up_first: bool) -> list[Finding]:
+        detector, run = HangDetector(), run_state()
+        detector.bind(run)
+        run.caught_up = caught_up_first
+        found = detector.update(first)
+        run.caught_up = True
+        return found + detector.update(rest)
+
+    assert fed(caught_up_first=False) == []
+    assert [f.ranks for f in fed(caught_up_first=True)][:1] == [(7,)]  # what a backlog looked like before
