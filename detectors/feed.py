@@ -9,20 +9,32 @@ from bedside.collectors.store import Store
 from .telemetry import TelemetryBatch
 
 _WINDOW_SCHEMA = pa.schema([("source_id", pa.int32()), ("from_offset", pa.int64()), ("to_offset", pa.int64())])
+DEFAULT_BATCH_BYTES = 256 << 20
+"""Most telemetry bytes one batch covers (a replay of a large store goes to the detectors in slices)."""
+MIN_SOURCE_BYTES = 4 << 10
 
 
 class StoreFeed:
     """Reads a store's rows by byte range of each source file, so each row is read exactly once."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, batch_bytes: int = DEFAULT_BATCH_BYTES) -> None:
         self.store = store
+        self.batch_bytes = batch_bytes
         self._read_to: dict[int, int] = {}
+        self.behind = False
 
     def next_batch(self) -> TelemetryBatch:
-        """Every row committed since the previous call (all of them on the first)."""
+        """The rows committed since the previous call, up to about ``batch_bytes`` of telemetry.
+
+        Each file advances by the same share of the budget, so ranks stay level; ``behind``
+        then says whether more is committed than this batch took (call again).
+        """
         sources = self.store.fetch_named("detect_sources")
-        window = [(int(s), self._read_to.get(int(s), 0), int(o))
-                  for s, o in zip(sources["source_id"], sources["committed_offset"]) if o > self._read_to.get(int(s), 0)]
+        pending = [(int(s), self._read_to.get(int(s), 0), int(o))
+                   for s, o in zip(sources["source_id"], sources["committed_offset"]) if o > self._read_to.get(int(s), 0)]
+        share = max(MIN_SOURCE_BYTES, self.batch_bytes // max(len(pending), 1))
+        window = [(s, start, min(end, start + share)) for s, start, end in pending]
+        self.behind = any(cut < end for (_, _, cut), (_, _, end) in zip(window, pending))
         if not window:
             return TelemetryBatch()
         table = pa.Table.from_pylist([dict(zip(("source_id", "from_offset", "to_offset"), w)) for w in window],

@@ -43,11 +43,16 @@ class StoreDetection:
         ``caught_up`` False says the collector has a backlog (its pass used the whole
         byte budget): ranks' files may be read unevenly, so no rank is given up for missing.
         """
-        self.runner.run.caught_up = caught_up
         self.runner.run.world_size = self.feed.world_size()
         self.runner.run.topology = self.feed.topology()
-        batch = self.feed.next_batch()
-        changed = self._record(self.runner.update(batch) if len(batch) else [])
+        found: list[Finding] = []
+        while True:  # a large backlog (a restart's replay) goes through in slices, in bounded memory
+            batch = self.feed.next_batch()
+            self.runner.run.caught_up = caught_up and not self.feed.behind
+            found += self.runner.update(batch) if len(batch) else []
+            if not self.feed.behind:
+                break
+        changed = self._record(list({f.finding_id: f for f in found}.values()))
         if self.alerts:
             self._send(self.alerts.tick(time.time()))
         return changed

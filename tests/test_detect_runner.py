@@ -169,6 +169,20 @@ def test_streaming_equals_batch_for_every_detector(tmp_path: Path) -> None:
     assert not differ, f"streaming differs from batch in: {', '.join(differ)}"
 
 
+def test_a_replay_fed_in_small_slices_equals_one_batch(tmp_path: Path) -> None:
+    """A restarted owner replays the whole store; in slices of a few KiB per file it finds the same."""
+    sliced = shutil.copytree(SAMPLE_RUN, tmp_path / "sliced")
+    batched = shutil.copytree(SAMPLE_RUN, tmp_path / "batched")
+    with Store.open(RunLayout(sliced).store) as store:
+        Collector(sliced, store).ingest_available()
+        detection = StoreDetection(store)
+        detection.feed.batch_bytes = 8192  # a few KiB of each file per slice: dozens of slices
+        detection.update()
+        detection.finish()
+        slices = [f.to_json() for f in detection.runner.ordered()]
+    assert slices == [f.to_json() for f in detect_in_store(batched)]
+
+
 # -- incidents ------------------------------------------------------------------------------------------------
 
 def training_run(n: int = 800) -> pd.DataFrame:
