@@ -20,12 +20,11 @@ from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 from bedside.detectors.alerts.config import AlertSettings
-from bedside.detectors.alerts.router import AlertRouter
-from bedside.detectors.alerts.sender import OutboxSender
 
 from . import train
 from .alert import alert_settings
 from .detect import LiveDetection
+from .owner import alerting_detection
 from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
 from .dashboard.registry import TOKEN_ENV
@@ -151,9 +150,7 @@ def follow_until_exit(collector: Collector, training: subprocess.Popen, settings
     """Follow the run, detecting and alerting as it goes, until it ends or the training process exits;
     then ingest the rest and give the alerts time to be delivered."""
     progress = Progress()
-    sender = OutboxSender(collector.store, settings, warn=warn)
-    router = AlertRouter(collector.store, settings, on_commit=sender.wake) if settings.notifiers else None
-    live = LiveDetection(collector.store, alerts=router)
+    live, sender = alerting_detection(collector.store, settings, warn=warn)
     sender.start()
     try:
         _follow(collector, training, live, progress)

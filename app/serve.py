@@ -10,6 +10,8 @@ from pathlib import Path
 
 from bedside.collectors.errors import BedsideError
 
+from bedside.detectors.alerts.config import find_config
+
 from .alert import alert_settings
 from .output import positive_seconds
 
@@ -49,6 +51,7 @@ def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, 
 
     from .dashboard import registry
 
+    config = config or find_config(target)  # settled once: the run may not be a run yet (demo --serve)
     alert_settings(config, target)  # a bad configuration stops us before anything starts
     os.environ.update({
         registry.TARGET_ENV: str(target.resolve()), registry.CONFIG_ENV: str(config or ""),

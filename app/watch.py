@@ -11,11 +11,10 @@ from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.store import Store
-from bedside.detectors.alerts.router import AlertRouter
-from bedside.detectors.alerts.sender import OutboxSender
 
 from .alert import alert_settings
 from .detect import LiveDetection
+from .owner import alerting_detection
 from .output import Progress, positive_seconds, warn
 
 DEFAULT_DRAIN_S = 10.0
@@ -46,8 +45,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     layout = RunLayout(require_run_dir(args.run))
     settings = alert_settings(args.config, layout.root, default_log=True)
     with Store.open(layout.store) as store:
-        sender = OutboxSender(store, settings, warn=warn)
-        live = LiveDetection(store, quiet=args.quiet, alerts=AlertRouter(store, settings, on_commit=sender.wake))
+        live, sender = alerting_detection(store, settings, quiet=args.quiet, warn=warn)
         sender.start()
         try:
             follow_until_stopped(Collector(layout.root, store, warn=warn), Progress(quiet=args.quiet), live,
@@ -70,8 +68,8 @@ def follow_until_stopped(collector: Collector, progress: Progress, live: LiveDet
         if live:
             live.update(result)
 
-    follower = Follower(collector, rescan_every_s=rescan_every_s, on_pass=on_pass,
-                        on_idle=live.tick if live else (lambda: None), warn=warn)
+    follower = Follower(collector, rescan_every_s=rescan_every_s, on_pass=on_pass, warn=warn,
+                        **({"on_idle": live.tick} if live else {}))
 
     def request_stop(signum: int, frame: object) -> None:
         stop.set()

@@ -89,7 +89,7 @@ class PassResult:
         self.rejected += other.rejected
         self.bytes += other.bytes
         self.incidents.extend(other.incidents)
-        self.backlog = other.backlog
+        self.backlog |= other.backlog
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from scipy import optimize, stats
 
 from .detector import Detector, register
 from .finding import Finding, Severity, SuggestedAction
-from .robust import MAD_TO_SIGMA
+from .robust import mad_sigma
 from .telemetry import TelemetryBatch
 
 LOSS_SCORES = ("loss", "eval_loss", "val_loss")
@@ -199,7 +199,7 @@ def forecast_evals(compute: np.ndarray, values: np.ndarray, at: np.ndarray, *, m
     if params is None:
         return None
     residuals = np.log(values) - np.log(_power_law(compute, *params))
-    spread = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
+    spread = float(mad_sigma(residuals))
     sigma = max(spread * math.sqrt(len(values) / max(len(values) - 3, 1)), min_rel_sigma)  # three fitted parameters
     return _power_law(at, *params), sigma
 

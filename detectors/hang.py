@@ -140,6 +140,7 @@ class HangDetector(Detector):
         self.timing = _Timing(min_seconds, factor, quantile, pause_factor, first_pause_s)
         self._state: Columns = {name: np.zeros(0, dtype) for name, dtype in STATE.items()}
         self._newest = {"any": -np.inf, "step": -np.inf}
+        self._held = {"any": np.zeros(0), "step": np.zeros(0)}  # evidence past the watermark of a backlog
         self._open: dict[tuple[int | None, int, int], _Hang] = {}
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
@@ -193,10 +194,13 @@ class HangDetector(Detector):
     # -- detection -----------------------------------------------------------------------
     def _detect(self, rows: Columns, seg: Columns, evidence: dict[str, np.ndarray]) -> list[_Hang]:
         """Open a hang for each stretch without steps in which either test fires."""
-        times = {name: np.sort(np.append(found, self._newest[name])) for name, found in evidence.items()}
-        if not self.run.caught_up:  # files read unevenly (a backlog): no rank is judged past where all are known
-            mark = _watermark(rows)
-            times = {name: found[found <= mark] for name, found in times.items()}
+        times = {name: np.sort(np.concatenate([found, self._held[name], [self._newest[name]]]))
+                 for name, found in evidence.items()}
+        # Files read unevenly (a backlog): no rank is judged past the time every rank has been read to;
+        # the evidence beyond it waits for the next batch.
+        mark = np.inf if self.run.caught_up else _watermark(rows)
+        self._held = {name: found[found > mark] for name, found in times.items()}
+        times = {name: found[found <= mark] for name, found in times.items()}
         stopped = self._first_after(times["step"], seg["pt"], seg["ptl"], seg["ps"], seg["until"])
         silent = self._first_after(times["any"], rows["time"], rows["ptl"], rows["ps"], rows["next"])
         silent[rows["end"]] = np.inf
@@ -263,7 +267,7 @@ class HangDetector(Detector):
         restart = ev["restart_from_step"]
         args: dict[str, Any] = {"ranks": list(hang.ranks), "restart_from_step": restart}
         if ev["scope"] == "rank":
-            host = self.run.host_of(hang.ranks[0])
+            host = ev["place"].get("host")
             args.update({"host": host} if host else {})
             summary = (f"rank {hang.ranks[0]}{f' (host {host})' if host else ''} hangs after step {hang.step}: "
                        f"{ev['how']} for {ev['silent_s']:g} s (threshold {ev['threshold_s']:g} s)")

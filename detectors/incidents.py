@@ -10,6 +10,7 @@ hand; a closed incident takes no new findings (they open a new incident).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from .finding import Finding, Severity, SuggestedAction
 
@@ -41,6 +42,7 @@ class Incident:
     findings: tuple[Finding, ...]
     summary: str
     suggested_action: SuggestedAction
+    closed_by_hand: bool = False  # an operator resolved it: it takes no new findings and nothing more is sent
 
 
 class IncidentBook:
@@ -95,7 +97,7 @@ class IncidentBook:
 
     def describe(self, incident_id: str) -> Incident:
         members = sorted(self._members[incident_id].values(), key=lambda f: (f.start_step, f.kind))
-        worst = max(members, key=lambda f: (f.severity.level, f.score))
+        worst = worst_of(members)
         kinds = tuple(dict.fromkeys(f.kind for f in members))
         family = FAMILIES[members[0].kind]
         extra = len(members) - 1
@@ -106,7 +108,12 @@ class IncidentBook:
             end_step=max(f.end_step for f in members), kinds=kinds,
             ranks=tuple(sorted({r for f in members for r in f.ranks})), findings=tuple(members),
             summary=worst.summary + (f" (+{extra} related finding{'s' if extra > 1 else ''})" if extra else ""),
-            suggested_action=_action(members, worst))
+            suggested_action=_action(members, worst), closed_by_hand=incident_id in self._closed)
+
+
+def worst_of(findings: Iterable[Finding]) -> Finding:
+    """The finding that speaks for an incident: the most severe, then the highest score."""
+    return max(findings, key=lambda f: (f.severity.level, f.score))
 
 
 def _cause(members: list[Finding]) -> str:
@@ -136,4 +143,4 @@ def _action(members: list[Finding], worst: Finding) -> SuggestedAction:
     actionable = [f for f in members if f.suggested_action.action in ACTIONABLE]
     if not actionable:
         return worst.suggested_action
-    return max(actionable, key=lambda f: (f.severity.level, f.score)).suggested_action
+    return worst_of(actionable).suggested_action

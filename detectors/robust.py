@@ -47,3 +47,12 @@ class Cusum:
 
     def reset(self, where: np.ndarray) -> None:
         self.s[where] = 0.0
+
+
+def row_median(values: np.ndarray) -> np.ndarray:
+    """Median of each row, NaNs ignored (NaN for an empty row), as a column (one sort, no Python loop)."""
+    ordered = np.sort(values, axis=1)  # NaNs last
+    count = (~np.isnan(values)).sum(axis=1)
+    rows = np.arange(len(values))
+    median = 0.5 * (ordered[rows, np.maximum(count - 1, 0) // 2] + ordered[rows, count // 2 - (count == 0)])
+    return np.where(count > 0, median, np.nan)[:, None]

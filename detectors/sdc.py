@@ -25,7 +25,7 @@ import pandas as pd
 from .crossrank import StepAssembler, StepMatrix
 from .detector import Detector, register
 from .finding import Finding, Severity, SuggestedAction
-from .robust import MAD_TO_SIGMA
+from .robust import MAD_TO_SIGMA, row_median
 from .telemetry import TelemetryBatch
 
 LOWEST, PER_DECADE = -6.0, 100
@@ -189,7 +189,7 @@ class SdcDetector(Detector):
         norms = matrix.values["local_grad_norm"]
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log2(np.where(norms > 0, norms, np.nan))
-        medians = _row_medians(logs)
+        medians = row_median(np.where(np.isfinite(logs), logs, np.nan))[:, 0]  # over ranks with a finite norm
         deviations = logs - medians[:, None]
         changed: dict[str, Finding] = {}
         checked = np.zeros(len(matrix), bool) if matrix.checksums is None else ~pd.isna(matrix.checksums).all(axis=1)
@@ -363,15 +363,6 @@ class SdcDetector(Detector):
         why = "its parameters differ from its replicas'" if case.checksum else f"{case.hits} corrupted gradients"
         return SuggestedAction("evict", {"rank": case.rank, **({"host": host} if host else {})},
                                f"rank {case.rank}: {why}; take {machine} out of the job")
-
-
-def _row_medians(logs: np.ndarray) -> np.ndarray:
-    """Each step's median over the ranks that reported a finite positive norm (NaN when none did)."""
-    finite = np.where(np.isfinite(logs), logs, np.nan)
-    medians = np.full(len(logs), np.nan)
-    some = (~np.isnan(finite)).any(axis=1)
-    medians[some] = np.nanmedian(finite[some], axis=1)
-    return medians
 
 
 def _checksum_summary(checksum: dict | None) -> str:

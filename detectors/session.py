@@ -81,9 +81,10 @@ class StoreDetection:
     def resolve(self, incident_id: str, by: str, note: str, now: float | None = None) -> None:
         """Someone closed an incident by hand: it stays resolved, later findings open a new incident, and the
         notifiers that were told of it hear that it was resolved, by whom and why."""
-        incident = self._incident_for(incident_id, by, "resolving an incident")
+        self._incident_for(incident_id, by, "resolving an incident")
         now = time.time() if now is None else now
         self.book.close(incident_id)
+        incident = self.book.describe(incident_id)
         outbox = self.alerts.resolve_by_hand(incident, by, note, now) if self.alerts else OutboxWrite()
         save_resolution(self.store, incident_id, by, note, outbox, now)
         if self.alerts:

@@ -29,8 +29,6 @@ def save(store: Store, book: IncidentBook, findings: list[Finding], incidents: l
     Stored findings keep their first_seen, incidents their acknowledgement.
     """
     outbox = outbox or OutboxWrite()
-    if not findings and not incidents and not outbox:
-        return
     now = time.time() if now is None else now
     store.write_named([
         ("upsert_findings", {"new_findings": _findings_table(book, findings, now)}),

@@ -35,7 +35,7 @@ from .crossrank import StepAssembler, StepMatrix
 from .detector import Detector, register
 from .errors import DetectorConfigError
 from .finding import Finding, Severity, SuggestedAction
-from .robust import Cusum, mad_sigma
+from .robust import Cusum, mad_sigma, row_median
 from .telemetry import TelemetryBatch
 
 METRICS = ("step_time", "data_time", "compute_time", "comm_time")
@@ -405,12 +405,3 @@ def cusum_threshold(k: float, arl: float) -> float:
 
 def _valid(values: np.ndarray) -> np.ndarray:
     return values[~np.isnan(values)]
-
-
-def row_median(values: np.ndarray) -> np.ndarray:
-    """Median of each row, NaNs ignored (NaN for an empty row), as a column (one sort, no Python loop)."""
-    ordered = np.sort(values, axis=1)  # NaNs last
-    count = (~np.isnan(values)).sum(axis=1)
-    rows = np.arange(len(values))
-    median = 0.5 * (ordered[rows, np.maximum(count - 1, 0) // 2] + ordered[rows, count // 2 - (count == 0)])
-    return np.where(count > 0, median, np.nan)[:, None]

@@ -83,11 +83,10 @@ class RunState:
     topology: pd.DataFrame = field(default_factory=lambda: empty_frame(TOPOLOGY_COLUMNS))
     good_checkpoints: dict[int, list[int]] = field(default_factory=dict)
     restarts: dict[int, list[int]] = field(default_factory=dict)
-    last_time: float = float("-inf")
     caught_up: bool = True  # ingestion has read every file to its end (no backlog)
 
     def observe(self, batch: TelemetryBatch) -> None:
-        """Take the checkpoints saved or verified, the restarts, and the newest record time, from ``batch``."""
+        """Take the checkpoints saved or verified, and the restarts, from ``batch``."""
         ck = batch.checkpoints
         good = ck[ck["event"].isin(("saved", "verified"))] if len(ck) else ck
         _add_steps(self.good_checkpoints, good)
@@ -96,9 +95,6 @@ class RunState:
         started = ev[(ev["kind"] == "rank_info") & (ev["step"] > 0)] if len(ev) else ev
         _add_steps(self.restarts, loaded)
         _add_steps(self.restarts, started)
-        for frame in (batch.steps, batch.rank_steps, batch.events):
-            if len(frame):
-                self.last_time = max(self.last_time, float(frame["time"].max()))
 
     def checkpoint_before(self, timeline: int, step: int) -> int | None:
         """The newest good checkpoint strictly before ``step`` (on ``timeline`` or, failing that, any)."""
@@ -112,10 +108,6 @@ class RunState:
         restarts = self.restarts.get(timeline, ())
         i = bisect.bisect_right(restarts, step)
         return bool(i) and step - restarts[i - 1] < steps
-
-    def host_of(self, rank: int) -> str | None:
-        row = self.topology[self.topology["rank"] == rank]
-        return None if row.empty or pd.isna(row["host"].iloc[0]) else str(row["host"].iloc[0])
 
     def place_of(self, rank: int) -> dict[str, object]:
         """The rank's host and mesh coordinates, as far as the run declared them."""

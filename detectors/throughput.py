@@ -24,8 +24,7 @@ from .crossrank import StepAssembler, StepMatrix
 from .detector import Detector, register
 from .errors import DetectorConfigError
 from .finding import Finding, Severity, SuggestedAction
-from .robust import mad_sigma
-from .straggler import row_median
+from .robust import mad_sigma, row_median
 from .telemetry import TelemetryBatch, numbers
 
 Key = tuple[int, int]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .robust import MAD_TO_SIGMA
+from .robust import mad_sigma
 
 GAUSSIAN_UPPER_Q995 = 2.5758
 """The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
@@ -82,7 +82,7 @@ class RobustTrend:
         predicted = level + slope * math.log1p(step)
         ready = len(self._residuals) >= MIN_FORECAST_ERRORS
         spread = np.fromiter(self._residuals, float) if ready else detrended - level
-        sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(spread - np.median(spread)))), self.sigma_floor)
+        sigma = float(mad_sigma(spread, floor=self.sigma_floor))
         z = (y - predicted) / sigma
         tail = self._tail()
         if ready and learn_tail:

@@ -222,6 +222,15 @@ def test_resolving_by_hand_is_announced_once_and_later_findings_open_a_new_incid
     assert ("straggler@0:100/r3", "reopened") not in desk.told("ops")
 
 
+def test_a_finding_that_joins_with_an_earlier_onset_moves_the_stored_incident_s_start(open_desk) -> None:
+    desk = open_desk(alert_settings(ops={}))
+    desk.say(finding("nonfinite", 150, "critical"), at=T0)
+    desk.say(finding("sdc", 140, end=145), at=T0 + 1)
+    [[start, end, findings]] = desk.store.cursor().execute(
+        "SELECT start_step, end_step, findings FROM incidents").fetchall()
+    assert (start, end, findings) == (140, 150, 2)
+
+
 def test_resolving_needs_a_known_incident_and_a_name(open_desk) -> None:
     desk = open_desk(alert_settings(ops={}))
     desk.say(finding("loss_spike", 10), at=T0)

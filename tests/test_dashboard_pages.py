@@ -311,3 +311,12 @@ def test_an_alert_link_naming_the_run_as_run_json_does_finds_a_renamed_folder(ti
     assert linked_run("tiny-faults", [renamed]) == "copied-elsewhere"
     assert linked_run("copied-elsewhere", [renamed]) == "copied-elsewhere"
     assert linked_run("no-such-run", [renamed]) is None
+
+
+def test_a_runs_directory_s_bedside_toml_configures_the_dashboard_s_alerts(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "bedside.toml").write_text('[notifiers.ops]\ntype = "log"\n')
+    monkeypatch.setenv(registry.TARGET_ENV, str(tmp_path))
+    try:
+        assert [n.name for n in registry.desk().settings.notifiers] == ["ops"]
+    finally:
+        registry.close_all()

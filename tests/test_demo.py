@@ -124,8 +124,9 @@ def test_the_demo_posts_each_incident_to_the_configured_webhook_once(demo_output
     assert len(sent) == len(delivered) and all("delivered" in line for line in sent)
 
 
-def test_the_demo_can_serve_the_dashboard_on_its_live_run(tmp_path: Path, start_bedside) -> None:
+def test_the_demo_can_serve_the_dashboard_on_its_live_run_and_alert(tmp_path: Path, start_bedside) -> None:
     port = free_port()
+    (tmp_path / "bedside.toml").write_text(f'[notifiers.journal]\ntype = "log"\npath = "{tmp_path / "alerts.log"}"\n')
     demo = start_bedside("demo", "--serve", "--out", tmp_path, "--steps", 400, "--port", port,
                          stderr=subprocess.PIPE, text=True, env={**os.environ, "BEDSIDE_OPERATOR_TOKEN": "t0ken"},
                          start_new_session=True)
@@ -137,6 +138,10 @@ def test_the_demo_can_serve_the_dashboard_on_its_live_run(tmp_path: Path, start_
     while time.monotonic() < deadline and not (run / "bedside.duckdb").exists():
         time.sleep(0.5)
     assert (run / "bedside.duckdb").exists(), "serve did not take over the demo's run"
+    alerts = tmp_path / "alerts.log"  # the bedside.toml in --out configures the served run's alerts
+    while time.monotonic() < deadline and "New incident" not in (alerts.read_text() if alerts.exists() else ""):
+        time.sleep(0.5)
+    assert "New incident" in alerts.read_text()
     os.killpg(demo.pid, signal.SIGINT)
     assert demo.wait(60) == 0
     said = demo.stderr.read()

@@ -201,3 +201,25 @@ def test_a_rank_whose_file_is_read_behind_the_others_is_not_taken_for_hung() -> 
 
     assert fed(caught_up_first=False) == []
     assert [f.ranks for f in fed(caught_up_first=True)][:1] == [(7,)]  # what a backlog looked like before
+
+
+def test_a_rank_read_behind_that_really_stalled_is_found_as_in_one_batch() -> None:
+    """Rank 7 stalls 300 s after step 100 while the others step; its file is first read only to step 50."""
+    timing = tf.synchronous(tf.work(np.random.default_rng(4), 400, RANKS, 0.5, kind="gaussian", scale=0.1))
+    frame = tf.rank_step_frame(timing)
+    frame.loc[(frame["rank"] == 7) & (frame["step"] > 100), "time"] += 300.0
+    frame = frame[frame["time"] <= frame.loc[frame["rank"] != 7, "time"].max()].sort_values("time", kind="stable")
+    behind = (frame["rank"] == 7) & (frame["step"] > 50)
+
+    def fed(parts: list[pd.DataFrame], caught_up: list[bool]) -> list[dict]:
+        detector, run = HangDetector(), run_state()
+        detector.bind(run)
+        latest = {}
+        for part, level in zip(parts, caught_up):
+            run.caught_up = level
+            latest.update({f.finding_id: f for f in detector.update(TelemetryBatch(rank_steps=part))})
+        return [f.to_json() for f in latest.values()]
+
+    whole = fed([frame], [True])
+    assert [f["ranks"] for f in whole] == [[7]]
+    assert fed([frame[~behind], frame[behind]], [False, True]) == whole

@@ -111,7 +111,8 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.spent_tokens, self.spent_flops = state["spent_tokens"], state["spent_flops"]
-        self.control_state = ControlState.from_state_dict(state["control"])
+        # checkpoints written before the control state was saved have none: nothing was handled then
+        self.control_state = ControlState.from_state_dict(state["control"]) if "control" in state else ControlState()
 
     def train_step(self) -> None:
         """One optimizer step on the next global batch."""

@@ -7,6 +7,7 @@ refresh, without findings (those live in the owner's store).
 """
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ CACHED_VERSIONS = 1
 class RunData:
     """One run as the pages see it."""
 
-    def __init__(self, run_dir: Path, owner: RunOwner | None, *, refresh_s: float, refused: str = "") -> None:
+    def __init__(self, run_dir: Path, owner: RunOwner | None, *, refresh_s: float) -> None:
         self.run_dir = run_dir
         self.layout = RunLayout(run_dir)
         self.owner = owner
@@ -36,8 +37,8 @@ class RunData:
         self.note = "" if owner else ("Read-only: another process holds this run's store (bedside watch?). Telemetry "
                                       "is read from the raw files; findings, incidents and acknowledgements are in "
                                       "that process.")
-        self.refused = refused
         self.timings: dict[str, float] = {}
+        self._lock = threading.RLock()  # every browser session shares this object, each in its own thread
         self._cache: dict[tuple, pd.DataFrame] = {}
         self._view: tuple[int, ReadView] | None = None
 
@@ -60,6 +61,7 @@ class RunData:
         return self.owner.version if self.owner else int(time.time() // self.refresh_s)
 
     def store(self) -> Store:
+        """The owner's store, else a read-only copy rebuilt each refresh period (call with the lock held)."""
         if self.owner:
             return self.owner.store
         version = self.version()
@@ -71,17 +73,21 @@ class RunData:
 
     def frame(self, query: str, /, **params: Any) -> pd.DataFrame:
         """The named query ``dash_<query>`` with its parameters, cached until the store changes."""
-        key = (query, tuple(sorted(params.items())), self.version())
-        if key not in self._cache:
-            started = time.perf_counter()
-            self._cache[key] = self.store().fetch_named(f"dash_{query}", params)
-            self.timings[query] = time.perf_counter() - started
-            self._forget_old(key[2])
-        return self._cache[key]
+        with self._lock:
+            key = (query, tuple(sorted(params.items())), self.version())
+            if key not in self._cache:
+                started = time.perf_counter()
+                self._cache[key] = self.store().fetch_named(f"dash_{query}", params)
+                self.timings[query] = time.perf_counter() - started
+                self._forget_old(key[2])
+            return self._cache[key]
 
     def user_query(self, sql: str, timeout_s: float = 10.0) -> pd.DataFrame:
-        """A read-only SELECT (QueryError names the problem)."""
-        return self.store().run_user_query(sql, timeout_s)
+        """A read-only SELECT (QueryError names the problem); a read-only copy stays open while it runs."""
+        if self.owner:
+            return self.owner.store.run_user_query(sql, timeout_s)
+        with self._lock:
+            return self.store().run_user_query(sql, timeout_s)
 
     def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str,
                 incident_id: str | None) -> str:
@@ -115,9 +121,10 @@ class RunData:
 
     def close(self) -> None:
         """Release a read-only copy (an owner's store is closed by its owner)."""
-        if self._view:
-            self._view[1].store.close()
-            self._view = None
+        with self._lock:
+            if self._view:
+                self._view[1].store.close()
+                self._view = None
 
     def _forget_old(self, version: int) -> None:
         for key in [k for k in self._cache if k[2] < version - CACHED_VERSIONS + 1]:

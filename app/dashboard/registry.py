@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bedside.collectors.errors import BedsideError, StoreLockedError
-from bedside.collectors.layout import is_run_dir
 from bedside.collectors.runs import find_runs
 from bedside.detectors.alerts.config import AlertSettings
 
@@ -64,8 +63,7 @@ class Desk:
             if view is None or (view.owner is None and owner is not None):
                 if view:
                     view.close()
-                self.views[run_dir] = RunData(run_dir, owner, refresh_s=self.refresh_s,
-                                              refused=self.refused.get(run_dir, (0.0, ""))[1])
+                self.views[run_dir] = RunData(run_dir, owner, refresh_s=self.refresh_s)
             return self.views[run_dir]
 
     def owner(self, run_dir: Path) -> RunOwner | None:
@@ -128,8 +126,8 @@ def desk() -> Desk:
             if not target:
                 raise BedsideError(f"no run to show: start the dashboard with bedside serve RUN (or set {TARGET_ENV})")
             path = Path(target)
-            _DESKS[key] = Desk(target=path, settings=alert_settings(Path(config) if config else None,
-                                                                   path if is_run_dir(path) else None),
+            # a run's bedside.toml, else its parent's: for a runs directory, the directory's own
+            _DESKS[key] = Desk(target=path, settings=alert_settings(Path(config) if config else None, path),
                                live=live == "1", operator_token=token,
                                refresh_s=float(refresh) if refresh else DEFAULT_REFRESH_S)
         return _DESKS[key]

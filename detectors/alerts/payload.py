@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from ..finding import Finding, json_safe
-from ..incidents import Incident
+from ..incidents import Incident, worst_of
 
 PAYLOAD_SCHEMA = "bedside.alert/1"
 EVENT_WORDS = {
@@ -58,7 +58,7 @@ def incident_payload(message_id: str, event: str, run: RunRef, incident: Inciden
         "start_step": incident.start_step, "end_step": incident.end_step, "kinds": list(incident.kinds),
         "ranks": list(incident.ranks), "findings": len(incident.findings), "summary": incident.summary,
         "suggested_action": incident.suggested_action.to_json(),
-        "evidence": key_evidence(_worst(incident.findings)),
+        "evidence": key_evidence(worst_of(incident.findings)),
         "acknowledged_by": ack.by if ack else None, "ack_note": ack.note if ack else None,
         "resolved_by": resolution.by if resolution else None, "resolve_note": resolution.note if resolution else None,
         "url": incident_url(dashboard_url, run, incident.incident_id),
@@ -123,10 +123,6 @@ def key_evidence(finding: Finding) -> dict[str, Any]:
         if len(picked) == KEY_EVIDENCE:
             break
     return picked
-
-
-def _worst(findings: tuple[Finding, ...]) -> Finding:
-    return max(findings, key=lambda f: (f.severity.level, f.score))
 
 
 def _iso(seconds: float) -> str:

@@ -127,7 +127,6 @@ class AlertRouter:
         self._history = {i for i, resolved in zip(incidents["incident_id"], incidents["resolved"]) if resolved}
         self._acks = {i: Acknowledgement(by, note or "") for i, by, note in
                       zip(incidents["incident_id"], incidents["acknowledged_by"], incidents["ack_note"]) if by}
-        self._closed = {i for i, by in zip(incidents["incident_id"], incidents["resolved_by"]) if by is not None}
         stored = store.fetch_named("finding_incidents")
         self._stored_findings = {f: (int(end), bool(active)) for f, end, active in
                                  zip(stored["finding_id"], stored["end_step"], stored["active"])}
@@ -154,7 +153,7 @@ class AlertRouter:
         """The messages these incident changes call for; ``changed`` are the finding ids that changed."""
         out = OutboxWrite()
         for incident in incidents:
-            if incident.incident_id in self._closed or self._replayed(incident):
+            if incident.closed_by_hand or self._replayed(incident):
                 continue
             for notifier in self._notifiers:
                 message = self._message_for(notifier, incident, now)
@@ -176,7 +175,6 @@ class AlertRouter:
     def resolve_by_hand(self, incident: Incident, by: str, note: str, now: float) -> OutboxWrite:
         """Announce that an operator closed the incident to every notifier told of it and not yet told it was
         resolved (never held back); nothing more is said of it."""
-        self._closed.add(incident.incident_id)
         resolution = Acknowledgement(by, note)
         out = OutboxWrite()
         for notifier in self._notifiers:

@@ -47,12 +47,13 @@ if incidents.empty:
     st.stop()
 
 ids = incidents["incident_id"].tolist()
+by_id = incidents.set_index("incident_id")
 linked = st.query_params.get("incident")
 if linked in ids and "incident" not in st.session_state:
     st.session_state["incident"] = linked
 chosen = st.selectbox("Incident", ids, key="incident",
-                      format_func=lambda i: f"{i}: {incidents.set_index('incident_id').loc[i, 'title']}")
-incident = incidents.set_index("incident_id").loc[chosen]
+                      format_func=lambda i: f"{i}: {by_id.loc[i, 'title']}")
+incident = by_id.loc[chosen]
 suggestion = json.loads(incident["suggested_action"])
 
 st.subheader(f"{SEVERITY_MARKS.get(incident['severity'], '')} {incident['title']} ({incident['status']})")
@@ -140,24 +141,21 @@ else:
 
 
 @st.fragment(run_every=data.refresh_s)
-def requests() -> None:
+def requests_and_audit_trail() -> None:
     trail, unreadable = data.audit_trail()
     filed = trail[trail["request_id"].notna() & (trail["incident_id"] == chosen)]
-    if filed.empty:
-        return
-    st.subheader("Requests for this incident")
-    statuses = data.frame("actions")
-    run = data.frame("run")
-    ended = not run.empty and run["status"].iloc[0] in ("finished", "failed", "aborted")
-    for entry in filed.itertuples():
-        st.markdown(f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
-                    f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}")
+    if not filed.empty:
+        st.subheader("Requests for this incident")
+        statuses = data.frame("actions")
+        run = data.frame("run")
+        ended = not run.empty and run["status"].iloc[0] in ("finished", "failed", "aborted")
+        for entry in filed.itertuples():
+            st.markdown(f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
+                        f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}")
+    st.subheader("Audit trail")
+    if unreadable:
+        st.warning(f"{unreadable} line(s) of the audit trail could not be read")
+    st.dataframe(trail, hide_index=True, key="audit_trail")
 
 
-requests()
-
-st.subheader("Audit trail")
-trail, unreadable = data.audit_trail()
-if unreadable:
-    st.warning(f"{unreadable} line(s) of the audit trail could not be read")
-st.dataframe(trail, hide_index=True, key="audit_trail")
+requests_and_audit_trail()

@@ -1,1 +1,1 @@
-SELECT incident_id, resolved, acknowledged_by, ack_note, resolved_by, resolve_note FROM incident_rows;
+SELECT incident_id, resolved, acknowledged_by, ack_note, resolved_by FROM incident_rows;
