@@ -297,6 +297,11 @@ def test_a_fault_leaves_the_other_signals_unchanged(tmp_path: Path) -> None:
         simulate_run(SimulationConfig(ranks=4, steps=60, seed=2, inject=inject), tmp_path / name)
     sql = "SELECT step, loss, grad_norm FROM step_metrics ORDER BY step"
     pd.testing.assert_frame_equal(query(tmp_path / "clean", sql), query(tmp_path / "faulty", sql))
+    compute = "SELECT step, compute_time FROM rank_step_metrics WHERE rank = 1 ORDER BY step"
+    ratio = query(tmp_path / "faulty", compute)["compute_time"] / query(tmp_path / "clean", compute)["compute_time"]
+    steps = query(tmp_path / "clean", compute)["step"]
+    assert ratio[steps < 30].median() == pytest.approx(1.0, abs=0.05)  # the fault is there, and only there
+    assert ratio[steps >= 30].median() == pytest.approx(2.0, rel=0.1)
 
 
 @pytest.mark.parametrize(("args", "message"), [
