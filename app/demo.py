@@ -23,13 +23,12 @@ from bedside.detectors.alerts.config import AlertSettings
 
 from . import train
 from .alert import alert_settings
+from .dashboard.registry import TOKEN_ENV
 from .detect import LiveDetection
-from .owner import alerting_detection
 from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
-from .dashboard.registry import TOKEN_ENV
+from .owner import alerting_detection
 from .serve import DEFAULT_PORT, serve_dashboard
-
 
 DEFAULT_STEPS = 200
 SERVE_STEPS = 3000

@@ -6,7 +6,8 @@ import json
 import math
 import sys
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import pandas as pd
 

@@ -8,8 +8,8 @@ same pieces, without a thread, make ``bedside watch`` and the demo.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.ingest import Collector, PassResult

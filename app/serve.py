@@ -9,7 +9,6 @@ import threading
 from pathlib import Path
 
 from bedside.collectors.errors import BedsideError
-
 from bedside.detectors.alerts.config import find_config
 
 from .alert import alert_settings

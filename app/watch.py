@@ -14,8 +14,8 @@ from bedside.collectors.store import Store
 
 from .alert import alert_settings
 from .detect import LiveDetection
-from .owner import alerting_detection
 from .output import Progress, positive_seconds, warn
+from .owner import alerting_detection
 
 DEFAULT_DRAIN_S = 10.0
 

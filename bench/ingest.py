@@ -20,9 +20,9 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import duckdb
 import numpy as np

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import operator
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .format import encode_number
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .atomicjson import write_json_atomic
 from .layout import RunLayout

@@ -14,9 +14,10 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 import duckdb
 import pyarrow as pa
@@ -84,7 +85,7 @@ class PassResult:
     incidents: list[str] = field(default_factory=list)
     backlog: bool = False  # the pass used its whole byte budget: files may hold more, ranks' rows not level
 
-    def add(self, other: "PassResult") -> None:
+    def add(self, other: PassResult) -> None:
         self.lines += other.lines
         self.rejected += other.rejected
         self.bytes += other.bytes

@@ -66,7 +66,7 @@ class RunInfo:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunInfo":
+    def from_json(cls, data: dict[str, Any]) -> RunInfo:
         try:
             topology = tuple(RankPlacement(**p) for p in data.get("topology", ()))
             known = {k: data[k] for k in ("run_id", "name", "created", "schema_version", "world_size", "config") if k in data}

@@ -70,9 +70,9 @@ def _ended_ranks(records: list[dict]) -> dict[int, str]:
     latest: dict[int, dict] = {}
     for record in records:
         rank = record.get("rank")
-        if _is_integer(rank) and _is_number(record.get("time")):
-            if rank not in latest or _place(record) >= _place(latest[rank]):
-                latest[rank] = record
+        if (_is_integer(rank) and _is_number(record.get("time"))
+                and (rank not in latest or _place(record) >= _place(latest[rank]))):
+            latest[rank] = record
     return {rank: r.get("status") for rank, r in latest.items() if r.get("kind") == "run_end"}
 
 

@@ -14,9 +14,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .appendfile import AppendFile, tail_records
 from .capture import Pending, capture, capture_field, capture_metrics, capture_shards, capture_step, resolve
@@ -155,7 +156,7 @@ class RunLogger:
             channel.close()
         atexit.unregister(self.flush)
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -215,7 +216,7 @@ class RunLogger:
         """The record's line, or an error log line saying which record could not be encoded."""
         try:
             return self._encode(channel, item)
-        except Exception as exc:  # noqa: BLE001 - any failure here would otherwise stop all telemetry
+        except Exception as exc:
             kind, when, step, timeline = item[:4]
             message = f"bedside: dropped a {kind} record of step {step}: {exc!r}"
             report = (Kind.LOG, when, step, timeline, None, None, {"level": "error", "message": message})

@@ -47,7 +47,7 @@ class _Sums:
         mean = self.total / self.n
         return mean, max(self.squares / self.n - mean * mean, 0.0) * self.n / max(self.n - 1.0, 1e-9)
 
-    def minus(self, other: "_Sums") -> "_Sums":
+    def minus(self, other: _Sums) -> _Sums:
         return _Sums(self.n - other.n, self.total - other.total, self.squares - other.squares, self.step)
 
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 from .errors import DetectorConfigError
 from .finding import Finding

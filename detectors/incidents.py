@@ -9,8 +9,8 @@ hand; a closed incident takes no new findings (they open a new incident).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from .finding import Finding, Severity, SuggestedAction
 

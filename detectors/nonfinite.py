@@ -103,7 +103,7 @@ class _Stream:
     open: _Episode | None = None
 
     @classmethod
-    def of(cls, metrics: tuple[str, ...]) -> "_Stream":
+    def of(cls, metrics: tuple[str, ...]) -> _Stream:
         return cls(metrics, _LastFinite(metrics), np.zeros(len(metrics), bool))
 
 

@@ -1,7 +1,7 @@
 """Runs every detector over batches of new telemetry and keeps the latest version of each finding."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from . import catalog  # noqa: F401  (every detector registered)
 from .detector import Detector, build_detectors

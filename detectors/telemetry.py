@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,20 +50,20 @@ class TelemetryBatch:
     def frames(self) -> tuple[pd.DataFrame, ...]:
         return self.steps, self.rank_steps, self.evals, self.checkpoints, self.events
 
-    def split_by_time(self, parts: int) -> list["TelemetryBatch"]:
+    def split_by_time(self, parts: int) -> list[TelemetryBatch]:
         """This batch cut at the same ``parts - 1`` times in every frame, as a live feed reads all files up to now."""
         times = np.concatenate([f["time"].to_numpy(float) for f in self.frames()])
         cuts = np.quantile(times, np.linspace(0, 1, parts + 1)[1:-1]) if len(times) else []
         bounds = [-np.inf, *cuts, np.inf]
         return [TelemetryBatch(*(f[(f["time"] > lo) & (f["time"] <= hi)] for f in self.frames()))
-                for lo, hi in zip(bounds[:-1], bounds[1:])]
+                for lo, hi in itertools.pairwise(bounds)]
 
-    def split(self, parts: int) -> list["TelemetryBatch"]:
+    def split(self, parts: int) -> list[TelemetryBatch]:
         """This batch cut into ``parts`` consecutive pieces, each frame at its own row counts (a feed whose
         files lag each other), to replay it in chunks."""
         def cut(frame: pd.DataFrame) -> list[pd.DataFrame]:
             bounds = np.linspace(0, len(frame), parts + 1).astype(int)
-            return [frame.iloc[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            return [frame.iloc[a:b] for a, b in itertools.pairwise(bounds)]
         frames = [cut(f) for f in self.frames()]
         return [TelemetryBatch(*(f[i] for f in frames)) for i in range(parts)]
 

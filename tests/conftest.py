@@ -7,9 +7,9 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import pytest
 from receiver import Receiver

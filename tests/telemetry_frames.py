@@ -10,7 +10,7 @@ Tests apply their faults to the work matrices (``compute[t, r] *= 1.1``) before
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,13 @@ from scipy import signal
 from bedside.detectors.detector import Detector
 from bedside.detectors.finding import Finding
 from bedside.detectors.telemetry import (
-    CHECKPOINT_COLUMNS, EVAL_COLUMNS, EVENT_COLUMNS, RANK_STEP_COLUMNS, STEP_COLUMNS, RunState, TelemetryBatch,
+    CHECKPOINT_COLUMNS,
+    EVAL_COLUMNS,
+    EVENT_COLUMNS,
+    RANK_STEP_COLUMNS,
+    STEP_COLUMNS,
+    RunState,
+    TelemetryBatch,
 )
 
 NOISES = ("gaussian", "student_t3", "lognormal")

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from bedside.detectors.alerts.config import (
-    MASK, AlertConfigError, AlertSettings, NotifierConfig, find_config, load_settings, parse_settings,
+    MASK,
+    AlertConfigError,
+    AlertSettings,
+    NotifierConfig,
+    find_config,
+    load_settings,
+    parse_settings,
 )
 from bedside.detectors.finding import Severity
 
@@ -203,7 +209,7 @@ def test_a_file_that_is_not_toml_is_an_error_naming_the_file(tmp_path: Path) -> 
 
 
 def test_a_missing_file_is_an_error_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(AlertConfigError, match="cannot read .*nowhere.toml"):
+    with pytest.raises(AlertConfigError, match=r"cannot read .*nowhere\.toml"):
         load_settings(tmp_path / "nowhere.toml", {})
 
 

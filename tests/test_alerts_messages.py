@@ -14,8 +14,14 @@ from receiver import Receiver
 
 from bedside.detectors.alerts.config import NotifierConfig, parse_settings
 from bedside.detectors.alerts.delivery import deliver
-from bedside.detectors.alerts.payload import Acknowledgement, RunRef, digest_payload, incident_payload, schema
-from bedside.detectors.alerts.payload import probe_payload
+from bedside.detectors.alerts.payload import (
+    Acknowledgement,
+    RunRef,
+    digest_payload,
+    incident_payload,
+    probe_payload,
+    schema,
+)
 from bedside.detectors.alerts.render import discord_message, slack_message
 from bedside.detectors.finding import Finding, SuggestedAction
 from bedside.detectors.incidents import Incident, IncidentBook

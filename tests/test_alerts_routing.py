@@ -5,8 +5,9 @@ the findings come from a scripted detector (told what to report), or from the re
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import numpy as np

@@ -12,8 +12,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 import pandas as pd
 from receiver import HANG, Receiver

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pandas as pd
 import pytest
-from dashboard_app import (PAGES, assert_rendered, copy_run, from_store, go_to, open_page, serve, table, texts,
-                           unlock)
+from dashboard_app import PAGES, assert_rendered, copy_run, from_store, go_to, open_page, serve, table, texts, unlock
 from streamlit.testing.v1 import AppTest
 
 from bedside.app.dashboard import registry

@@ -8,10 +8,25 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bedside.app.dashboard.figures import (FADED, MAX_POINTS, SEVERITY_COLORS, downsample_minmax, eval_vs_compute,
-                                           incident_window, rank_heatmap, training_curves)
-from bedside.app.dashboard.summaries import (MIN_EVALS_FOR_BAND, checkpoint_advice, forecast_band, headline_metric,
-                                             incidents_on_evals, slowdowns, tiles)
+from bedside.app.dashboard.figures import (
+    FADED,
+    MAX_POINTS,
+    SEVERITY_COLORS,
+    downsample_minmax,
+    eval_vs_compute,
+    incident_window,
+    rank_heatmap,
+    training_curves,
+)
+from bedside.app.dashboard.summaries import (
+    MIN_EVALS_FOR_BAND,
+    checkpoint_advice,
+    forecast_band,
+    headline_metric,
+    incidents_on_evals,
+    slowdowns,
+    tiles,
+)
 from bedside.detectors.checkpointing import advise, expected_waste
 
 SPIKE_STEP, DIP_STEP = 54_321, 77_777

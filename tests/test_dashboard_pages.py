@@ -4,13 +4,25 @@ the links alerts send (``/incidents?run=NAME&incident=ID``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
-from dashboard_app import (PAGES, assert_rendered, chart, chart_keys, copy_run, from_store, go_to, open_page, serve,
-                           table, texts, tiles)
+from dashboard_app import (
+    PAGES,
+    assert_rendered,
+    chart,
+    chart_keys,
+    copy_run,
+    from_store,
+    go_to,
+    open_page,
+    serve,
+    table,
+    texts,
+    tiles,
+)
 
 from bedside.app.dashboard import registry
 from bedside.app.dashboard.common import age, linked_run

@@ -10,8 +10,8 @@ import subprocess
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from receiver import Receiver, free_port

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from telemetry_frames import as_json, log_noise, replay
 
 from bedside.detectors.bad_shard import BadShardDetector
 from bedside.detectors.finding import Finding, Severity
 from bedside.detectors.telemetry import STEP_COLUMNS, TelemetryBatch
-from telemetry_frames import as_json, log_noise, replay
 
 NOISES = ("gaussian", "ar1", "student_t3", "lognormal")
 SHARDS, PER_STEP = 64, 8
@@ -78,7 +78,7 @@ def test_shards_that_share_many_steps_with_the_bad_one_are_not_flagged(kind: str
     # 16 of 64 shards per step: every shard shares ~a quarter of its steps with the bad one, so its own
     # mean z is raised too (a test of each shard against zero flags ~45 of them); against the other steps,
     # which hold the bad shard's steps in the same proportion, only the bad one stands out.
-    frame, reads = build_run(kind, 2, per_step=16)
+    frame, _reads = build_run(kind, 2, per_step=16)
     assert flagged(detect(frame)) == {BAD}
 
 
@@ -110,7 +110,7 @@ def test_a_shard_that_turns_good_again_is_cleared() -> None:
 
 
 def test_one_huge_spike_does_not_condemn_the_shards_of_its_step() -> None:
-    frame, reads = build_run("gaussian", 6, bad=None)
+    frame, _reads = build_run("gaussian", 6, bad=None)
     for step in (1_500, 2_200, 2_600):
         frame.loc[frame["step"] == step, "loss"] *= 50.0
     assert detect(frame) == {}

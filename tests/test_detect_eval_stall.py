@@ -2,15 +2,14 @@
 one that goes flat, or stops improving while the training loss keeps falling, is found; findings clear."""
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import pytest
+from telemetry_frames import as_json, log_noise, replay
 
 from bedside.detectors.eval_stall import EvalStallDetector
 from bedside.detectors.finding import Finding
 from bedside.detectors.telemetry import EVAL_COLUMNS, STEP_COLUMNS, TelemetryBatch
-from telemetry_frames import as_json, log_noise, replay
 
 NOISES = ("gaussian", "ar1", "student_t3", "lognormal")
 EVERY = 50

@@ -8,12 +8,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from telemetry_frames import (
+    NOISES,
+    T0,
+    as_json,
+    checkpoint_frame,
+    noise,
+    rank_step_frame,
+    replay,
+    steps_frame,
+    synchronous,
+    work,
+)
 
 from bedside.detectors.finding import Severity
 from bedside.detectors.nonfinite import JOB_METRICS, RANK_METRICS, NonFiniteDetector
 from bedside.detectors.telemetry import RANK_STEP_COLUMNS, STEP_COLUMNS, RunState, TelemetryBatch
-from telemetry_frames import NOISES, T0, as_json, checkpoint_frame, noise, rank_step_frame, replay, steps_frame, \
-    synchronous, work
 
 SAMPLE_RUN = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
 BAD = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}

@@ -341,7 +341,7 @@ def test_collect_follow_detects_as_it_ingests(sample: Path, detected, bedside) -
     result = bedside("collect", sample, "--follow", "--until-finished", "--rescan-every", "0.2")
     assert result.returncode == 0, result.stderr
     printed = [line for line in result.stderr.splitlines() if line.startswith("[")]
-    for kind, first, _ in labelled_faults():
+    for kind, _first, _ in labelled_faults():
         assert any(f"] {kind} (" in line for line in printed), kind
     assert all(" (open): " in line or " (cleared): " in line for line in printed)
     columns = "finding_id, incident_id, severity, start_step, end_step, active"

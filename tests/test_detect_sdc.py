@@ -6,13 +6,13 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from telemetry_frames import T0, as_json, checkpoint_frame, noise, rank_step_frame, replay, synchronous
 
 from bedside.detectors.detector import build_detectors
 from bedside.detectors.errors import DetectorConfigError
 from bedside.detectors.finding import Severity
 from bedside.detectors.sdc import SdcDetector
 from bedside.detectors.telemetry import RunState, TelemetryBatch
-from telemetry_frames import T0, as_json, checkpoint_frame, noise, rank_step_frame, replay, synchronous
 
 NOISES = (("gaussian", 0.1), ("student_t3", 0.02), ("lognormal", 0.02))
 """Cross-rank spread of the local norms: 10 % gaussian, 2 % heavy-tailed (see docs/detectors.md, sdc)."""

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from telemetry_frames import as_json, checkpoint_frame, log_noise, replay
 
 from bedside.detectors.finding import Finding, Severity
 from bedside.detectors.spike import GradSpikeDetector, LossSpikeDetector, SpikeDetector
 from bedside.detectors.telemetry import STEP_COLUMNS, RunState, TelemetryBatch
-from telemetry_frames import as_json, checkpoint_frame, log_noise, replay
 
 SIGMA = 0.02
 """Standard deviation of the step noise, on log scale (2% of the value)."""

@@ -9,7 +9,13 @@ import pytest
 
 from bedside.app.cli import build_parser
 from bedside.collectors.format import (
-    ACTION_STATUSES, CHECKPOINT_EVENTS, CHECKPOINT_METRICS, RANK_STEP_METRICS, RUN_END_STATUSES, STEP_METRICS, Kind,
+    ACTION_STATUSES,
+    CHECKPOINT_EVENTS,
+    CHECKPOINT_METRICS,
+    RANK_STEP_METRICS,
+    RUN_END_STATUSES,
+    STEP_METRICS,
+    Kind,
     schema,
 )
 from bedside.collectors.store import Store, sql

@@ -294,7 +294,7 @@ def test_a_store_that_refuses_the_write_is_one_store_error(run_dir, write_lines,
     write_lines([record("heartbeat")])
     Store.open(RunLayout(run_dir).store).close()
     with Store.open(RunLayout(run_dir).store, read_only=True) as store:
-        with pytest.raises(StoreError, match="nothing of this pass committed: .*read-only"):
+        with pytest.raises(StoreError, match=r"nothing of this pass committed: .*read-only"):
             Collector(run_dir, store).ingest_available()
 
 

@@ -22,8 +22,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from bedside.trainer.checkpoint import (CheckpointError, CheckpointManager, SaveHandle, rng_state,
-                                        set_rng_state)
+from bedside.trainer.checkpoint import CheckpointError, CheckpointManager, SaveHandle, rng_state, set_rng_state
 from bedside.trainer.manifest import MANIFEST, PARTIAL_SUFFIX, file_digest, find_latest_good
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bedside.app.cli import build_parser, main as bedside
+from bedside.app.cli import build_parser
+from bedside.app.cli import main as bedside
 from bedside.app.train import torchrun_command
 from bedside.collectors.control import ACTIONS, build_request, check_args, request_action
 from bedside.collectors.ingest import Collector
@@ -222,7 +223,7 @@ def paused_then_stopped(tmp_path_factory) -> tuple[Store, dict[str, str]]:
 
 
 def test_a_paused_run_heartbeats_applies_requests_and_resumes_where_it_stopped(paused_then_stopped) -> None:
-    store, ids = paused_then_stopped
+    store, _ids = paused_then_stopped
     applied = dict(rows(store, "SELECT action, step FROM action_events WHERE status = 'applied'"))
     assert applied["pause"] == applied["checkpoint"] == applied["quarantine"] == applied["resume"]
     paused_at = applied["pause"]

@@ -124,9 +124,8 @@ def test_close_flushes_everything_and_ends_with_run_end(run_dir, read_records) -
 
 
 def test_an_exception_in_the_with_block_ends_the_run_as_failed(run_dir, read_records) -> None:
-    with pytest.raises(ZeroDivisionError):
-        with RunLogger(run_dir, rank=0, world_size=1) as logger:
-            logger.step(1, loss=1 / 0)
+    with pytest.raises(ZeroDivisionError), RunLogger(run_dir, rank=0, world_size=1) as logger:
+        logger.step(1, loss=1 / 0)
     end = read_records(RunLayout(run_dir).rank_file(0))[-1]
     assert (end["kind"], end["status"]) == ("run_end", "failed")
     assert "ZeroDivisionError" in end["message"]

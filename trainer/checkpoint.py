@@ -31,9 +31,20 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .manifest import (PARTIAL_SUFFIX, CheckpointChoice, CheckpointError, CheckpointInfo, checkpoint_name,
-                       find_latest_good, fsync_dir, leftovers, remove_tree, retention_victims, write_json_atomic,
-                       write_manifest)
+from .manifest import (
+    PARTIAL_SUFFIX,
+    CheckpointChoice,
+    CheckpointError,
+    CheckpointInfo,
+    checkpoint_name,
+    find_latest_good,
+    fsync_dir,
+    leftovers,
+    remove_tree,
+    retention_victims,
+    write_json_atomic,
+    write_manifest,
+)
 
 __all__ = ["CheckpointChoice", "CheckpointError", "CheckpointInfo", "CheckpointManager", "SaveHandle", "SaveResult",
            "rng_state", "set_rng_state"]

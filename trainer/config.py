@@ -3,8 +3,9 @@ and named presets as plain functions. The config snapshot is the first thing a
 run records (run.json)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from .model import ModelConfig, tiny_model_config
 

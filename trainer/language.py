@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from enum import IntEnum
 from functools import cached_property
-from typing import Iterable
 
 import numpy as np
 

@@ -124,7 +124,7 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         T = tokens.shape[1]
-        if T > self.config.seq_len:
+        if self.config.seq_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than seq_len {self.config.seq_len}")
         positions = torch.arange(T, device=tokens.device)
         x = self.drop(self.tok_emb(tokens) + self.pos_emb(positions))

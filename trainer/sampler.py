@@ -11,7 +11,8 @@ shards are the sampler's state, saved in every checkpoint.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

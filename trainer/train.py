@@ -13,7 +13,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from bedside.collectors.writer import RunLogger, RankPlacement
+from bedside.collectors.writer import RankPlacement, RunLogger
 
 from .config import PARALLELISMS, PRESETS, TrainConfig, preset
 from .faults import FaultPlan

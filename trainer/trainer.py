@@ -18,14 +18,14 @@ from bedside.collectors.writer import RunLogger
 
 from .checkpoint import rng_state, set_rng_state
 from .checkpointing import Checkpointing
-from .control import ControlChannel, ControlState
 from .config import TrainConfig
-from .language import MarkovLanguage, ShardedCorpus
-from .sampler import BatchSampler
+from .control import ControlChannel, ControlState
 from .ddp_hooks import LocalGrads
 from .faults import FaultPlan
+from .language import MarkovLanguage, ShardedCorpus
 from .model import Transformer, flops_per_token
 from .parallel import clip_grad_norm, local, wrap
+from .sampler import BatchSampler
 from .schedule import lr_at
 
 

@@ -1,7 +1,8 @@
 """Turning an incident's suggestion into a control request's arguments, and a request's live status in words."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 

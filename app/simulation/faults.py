@@ -8,8 +8,9 @@ the standard library only (no torch). Two keys take words instead of numbers
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

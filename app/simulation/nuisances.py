@@ -43,7 +43,7 @@ class Nuisances:
     checkpoint_s: dict[int, float]  # checkpoint step -> seconds the job stalls
 
     @classmethod
-    def off(cls, config: SimulationConfig) -> "Nuisances":
+    def off(cls, config: SimulationConfig) -> Nuisances:
         return cls(warmup=0, anneal=False, common_mode=(), diurnal=(0.0, 0.0), mixture_switch=None, resume=None,
                    last_stage_slowdown=1.0, jitter=np.zeros((0, 3)),
                    eval_s=dict.fromkeys(every(config.eval_every, config.steps), 0.0),

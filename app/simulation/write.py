@@ -108,7 +108,7 @@ def rank_text(rank: int, files: RunFiles) -> str:
 def write_event(lines: RankLines, event: Event, files: RunFiles, restarts: int) -> None:
     """Add ``event`` to the rank's lines when it is for that rank."""
     rank = lines.rank
-    if event.who == "rank0" and rank != 0 or event.who == "peers" and rank in files.hung:
+    if (event.who == "rank0" and rank != 0) or (event.who == "peers" and rank in files.hung):
         return
     if event.kind == "heartbeat":
         lines.line(HEARTBEAT, event.time, event.step)

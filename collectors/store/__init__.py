@@ -8,11 +8,12 @@ raw telemetry through the same schema (see ``collectors.query``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import duckdb
 import pandas as pd
@@ -51,7 +52,7 @@ class Store:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: Path | None = None, *, read_only: bool = False) -> "Store":
+    def open(cls, path: Path | None = None, *, read_only: bool = False) -> Store:
         """Open (and, when writable, migrate) the store at ``path``; None means in memory."""
         if read_only and (path is None or not path.exists()):
             raise StoreError(f"no store at {path}")
@@ -69,7 +70,7 @@ class Store:
     def close(self) -> None:
         self._con.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

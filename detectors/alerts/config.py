@@ -10,9 +10,10 @@ import math
 import re
 import shutil
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from bedside.collectors.errors import BedsideError

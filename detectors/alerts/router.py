@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -53,7 +54,7 @@ class OutboxWrite:
     def __bool__(self) -> bool:
         return bool(self.messages or self.digested)
 
-    def extend(self, other: "OutboxWrite") -> None:
+    def extend(self, other: OutboxWrite) -> None:
         self.messages += other.messages
         self.digested += other.digested
 
@@ -252,7 +253,7 @@ class AlertRouter:
         """Count the incident's new findings that went out without a message of their own (or were held)."""
         window = self._windows[notifier.name]
         new = {f.finding_id for f in incident.findings} & changed - self._stored_findings.keys()
-        if new or window.held and window.held[-1].incident_id == incident.incident_id:
+        if new or (window.held and window.held[-1].incident_id == incident.incident_id):
             window.note(now, incident.severity)
             window.findings |= new
 
