@@ -2,9 +2,10 @@
 
 One JSON file per request, ``RUN/control/requests/<request_id>.json``, written
 atomically (a hidden temporary file, fsync, rename) so the trainer never reads half
-a request. The trainer reads, applies and acknowledges them (``trainer/control.py``)
-and moves each handled file to ``RUN/control/processed/``. Format:
-docs/telemetry-format.md, "Control requests".
+a request. Each request is signed with the run's control key (``controlkey.py``), so the
+trainer can tell it from a file anyone could drop there. The trainer reads, applies and
+acknowledges them (``trainer/control.py``) and moves each handled file to
+``RUN/control/processed/``. Format: docs/telemetry-format.md, "Control requests".
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomicjson import write_json_atomic
+from .controlkey import SIGNATURE, read_control_key, sign_request
 from .layout import RunLayout
 
 ACTION_ARGS: dict[str, tuple[str, ...]] = {
@@ -31,8 +33,10 @@ ACTIONS = tuple(ACTION_ARGS)
 
 def request_action(layout: RunLayout, action: str, args: Mapping[str, Any] | None = None, *,
                    operator: str, reason: str) -> str:
-    """File one request for the run at ``layout``; its request id. ValueError on a bad request."""
+    """File one signed request for the run at ``layout``; its request id. ValueError on a bad request,
+    ControlKeyError (nothing filed) without access to the run's control key."""
     request = build_request(action, args or {}, operator=operator, reason=reason)
+    request[SIGNATURE] = sign_request(request, read_control_key(layout))
     write_request(layout.control_requests, request)
     return request["request_id"]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from receiver import Receiver
 
+from bedside.collectors.controlkey import ensure_control_key
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
@@ -136,6 +137,7 @@ def tiny_faults(tmp_path: Path) -> Path:
     """A private copy of sample_runs/tiny-faults (2 ranks, a bad shard, a straggler, bit flips, a NaN), no store."""
     run = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults",
                                tmp_path / "tiny-faults", ignore=shutil.ignore_patterns("bedside.duckdb*")))
+    ensure_control_key(RunLayout(run))  # as its trainer did when it started: requests can be signed
     return run
 
 

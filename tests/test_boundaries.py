@@ -3,7 +3,7 @@
 Rules (docs STYLE rule 1 and DESIGN "Folders"): collectors/ and detectors/ never
 import torch or streamlit; collectors/ knows nothing of detectors, app or trainer;
 detectors/ nothing of app or trainer; trainer/ uses only the telemetry writer of
-ours; ``duckdb.connect`` is called in collectors/store/__init__.py only.
+ours and the control client's key and safe file reader; ``duckdb.connect`` is called in collectors/store/__init__.py only.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("collectors", "detectors", "app", "trainer")
 HEAVY = ("torch", "streamlit")
 CONNECT_MODULE = "bedside.collectors.store"
-TRAINER_MAY_USE = ("bedside.collectors.writer",)
+TRAINER_MAY_USE = ("bedside.collectors.writer", "bedside.collectors.controlkey", "bedside.collectors.safefile")
 TRAINER_MAY_TAKE_FROM_COLLECTORS = {"RunLogger"}
 
 

@@ -8,6 +8,12 @@ every rank applies the same requests, in request order, at the same step. Rank 0
 acknowledges each one in telemetry (``action`` records: requested, then applied or
 rejected with the reason); a request whose id was already taken is rejected as a duplicate.
 
+Anyone who can write into ``requests/`` can drop anything there, so rank 0 reads only regular
+files of at most ``MAX_REQUEST_BYTES``, opened without following links and without blocking
+(a FIFO, a link to ``/dev/zero``, a directory are refused unread), and applies only requests
+signed with the run's control key (``bedside.collectors.controlkey``). A request refused for
+what it is, rather than for what it asks, is kept as ``processed/<id>.refused-<ns>.json``.
+
 The ids handled and the pause are trainer state (``ControlState``), saved in every
 checkpoint and kept across a rewind. After a restart, each request taken since the
 restored checkpoint was saved is handled again: applied again when its effect is trainer
@@ -28,6 +34,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from bedside.collectors.controlkey import ControlKeyError, ensure_control_key, request_signature_problem
+from bedside.collectors.safefile import read_small_file
+
 from .manifest import CheckpointError
 
 if TYPE_CHECKING:
@@ -37,6 +46,8 @@ if TYPE_CHECKING:
 PAUSE_POLL_S = 1.0
 _SETTLE_NS = 50_000_000  # a folder changed this recently may change again within its mtime's resolution
 _DUPLICATE = ".duplicate-"  # processed/<id>.duplicate-<ns>.json: a request filed again under a taken id
+_REFUSED = ".refused-"  # processed/<id>.refused-<ns>.json: not a readable, signed request (never retaken)
+MAX_REQUEST_BYTES = 64 << 10
 # Actions whose effect is trainer state, lost when a restart restores a checkpoint saved before them: applied
 # again. checkpoint and stop act on the process that received them, at that moment: not repeated.
 REPEATABLE_ACTIONS = frozenset({"rewind", "skip", "quarantine", "pause", "resume"})
@@ -80,8 +91,9 @@ class ControlState:
 class RequestInbox:
     """Rank 0's view of ``control/``: new requests, cheaply, taken into ``processed/`` before they are applied."""
 
-    def __init__(self, requests: Path, processed: Path) -> None:
-        self.requests, self.processed = requests, processed
+    def __init__(self, requests: Path, processed: Path, key: bytes | str) -> None:
+        """``key`` is the control key, or (a string) why there is none: then every request is refused with it."""
+        self.requests, self.processed, self.key = requests, processed, key
         self._seen_mtime: int | None = None
         self._retaken: list[Request] = []
 
@@ -94,8 +106,9 @@ class RequestInbox:
     def retake(self, handled: set[str]) -> None:
         """After a restart: the next ``poll`` hands over again the taken requests that ``handled`` (the
         restored state's) lacks."""
-        files = [p for p in self.processed.glob("*.json") if p.stem not in handled and _DUPLICATE not in p.name]
-        self._retaken = [replace(_read(path), retaken=True) for path in files]
+        files = [p for p in self.processed.glob("*.json")
+                 if p.stem not in handled and _DUPLICATE not in p.name and _REFUSED not in p.name]
+        self._retaken = [replace(_read(path, self.key), retaken=True) for path in files]
 
     def _take_new(self, handled: set[str]) -> list[Request]:
         try:
@@ -111,28 +124,36 @@ class RequestInbox:
     def _take(self, path: Path, handled: set[str]) -> Request | None:
         """Move a request into ``processed/`` and read it there; None when its author withdrew it meanwhile."""
         request_id, target = path.stem, self.processed / path.name
-        duplicate = request_id in handled or target.exists()
-        if target.exists():
+        taken = os.path.lexists(target)
+        duplicate = request_id in handled or taken
+        if taken:
             target = self.processed / f"{request_id}{_DUPLICATE}{time.time_ns()}.json"
         self.processed.mkdir(parents=True, exist_ok=True)
         try:
-            os.replace(path, target)
+            os.replace(path, target)  # renames the entry itself: a FIFO or a link is never opened here
         except FileNotFoundError:
             return None
+        except OSError as error:
+            return Request(request_id, problem=f"cannot be taken from {path.parent.name}/: {error.strerror}")
         if duplicate:
             return Request(request_id, problem=f"duplicate: request {request_id} was already received")
-        return _read(target)
+        request = _read(target, self.key)
+        if request.problem is not None:
+            os.replace(target, self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json")
+        return request
 
 
-def _read(path: Path) -> Request:
-    """The request in ``path``, or one carrying the problem that makes it unreadable."""
+def _read(path: Path, key: bytes | str) -> Request:
+    """The request in ``path``, or one carrying the problem that makes it unreadable or unsigned."""
     request_id = path.stem
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        body = json.loads(read_small_file(path, MAX_REQUEST_BYTES).decode("utf-8"), object_pairs_hook=_no_twice)
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         return Request(request_id, problem=f"unreadable request: {error}")
+    if problem := key if isinstance(key, str) else request_signature_problem(body, key):
+        return Request(request_id, problem=f"refused: {problem}")
     if body.get("request_id") != request_id:
         return Request(request_id, problem=f"request_id {body.get('request_id')!r} does not match its file name")
     args = body.get("args") or {}
@@ -141,7 +162,21 @@ def _read(path: Path) -> Request:
     except (TypeError, ValueError):
         return Request(request_id, problem=f"requested_at must be unix seconds, got {body.get('requested_at')!r}")
     return Request(request_id, action=str(body.get("action", "")), args=args if isinstance(args, dict) else {},
-                   operator=body.get("operator"), reason=body.get("reason"), requested_at=requested_at)
+                   operator=_text(body.get("operator")), reason=_text(body.get("reason")), requested_at=requested_at)
+
+
+def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (ValueError naming the one given twice)."""
+    body: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in body:
+            raise ValueError(f"key {name!r} is given twice")
+        body[name] = value
+    return body
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 class ControlChannel:
@@ -150,13 +185,24 @@ class ControlChannel:
     def __init__(self, trainer: Trainer, checkpointing: Checkpointing) -> None:
         self.trainer, self.checkpointing = trainer, checkpointing
         self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")  # a CPU channel
-        layout = trainer.log.layout
-        self.inbox = RequestInbox(layout.control_requests, layout.control_processed) if trainer.rank == 0 else None
+        self.inbox = self._open_inbox() if trainer.rank == 0 else None
         self.stop_reason: str | None = None
         self._count = torch.zeros(1, dtype=torch.int64)
         self._apply: dict[str, Callable[[Request], str]] = {
             "rewind": self._rewind, "skip": self._skip, "quarantine": self._quarantine,
             "checkpoint": self._checkpoint, "pause": self._pause, "resume": self._resume, "stop": self._stop}
+
+    def _open_inbox(self) -> RequestInbox:
+        """Rank 0's inbox, with the run's control key (created now when there is none)."""
+        layout = self.trainer.log.layout
+        key: bytes | str
+        try:
+            key = ensure_control_key(layout)
+        except ControlKeyError as error:
+            key = f"the trainer has no usable control key: {error}"
+            self.trainer.log.log(self.trainer.step, f"{key}; every control request will be rejected",
+                                 level="error")
+        return RequestInbox(layout.control_requests, layout.control_processed, key)
 
     @property
     def state(self) -> ControlState:
