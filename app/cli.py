@@ -12,7 +12,8 @@ from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
-from bedside.collectors.store import DEFAULT_QUERY_TIMEOUT_S, Store
+from bedside.collectors.store import Store
+from bedside.collectors.store.console import ConsoleLimits
 
 from . import action, alert, demo, detect, serve, simulate, train, watch
 from .detect import LiveDetection
@@ -79,8 +80,11 @@ def _add_query(commands: argparse._SubParsersAction) -> None:
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("sql", help='one SELECT statement, e.g. "SELECT * FROM run"')
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    p.add_argument("--timeout", type=positive_seconds, default=DEFAULT_QUERY_TIMEOUT_S, metavar="S",
-                   help=f"stop the query after S seconds, S > 0 (default {DEFAULT_QUERY_TIMEOUT_S:g})")
+    defaults = ConsoleLimits()
+    p.add_argument("--timeout", type=positive_seconds, default=defaults.timeout_s, metavar="S",
+                   help=f"stop the query after S seconds, S > 0 (default {defaults.timeout_s:g})")
+    p.add_argument("--max-rows", type=integer_in(1, 10**9), default=defaults.max_rows, metavar="N",
+                   help=f"print at most N rows, and say so when the result is cut (default {defaults.max_rows:,})")
     p.set_defaults(handler=cmd_query)
 
 
@@ -130,10 +134,13 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """``bedside query``: one read-only SELECT over the run's views, printed in the chosen format."""
-    frame, view = run_query(args.run, args.sql, timeout_s=args.timeout)
+    limits = ConsoleLimits(timeout_s=args.timeout, max_rows=args.max_rows)
+    result, view = run_query(args.run, args.sql, limits)
     if view.note:
         warn(view.note)
-    print_frame(frame, args.format)
+    print_frame(result.frame, args.format)
+    if result.truncated:
+        warn(result.cut_note(limits))
     return 0
 
 

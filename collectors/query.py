@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from .errors import StoreLockedError
 from .ingest import Collector
 from .layout import RunLayout, require_run_dir
-from .store import DEFAULT_QUERY_TIMEOUT_S, Store
+from .store import Store
+from .store.console import ConsoleLimits, ConsoleResult, run_console_query
 
 
 @dataclass
@@ -33,21 +32,18 @@ def open_for_reading(run_dir: Path) -> ReadView:
     note = "no store yet"
     if layout.store.exists():
         try:
-            store = Store.open(layout.store, read_only=True)
-            store.lock_down()
-            return ReadView(store, "store")
+            return ReadView(Store.open(layout.store, read_only=True), "store")
         except StoreLockedError:
             note = "the store is held by another process"
     memory = Store.open(None)
     result = Collector(layout.root, memory).ingest_available()
-    memory.lock_down()
     return ReadView(memory, "raw telemetry", f"{note}; read {result.lines} lines from the raw telemetry")
 
 
-def run_query(run_dir: Path, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> tuple[pd.DataFrame, ReadView]:
-    """Run a user's read-only SQL against a run."""
+def run_query(run_dir: Path, query: str, limits: ConsoleLimits | None = None) -> tuple[ConsoleResult, ReadView]:
+    """Run a user's read-only SQL against a run's views (in a sandbox: ``store.console``)."""
     view = open_for_reading(run_dir)
     try:
-        return view.store.run_user_query(query, timeout_s), view
+        return run_console_query(view.store, query, limits), view
     finally:
         view.store.close()

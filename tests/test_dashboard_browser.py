@@ -25,11 +25,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from sql_attacks import ATTACKS
 
 from bedside.app.cli import build_parser
 from bedside.app.train import torchrun_command
 from bedside.collectors.control import request_action
+from bedside.collectors.errors import QueryError
 from bedside.collectors.layout import RunLayout
+from bedside.collectors.query import run_query
+from bedside.collectors.store import Store
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -126,16 +130,18 @@ def answers(url: str) -> bool:
         return False
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """Start ``bedside serve TARGET`` on a free port, with the operator token or without any; its URL.
+class Served:
+    """``serve(TARGET, token)`` starts ``bedside serve TARGET`` on a free port, with the operator token or
+    without any, and gives its URL; ``serve.stop()`` stops every one started (each runs in a process group
+    of its own)."""
 
-    Each runs in a process group of its own, stopped at teardown.
-    """
-    started: list[subprocess.Popen] = []
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[subprocess.Popen] = []
 
-    def start(target: Path, token: str | None) -> str:
-        port, log = free_port(), tmp_path / f"serve-{len(started)}.log"
+    def __call__(self, target: Path, token: str | None) -> str:
+        started = self.started
+        port, log = free_port(), self.tmp_path / f"serve-{len(started)}.log"
         env = {k: v for k, v in os.environ.items() if k != "BEDSIDE_OPERATOR_TOKEN"}
         env.update({"OMP_NUM_THREADS": "1", **({"BEDSIDE_OPERATOR_TOKEN": token} if token else {})})
         command = [sys.executable, "-m", "bedside.app.cli", "serve", str(target), "--port", str(port),
@@ -149,9 +155,16 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., str]]:
         assert started[-1].poll() is None, f"bedside serve exited:\n{tail(log)}"
         return url
 
-    yield start
-    for process in started:
-        stop_group(process)
+    def stop(self) -> None:
+        for process in self.started:
+            stop_group(process)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Served]:
+    served = Served(tmp_path)
+    yield served
+    served.stop()
 
 
 def stop_group(process: subprocess.Popen) -> None:
@@ -298,3 +311,61 @@ def test_without_an_operator_token_the_incident_page_offers_no_action(tmp_path: 
     expect_visible(page.get_by_role("heading", name="Audit trail"))  # the page is drawn to its end
     assert page.get_by_label("Operator token").count() == 0
     assert page.get_by_role("button", name="Review request").count() == 0
+
+
+def run_sql(tab, sql: str) -> None:
+    """Type ``sql`` into the SQL page's editor, apply it, and press Run."""
+    editor = tab.get_by_label("SQL", exact=True)
+    editor.fill(sql)
+    editor.press("Control+Enter")
+    tab.get_by_role("button", name="Run", exact=True).click()
+
+
+def test_the_sql_page_refuses_every_attack_and_the_store_is_unchanged(tmp_path: Path, serve, page) -> None:
+    """The injection corpus of ``sql_attacks.py`` typed into the real page of a served run, no token needed.
+
+    Each attack follows a good query, so the error it shows is its own; the page says what
+    ``bedside query`` says of the same SQL.
+    """
+    copy = shutil.ignore_patterns("bedside.duckdb*")
+    run, reference = (shutil.copytree(SAMPLE_RUN, tmp_path / name, ignore=copy) for name in ("tiny-faults", "ref"))
+    assert subprocess.run([sys.executable, "-m", "bedside.app.cli", "collect", str(reference), "--quiet"],
+                          timeout=120).returncode == 0
+    secret, out = tmp_path / "secret.csv", tmp_path / "out.csv"
+    secret.write_text("root:x:0:0:the secret line\n")
+    page.goto(f"{serve(run, token=None)}/sql?run={run.name}")
+    errors, rows = page.locator("[data-testid=stAlertContentError]"), page.get_by_text("1 rows")
+    for name, attack in ATTACKS.items():
+        run_sql(page, f"SELECT '{name}' AS before_the_attack")
+        expect(errors).to_have_count(0)
+        expect_visible(rows)
+        sql = attack.format(secret=secret, store=RunLayout(run).store, out=out)
+        with pytest.raises(QueryError) as refused:
+            run_query(reference, sql.replace(str(RunLayout(run).store), str(RunLayout(reference).store)))
+        run_sql(page, sql)
+        expect(errors).to_have_count(1)
+        expect(errors.first).to_contain_text(str(refused.value).splitlines()[0][:40])
+        expect(page.get_by_role("button", name="Download CSV")).to_have_count(0)
+        assert "the secret line" not in page.content(), name
+    screenshot(page, "dashboard-sql-refused", errors.first)
+    assert not out.exists()
+    serve.stop()
+    assert_store_intact(run, reference)
+
+
+def assert_store_intact(run: Path, reference: Path) -> None:
+    """The served store holds what a plain ``bedside collect`` of the same run holds: same tables, views,
+    row counts and committed offsets, and no forged alert."""
+    def facts(path: Path) -> dict[str, object]:
+        with Store.open(RunLayout(path).store, read_only=True) as store:
+            cur = store.cursor()
+            tables = [t for (t,) in cur.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+            counts = {t: cur.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0] for t in tables
+                      if t not in ("finding_rows", "incident_rows", "outbox", "schema_migrations")}
+            views = cur.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()
+            offsets = cur.execute("SELECT path, committed_offset FROM sources ORDER BY path").fetchall()
+            outbox = cur.execute("SELECT count(*) FROM outbox").fetchall()[0][0]
+        return {"tables": tables, "counts": counts, "views": views, "offsets": offsets, "outbox": outbox}
+
+    served, collected = facts(run), facts(reference)
+    assert served == {**collected, "outbox": 0}

@@ -19,11 +19,13 @@ from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.query import ReadView, open_for_reading
 from bedside.collectors.store import Store
+from bedside.collectors.store.console import ConsoleLimits, ConsoleResult, run_console_query
 
 from ..owner import RunOwner
 from . import audit
 
 CACHED_VERSIONS = 1
+CONSOLE_LIMITS = ConsoleLimits(timeout_s=10.0, max_rows=100_000, max_bytes=64 << 20)
 
 
 class RunData:
@@ -82,12 +84,12 @@ class RunData:
                 self._forget_old(key[2])
             return self._cache[key]
 
-    def user_query(self, sql: str, timeout_s: float = 10.0) -> pd.DataFrame:
-        """A read-only SELECT (QueryError names the problem); a read-only copy stays open while it runs."""
+    def user_query(self, sql: str) -> ConsoleResult:
+        """A viewer's SELECT over the documented views, in a sandbox that cannot write (``store.console``)."""
         if self.owner:
-            return self.owner.store.run_user_query(sql, timeout_s)
-        with self._lock:
-            return self.store().run_user_query(sql, timeout_s)
+            return run_console_query(self.owner.store, sql, CONSOLE_LIMITS)
+        with self._lock:  # a read-only copy stays open while the query runs
+            return run_console_query(self.store(), sql, CONSOLE_LIMITS)
 
     def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str,
                 incident_id: str | None) -> str:

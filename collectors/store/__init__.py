@@ -19,16 +19,25 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from ..errors import QueryError, StoreError, StoreLockedError
+from ..errors import StoreError, StoreLockedError
 
-_READ_ONLY_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-DEFAULT_QUERY_TIMEOUT_S = 30.0
+SANDBOX_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # a database for users' SQL: no files,
+    # network, extensions or Python objects; its configuration locked
+    "enable_external_access": False, "python_enable_replacements": False, "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False, "allow_community_extensions": False, "temp_directory": "",
+    "memory_limit": "2GB", "threads": 2, "lock_configuration": True,
+}
 
 
 @cache
 def sql(name: str) -> str:
     """The text of the named query ``queries/<name>.sql``."""
     return resources.files(__package__).joinpath("queries", f"{name}.sql").read_text()
+
+
+def open_sandbox() -> duckdb.DuckDBPyConnection:
+    """A new, empty in-memory database for one user query, locked down (see ``console``)."""
+    return duckdb.connect(":memory:", config=SANDBOX_CONFIG)
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -116,11 +125,6 @@ class Store:
                     con.execute(text)
                     con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
 
-    def lock_down(self) -> None:
-        """Forbid SQL from reaching files or the network (for connections that run user queries)."""
-        self._con.execute("SET enable_external_access = false")
-        self._con.execute("SET lock_configuration = true")
-
     def _has_table(self, name: str) -> bool:
         rows = self._con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()
         return bool(rows[0][0])
@@ -155,28 +159,3 @@ class Store:
         """
         self.cursor().execute(sql(name), params)
 
-    def run_user_query(self, query: str, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> pd.DataFrame:
-        """Run a user's read-only SQL (one SELECT) with a time limit; errors name the problem.
-
-        The frame has Arrow dtypes: NULL is ``<NA>``, distinct from a NaN metric value.
-        """
-        cur = self.cursor()
-        try:
-            statements = cur.extract_statements(query)
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error: {exc}") from exc
-        if len(statements) != 1:
-            raise QueryError(f"expected exactly one SQL statement, got {len(statements)}")
-        if statements[0].type not in _READ_ONLY_STATEMENTS:
-            raise QueryError(f"only SELECT queries are allowed here, got {statements[0].type.name}")
-        timer = threading.Timer(timeout_s, cur.interrupt)
-        timer.start()
-        try:
-            # Through Arrow, so that SQL NULL (<NA>) stays distinct from a NaN value.
-            return cur.sql(query).to_arrow_table().to_pandas(types_mapper=pd.ArrowDtype)
-        except duckdb.InterruptException as exc:
-            raise QueryError(f"query stopped after {timeout_s:g} s") from exc
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error: {exc}") from exc
-        finally:
-            timer.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from bedside.app.dashboard.common import current_run
+from bedside.app.dashboard.data import CONSOLE_LIMITS
 from bedside.collectors.errors import QueryError
 
 EXAMPLES = {
@@ -24,7 +25,8 @@ def use_example() -> None:
 
 data = current_run()
 st.title(f"{data.name}: SQL")
-st.caption("One read-only SELECT over the views of docs/schema.md; files and the network are out of reach.")
+st.caption("One SELECT over the views of docs/schema.md, run in a sandbox that cannot write the store or reach files "
+           f"and the network; at most {CONSOLE_LIMITS.max_rows:,} rows, {CONSOLE_LIMITS.timeout_s:g} s.")
 example = st.selectbox("Examples", list(EXAMPLES), key="example", on_change=use_example)
 st.session_state.setdefault("sql", EXAMPLES[example])
 query = st.text_area("SQL", height=120, key="sql")
@@ -34,7 +36,9 @@ if st.button("Run", key="run_sql", type="primary"):
     except QueryError as exc:
         st.error(str(exc))
     else:
-        st.caption(f"{len(result):,} rows")
-        st.dataframe(result, hide_index=True, key="sql_result")
-        st.download_button("Download CSV", result.to_csv(index=False), file_name=f"{data.name}.csv",
+        if result.truncated:
+            st.warning(result.cut_note(CONSOLE_LIMITS))
+        st.caption(f"{len(result.frame):,} rows")
+        st.dataframe(result.frame, hide_index=True, key="sql_result")
+        st.download_button("Download CSV", result.frame.to_csv(index=False), file_name=f"{data.name}.csv",
                            mime="text/csv", key="sql_csv")

@@ -1,0 +1,201 @@
+"""The SQL console: a user's query over the documented views, run where it cannot write.
+
+User SQL never runs on a connection that can reach the store. Each query gets a fresh
+in-memory DuckDB instance, the sandbox (``open_sandbox``): file and network access off,
+extensions and Python replacement scans off, its configuration locked. The views the
+query names are streamed into it from the store as Arrow record batches, each read by
+our own ``SELECT * FROM <view>`` on a cursor of the store. Nothing in the sandbox refers
+to the store, so no statement typed there (a CTE that deletes, ``EXPLAIN ANALYZE`` of an
+insert, ``ATTACH``, ``COPY``, ``PRAGMA``, ``SET``) can change it, and tables that are not
+documented views (the outbox, sources, the migrations) are not there to read.
+
+The statement check is a second wall: exactly one SELECT, whose parse tree holds no
+data-changing node, names only documented views and calls no table function that reads
+files or runs SQL text. Results are capped in rows and bytes (the frame says when it was
+cut), and a time limit interrupts the sandbox.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from ..errors import QueryError
+from . import Store, open_sandbox, sql
+
+DEFAULT_QUERY_TIMEOUT_S = 30.0
+BATCH_ROWS = 65_536
+READING_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
+SQL_RUNNING_FUNCTIONS = {"query", "query_table"}
+FILE_FUNCTION_PREFIXES = ("read_", "parquet_", "iceberg_", "delta_")
+FILE_FUNCTIONS = {"glob", "sniff_csv", "parquet_scan", "csv_scan"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsoleLimits:
+    """How long a console query may run and how much of its result is kept."""
+
+    timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
+    max_rows: int = 1_000_000
+    max_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if self.max_rows < 1 or self.max_bytes < 1:
+            raise ValueError(f"max_rows and max_bytes must be >= 1, got {self.max_rows!r}, {self.max_bytes!r}")
+
+
+@dataclass(frozen=True)
+class ConsoleResult:
+    """A console query's rows (Arrow dtypes: NULL is ``<NA>``, distinct from a NaN value) and whether they were cut."""
+
+    frame: pd.DataFrame
+    truncated: bool = False
+
+    def cut_note(self, limits: ConsoleLimits) -> str:
+        """Why the result stops where it does, or '' when it is whole."""
+        if not self.truncated:
+            return ""
+        return (f"result cut at {len(self.frame):,} rows (the limit is {limits.max_rows:,} rows or "
+                f"{limits.max_bytes / 2**20:g} MiB): add a LIMIT or aggregate")
+
+
+def console_views(store: Store) -> list[str]:
+    """The views a console query may read: every view of the store's schema (each one documented in docs/schema.md)."""
+    return list(store.fetch_named("console_views")["view_name"])
+
+
+def run_console_query(store: Store, query: str, limits: ConsoleLimits | None = None) -> ConsoleResult:
+    """Run a user's read-only query over ``store``'s documented views in a sandbox; QueryError names any problem."""
+    limits = limits or ConsoleLimits()
+    views = console_views(store)
+    sandbox = open_sandbox()
+    cursors: list[duckdb.DuckDBPyConnection] = []
+    timer = threading.Timer(limits.timeout_s, sandbox.interrupt)
+    try:
+        counts = check_statement(sandbox, query, views)
+        timer.start()
+        for view in sorted(counts):
+            cursors.append(_stream_view(store, sandbox, view, materialize=counts[view] > 1))
+        return _capped(sandbox.sql(query).to_arrow_reader(BATCH_ROWS), limits)
+    except duckdb.InterruptException as exc:
+        raise QueryError(f"query stopped after {limits.timeout_s:g} s") from exc
+    except duckdb.Error as exc:
+        raise QueryError(f"SQL error: {exc}") from exc
+    finally:
+        timer.cancel()
+        for cursor in cursors:
+            cursor.close()
+        sandbox.close()
+
+
+def check_statement(sandbox: duckdb.DuckDBPyConnection, query: str, views: list[str]) -> dict[str, int]:
+    """The second wall: one SELECT that only reads documented views; how often it names each view."""
+    try:
+        statements = sandbox.extract_statements(query)
+    except duckdb.Error as exc:
+        raise QueryError(f"SQL error: {exc}") from exc
+    if len(statements) != 1:
+        raise QueryError(f"expected exactly one SQL statement, got {len(statements)}")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise QueryError(f"only SELECT queries are allowed here, got {statements[0].type.name}")
+    tree = json.loads(sandbox.execute(sql("console_parse"), [query]).fetchall()[0][0])
+    if tree.get("error"):
+        raise QueryError(f"only a plain SELECT is allowed here: {tree.get('error_message', 'it does not parse')}")
+    ctes = {key for node in _nodes(tree) for key in _cte_names(node)}
+    counts: dict[str, int] = {}
+    for node in _nodes(tree):
+        kind = node.get("type")
+        if isinstance(kind, str) and kind.endswith("_NODE") and kind not in READING_NODES:
+            raise QueryError(f"a console query may only read, and this one holds {kind.removesuffix('_NODE')}")
+        if kind == "BASE_TABLE":
+            name = _table_name(node, views, ctes)
+            counts[name] = counts.get(name, 0) + 1
+        if kind == "TABLE_FUNCTION":
+            _check_table_function(node)
+    return {name: n for name, n in counts.items() if name in views}
+
+
+def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every object in a parse tree, depth first."""
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _cte_names(node: dict[str, Any]) -> list[str]:
+    cte_map = node.get("cte_map")
+    if not isinstance(cte_map, dict):
+        return []
+    return [entry["key"].lower() for entry in cte_map.get("map", []) if isinstance(entry, dict) and "key" in entry]
+
+
+def _table_name(node: dict[str, Any], views: list[str], ctes: set[str]) -> str:
+    """The view a table reference names; QueryError for anything else (a base table, another catalog)."""
+    name = str(node.get("table_name", ""))
+    qualifier = ".".join(part for part in (node.get("catalog_name"), node.get("schema_name")) if part)
+    if qualifier and qualifier.lower() not in ("main", "memory", "memory.main"):
+        raise QueryError(f"{qualifier}.{name}: the console reads only the documented views, unqualified")
+    if name.lower() in ctes or name in views:
+        return name
+    raise QueryError(f"no view named {name!r}: the console reads only the documented views "
+                     f"({', '.join(views)}; docs/schema.md)")
+
+
+def _check_table_function(node: dict[str, Any]) -> None:
+    function = node.get("function") or {}
+    name = str(function.get("function_name", "")).lower()
+    if name in SQL_RUNNING_FUNCTIONS:
+        raise QueryError(f"{name}() runs SQL from a string, which the console does not allow")
+    if name in FILE_FUNCTIONS or name.startswith(FILE_FUNCTION_PREFIXES):
+        raise QueryError(f"{name}() reads files, which the console does not allow: it reads only the views")
+
+
+def _stream_view(store: Store, sandbox: duckdb.DuckDBPyConnection, view: str, *,
+                 materialize: bool) -> duckdb.DuckDBPyConnection:
+    """Make ``view`` readable in the sandbox from a cursor of the store; the cursor (close it after the query).
+
+    A view the query names once is streamed; one named more than once is read whole, since
+    a stream can be scanned only once.
+    """
+    cursor = store.cursor()
+    reader = cursor.sql(f'SELECT * FROM "{view}"').to_arrow_reader(BATCH_ROWS)
+    sandbox.register(view, reader.read_all() if materialize else reader)
+    return cursor
+
+
+def _capped(reader: pa.RecordBatchReader, limits: ConsoleLimits) -> ConsoleResult:
+    """At most ``max_rows`` rows and about ``max_bytes`` of the result."""
+    batches: list[pa.RecordBatch] = []
+    rows = size = 0
+    truncated = False
+    for batch in reader:
+        if rows + batch.num_rows > limits.max_rows or size + batch.nbytes > limits.max_bytes:
+            keep = min(limits.max_rows - rows, _rows_within(batch, limits.max_bytes - size))
+            batches.append(batch.slice(0, keep))
+            truncated = True
+            break
+        batches.append(batch)
+        rows += batch.num_rows
+        size += batch.nbytes
+    table = pa.Table.from_batches(batches, schema=reader.schema)
+    return ConsoleResult(table.to_pandas(types_mapper=pd.ArrowDtype), truncated)
+
+
+def _rows_within(batch: pa.RecordBatch, budget: int) -> int:
+    """How many leading rows of ``batch`` fit in ``budget`` bytes (by the batch's mean row size)."""
+    if budget <= 0 or batch.num_rows == 0:
+        return 0
+    return min(batch.num_rows, budget * batch.num_rows // max(batch.nbytes, 1))
