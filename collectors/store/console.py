@@ -16,6 +16,7 @@ cut), and a time limit interrupts the sandbox.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import threading
 from collections.abc import Iterator
@@ -150,7 +151,9 @@ def _table_name(node: dict[str, Any], views: list[str], ctes: set[str]) -> str:
         raise QueryError(f"{qualifier}.{name}: the console reads only the documented views, unqualified")
     if name.lower() in ctes or name in views:
         return name
-    raise QueryError(f"no view named {name!r}: the console reads only the documented views "
+    close = difflib.get_close_matches(name, views, n=1)
+    hint = f' Did you mean "{close[0]}"?' if close else ""
+    raise QueryError(f"no view named {name!r}.{hint} The console reads only the documented views "
                      f"({', '.join(views)}; docs/schema.md)")
 
 
