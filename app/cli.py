@@ -12,7 +12,7 @@ from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector
 from bedside.collectors.layout import RunLayout, require_run_dir
 from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
-from bedside.collectors.store import Store
+from bedside.collectors.store import DatabaseError, Store, move_aside
 from bedside.collectors.store.console import ConsoleLimits
 
 from . import action, alert, demo, detect, serve, simulate, train, watch
@@ -55,6 +55,9 @@ def _add_collect(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-mb", type=integer_in(1, MAX_BATCH_MB), default=DEFAULT_BATCH_BYTES >> 20, metavar="MB",
                    help=f"most megabytes ingested per transaction, 1 to {MAX_BATCH_MB} "
                         f"(default {DEFAULT_BATCH_BYTES >> 20})")
+    p.add_argument("--rebuild", action="store_true",
+                   help="move the store aside (to bedside.duckdb.damaged-TIME) and ingest the telemetry again: the "
+                        "recovery for a damaged store (docs/cli.md says what is rebuilt and what is lost)")
     p.add_argument("--no-detect", dest="detect", action="store_false",
                    help="with --follow: do not run the detectors (by default they run after every batch)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -102,6 +105,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         raise BedsideError("--until-finished needs --follow")
     layout = RunLayout(require_run_dir(args.run))
     progress = Progress(quiet=args.quiet)
+    if args.rebuild and (aside := move_aside(layout.store)):
+        warn(f"moved the store aside to {aside.name}; rebuilding it from the telemetry")
     with Store.open(layout.store) as store:
         collector = Collector(layout.root, store, batch_bytes=args.batch_mb << 20, warn=warn)
         if args.follow:
@@ -177,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except (BedsideError, OSError) as exc:
         print(f"bedside: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except DatabaseError as exc:  # damage found after the store opened, a full disk: the store said no
+        print(f"bedside: error: the store failed: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -78,12 +79,15 @@ def _table(findings: list[Finding]) -> pd.DataFrame:
 class LiveDetection:
     """Detection inside a following collector: after each batch, and on quiet wake-ups; prints what changes.
 
-    With an alert router, each change's messages go to the outbox with it.
+    The first quiet wake-up replays what the store already holds, whoever ingested it (``bedside collect``
+    before ``serve``), so a store with nothing new to ingest is still covered. With an alert router, each
+    change's messages go to the outbox with it. ``ran_at`` is when detection last went over the store.
     """
 
     def __init__(self, store: Store, *, quiet: bool = False, alerts: AlertRouter | None = None) -> None:
         self.detection = StoreDetection(store, alerts=alerts)
         self.quiet = quiet
+        self.ran_at: float | None = None
         self._said: dict[str, tuple[bool, str]] = {}
 
     def update(self, result: PassResult) -> list[Finding]:
@@ -91,13 +95,16 @@ class LiveDetection:
         return self._say(self.detection.update(caught_up=not result.backlog))
 
     def tick(self) -> list[Finding]:
-        return self._say(self.detection.tick())
+        """A quiet wake-up: the store's rows not fed yet (the first time, all of them), then time passing."""
+        replayed = self.detection.update() if self.ran_at is None else []
+        return self._say(replayed + self.detection.tick())
 
     def finish(self) -> list[Finding]:
         return self._say(self.detection.finish())
 
     def _say(self, changed: list[Finding]) -> list[Finding]:
         """One line when a finding opens, clears or changes severity (not each time it grows)."""
+        self.ran_at = time.time()
         for finding in [] if self.quiet else changed:
             now = (finding.active, finding.severity.value)
             if self._said.get(finding.finding_id) != now:

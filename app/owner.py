@@ -2,15 +2,24 @@
 
 DuckDB lets one process write a store (docs/architecture.md, "One owner per store").
 ``bedside serve`` keeps one ``RunOwner`` per run, following it in a thread, and the
-dashboard reads through the owner's store and asks it to acknowledge incidents; the
-same pieces, without a thread, make ``bedside watch`` and the demo.
+dashboard reads through the owner's store and asks it to acknowledge incidents;
+``bedside watch`` follows with one in its main thread.
+
+An owner never stops silently: any failure while following (a full disk, a damaged
+block, a dropped table) is logged, announced to the notifiers (``owner_health``) and
+shown in ``health``; the owner then starts again from the store after a capped
+exponential backoff, with a new store connection, collector and detection, which
+resume exactly where the store's committed offsets and findings say.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout
@@ -20,6 +29,7 @@ from bedside.detectors.alerts.router import AlertRouter
 from bedside.detectors.alerts.sender import OutboxSender
 
 from .detect import LiveDetection
+from .owner_health import HealthNotices, OwnerHealth, describe
 
 OWNER_DRAIN_S = 5.0
 
@@ -33,70 +43,174 @@ def alerting_detection(store: Store, settings: AlertSettings, *, quiet: bool = F
 
 
 class RunOwner:
-    """Holds one run's store for writing and keeps it caught up (StoreLockedError if another process holds it).
+    """Holds one run's store for writing and keeps it caught up (StoreLockedError if another process holds it,
+    StoreCorruptError if the store is damaged).
 
-    ``version`` grows whenever ingestion or detection changed the store, so readers can
-    cache what they computed for a version.
+    ``version`` grows whenever ingestion or detection changed the store (or the owner's health changed), so
+    readers can cache what they computed for a version.
     """
 
     def __init__(self, run_dir: Path, settings: AlertSettings, *, warn: Callable[[str], None],
-                 rescan_every_s: float = DEFAULT_RESCAN_EVERY_S) -> None:
+                 rescan_every_s: float = DEFAULT_RESCAN_EVERY_S, quiet: bool = True,
+                 on_pass: Callable[[PassResult], None] = lambda result: None,
+                 health: OwnerHealth | None = None) -> None:
         self.layout = RunLayout(run_dir)
-        self.store = Store.open(self.layout.store)
-        self.live, self.sender = alerting_detection(self.store, settings, quiet=True, warn=warn)
-        self.collector = Collector(self.layout.root, self.store, warn=warn)
+        self.settings = settings
+        self.warn = warn
+        self.quiet = quiet
+        self.rescan_every_s = rescan_every_s
+        self.on_pass = on_pass
+        self.health = health or OwnerHealth()
+        self.notices = HealthNotices(self.layout, settings, warn=warn)
         self.version = 0
         self.finished = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._follower = Follower(self.collector, rescan_every_s=rescan_every_s, on_pass=self._on_pass,
-                                  on_idle=self._on_idle, warn=warn)
+        self._sending = False
+        self.live: LiveDetection | None = None
+        self.sender: OutboxSender | None = None
+        self._follower: Follower | None = None
+        self.store = Store.open(self.layout.store)
+        try:
+            self._build()
+        except Exception as exc:  # the store opened but cannot be followed: a failure like any later one
+            self._failed(exc)
+
+    @property
+    def detected_at(self) -> float | None:
+        """When detection last went over the store (None: not yet since this owner started)."""
+        return self.live.ran_at if self.live else None
 
     def catch_up(self) -> None:
-        """Ingest and detect what the run holds now (in the calling thread)."""
-        self.collector.ingest_available(on_pass=self._on_pass)
-        self._on_idle()
+        """Ingest and detect what the run holds now (in the calling thread); a failure goes to ``health``."""
+        try:
+            if self.health.failing:
+                self._restart()
+            self.collector.ingest_available(on_pass=self._on_pass)
+            self._on_idle()
+        except Exception as exc:
+            self._failed(exc)
 
     def start(self) -> None:
         """Follow the run in a background thread, and deliver alerts, until ``close``."""
-        self.sender.start()
-        self._thread = threading.Thread(target=self._follower.run, args=(self._stop,),
+        self._thread = threading.Thread(target=self.follow, args=(self._stop,),
                                         name=f"owner-{self.layout.root.name}", daemon=True)
         self._thread.start()
+
+    def follow(self, stop: threading.Event, *, until_finished: bool = False) -> None:
+        """Follow the run and deliver alerts until ``stop`` (or, when asked, the run's end), starting again
+        after each failure once its backoff has passed."""
+        self._sending = True
+        if self.sender and not self.health.failing:
+            self.sender.start()
+        while not stop.is_set():
+            try:
+                if self.health.failing:
+                    self._restart()
+                assert self._follower is not None
+                self._follower.run(stop, until_finished=until_finished)
+                self._on_idle()  # the run's end, when that is what stopped the follower
+                return
+            except Exception as exc:
+                stop.wait(self._failed(exc))
+
+    def wake(self) -> None:
+        """Ask for a pass now (stop handlers)."""
+        if self._follower:
+            self._follower.wake()
 
     def acknowledge(self, incident_id: str, by: str, note: str) -> None:
         """Record an acknowledgement (and announce it to the notifiers told of the incident)."""
         with self._lock:
-            self.live.detection.acknowledge(incident_id, by, note)
+            self._working().detection.acknowledge(incident_id, by, note)
             self.version += 1
 
     def resolve(self, incident_id: str, by: str, note: str) -> None:
         """Close an incident by hand (and announce it to the notifiers told of it)."""
         with self._lock:
-            self.live.detection.resolve(incident_id, by, note)
+            self._working().detection.resolve(incident_id, by, note)
             self.version += 1
 
-    def close(self) -> None:
-        """Stop following, give pending alerts a few seconds, close the store."""
+    def close(self, drain_s: float | None = None) -> int:
+        """Stop following, give pending alerts ``drain_s`` seconds (default: a few when following), close the
+        store; the number of alert messages left pending."""
         self._stop.set()
-        self._follower.wake()
+        self.wake()
         if self._thread:
             self._thread.join()
-        self.sender.close(drain_s=OWNER_DRAIN_S if self._thread else 0.0)
-        self.store.close()
+        left = self._close_pieces(OWNER_DRAIN_S if self._thread and drain_s is None else drain_s or 0.0)
+        self.notices.join()
+        return left
+
+    def _build(self) -> None:
+        """Detection, alerts and the collector over the open store (detection replays what the store holds)."""
+        self.live, self._follower = None, None
+        live, self.sender = alerting_detection(self.store, self.settings, quiet=self.quiet, warn=self.warn)
+        self.collector = Collector(self.layout.root, self.store, warn=self.warn)
+        self._follower = Follower(self.collector, rescan_every_s=self.rescan_every_s, on_pass=self._on_pass,
+                                  on_idle=self._on_idle, warn=self.warn)
+        self.live = live
+        self.finished = False
+
+    def _restart(self) -> None:
+        """A new store connection, collector and detection, after a failure."""
+        with self._lock:
+            self.health.restarts += 1
+            self._close_pieces(0.0)
+            self.store = Store.open(self.layout.store)
+            self._build()
+        if self._sending and self.sender:
+            self.sender.start()
+
+    def _close_pieces(self, drain_s: float) -> int:
+        """Close the sender and the store, whatever state a failure left them in; messages left pending."""
+        left = 0
+        if self.sender is not None:
+            with contextlib.suppress(Exception):  # a broken store cannot count what is pending
+                left = self.sender.close(drain_s=drain_s if self._sending else 0.0)
+        with contextlib.suppress(Exception):
+            self.store.close()
+        return left
+
+    def _working(self) -> LiveDetection:
+        if self.live is None or self.health.failing:
+            raise BedsideError(f"the run's owner is starting again after a failure ({self.health.error}): "
+                               "try again once it has caught up")
+        return self.live
+
+    def _failed(self, exc: Exception) -> float:
+        """Log and announce a failure, and show it; the seconds to wait before starting again."""
+        delay = self.health.failed(describe(exc), time.time())
+        self.warn(f"{self.layout.root.name}: following the run failed ({self.health.error}); starting again "
+                  f"in {delay:g} s (restarts so far: {self.health.restarts})")
+        self.notices.failed(self.health)
+        self.version += 1
+        return delay
+
+    def _worked(self) -> None:
+        if self.health.failing:
+            self.health.recovered()
+            self.warn(f"{self.layout.root.name}: following the run again after {self.health.restarts} "
+                      f"restart{'' if self.health.restarts == 1 else 's'}")
+            self.notices.recovered(self.health)
 
     def _on_pass(self, result: PassResult) -> None:
         with self._lock:
+            assert self.live is not None
             self.live.update(result)
             self.version += 1
+        self.on_pass(result)
+        self._worked()
 
     def _on_idle(self) -> None:
         """A quiet wake-up: let time pass for the detectors, and settle the run once it has ended."""
         with self._lock:
+            assert self.live is not None and self._follower is not None
             changed = self.live.tick()
             if not self.finished and self._follower.run_ended():
                 changed += self.live.finish()
                 self.finished = True
             if changed:
                 self.version += 1
+        self._worked()

@@ -1,21 +1,21 @@
 """``bedside watch``: the headless owner of a run's store (collector, detectors and notifiers), and the
-follow loop that ``bedside collect --follow`` shares with it."""
+follow loop of ``bedside collect --follow`` (which stops with an error on a failure, where watch starts again)."""
 from __future__ import annotations
 
 import argparse
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout, require_run_dir
-from bedside.collectors.store import Store
 
 from .alert import alert_settings
 from .detect import LiveDetection
 from .output import Progress, positive_seconds, warn
-from .owner import alerting_detection
+from .owner import RunOwner
 
 DEFAULT_DRAIN_S = 10.0
 
@@ -41,21 +41,37 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    """Follow, detect and alert until SIGINT or SIGTERM (or, with --until-finished, the run's end)."""
+    """Follow, detect and alert until SIGINT or SIGTERM (or, with --until-finished, the run's end).
+
+    A failure while following (a full disk, a damaged store) is logged, announced to the notifiers and followed
+    by a restart with backoff (``RunOwner``): watch keeps going until it is stopped.
+    """
     layout = RunLayout(require_run_dir(args.run))
     settings = alert_settings(args.config, layout.root, default_log=True)
-    with Store.open(layout.store) as store:
-        live, sender = alerting_detection(store, settings, quiet=args.quiet, warn=warn)
-        sender.start()
-        try:
-            follow_until_stopped(Collector(layout.root, store, warn=warn), Progress(quiet=args.quiet), live,
-                                 rescan_every_s=args.rescan_every, until_finished=args.until_finished)
-        finally:
-            left = sender.close(drain_s=args.drain)
-        if left:
-            warn(f"{left} alert message{'s are' if left > 1 else ' is'} still pending: delivered when bedside "
-                 f"watch or serve next runs on {layout.root}")
+    progress = Progress(quiet=args.quiet)
+    owner = RunOwner(layout.root, settings, warn=warn, rescan_every_s=args.rescan_every, quiet=args.quiet,
+                     on_pass=progress.update)
+    stop = threading.Event()
+    stop_on_signals(stop, owner.wake)
+    try:
+        owner.follow(stop, until_finished=args.until_finished)
+    finally:
+        left = owner.close(drain_s=args.drain)
+    progress.report("done:")
+    if left:
+        warn(f"{left} alert message{'s are' if left > 1 else ' is'} still pending: delivered when bedside "
+             f"watch or serve next runs on {layout.root}")
     return 0
+
+
+def stop_on_signals(stop: threading.Event, wake: Callable[[], None]) -> None:
+    """SIGINT and SIGTERM set ``stop`` and ``wake`` the follower."""
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+        wake()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
 
 
 def follow_until_stopped(collector: Collector, progress: Progress, live: LiveDetection | None, *,
@@ -70,13 +86,7 @@ def follow_until_stopped(collector: Collector, progress: Progress, live: LiveDet
 
     follower = Follower(collector, rescan_every_s=rescan_every_s, on_pass=on_pass, warn=warn,
                         **({"on_idle": live.tick} if live else {}))
-
-    def request_stop(signum: int, frame: object) -> None:
-        stop.set()
-        follower.wake()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop_on_signals(stop, follower.wake)
     follower.run(stop, until_finished=until_finished)
     if live and follower.run_ended():
         live.finish()

@@ -21,6 +21,10 @@ class StoreLockedError(StoreError):
     """Another process holds the store for writing."""
 
 
+class StoreCorruptError(StoreError):
+    """The store file is truncated or fails a block checksum: rebuild it from the telemetry."""
+
+
 class QueryError(StoreError):
     """A user query is not valid SQL, not read-only, or failed."""
 

@@ -44,6 +44,21 @@ def current_run() -> RunData:
     return data
 
 
+def trouble_banner() -> None:
+    """Above every page: each run whose owner failed and is starting again, or whose store is damaged."""
+    try:
+        served = desk()
+    except BedsideError:
+        return  # the page says so
+
+    @st.fragment(run_every=served.refresh_s)
+    def banner() -> None:
+        for run, trouble in served.troubles():
+            st.error(f"**{run}**: {trouble}", icon=":material/error:")
+
+    banner()
+
+
 def linked_run(wanted: str | None, runs: list[Path]) -> str | None:
     """The folder name of the run a link names: by folder, or by run.json's name (what alert links carry)."""
     if not wanted:
@@ -98,6 +113,11 @@ def age(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f} {unit}" if unit != "min" else f"{seconds / size:.0f} min"
     return f"{seconds:.0f} s"
+
+
+def clock(timestamp: float) -> str:
+    """A moment as the on-call reads it: 2026-12-01 21:34:28 UTC."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp))
 
 
 def since(timestamp: float | None) -> str:

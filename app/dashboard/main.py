@@ -1,9 +1,12 @@
-"""The dashboard's entry script (``bedside serve`` runs it): pages, the run picker and the operator panel."""
+"""The dashboard's entry script (``bedside serve`` runs it): pages, the banner of runs in trouble, the run picker
+and the operator panel."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import streamlit as st
+
+from bedside.app.dashboard.common import trouble_banner
 
 PAGES = Path(__file__).parent / "screens"  # not "pages": Streamlit would list that folder as pages of its own
 
@@ -16,4 +19,5 @@ page = st.navigation([
     st.Page(PAGES / "runs.py", title="Runs", icon=":material/list:", url_path="runs"),
     st.Page(PAGES / "sql.py", title="SQL", icon=":material/database:", url_path="sql"),
 ])
+trouble_banner()
 page.run()

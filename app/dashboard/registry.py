@@ -13,13 +13,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bedside.collectors.errors import BedsideError, StoreLockedError
+from bedside.collectors.errors import BedsideError, StoreCorruptError, StoreError
 from bedside.collectors.runs import find_runs
 from bedside.detectors.alerts.config import AlertSettings
 
 from ..alert import alert_settings
 from ..output import warn
 from ..owner import RunOwner
+from ..owner_health import OwnerHealth
 from .data import RunData
 
 TARGET_ENV = "BEDSIDE_DASHBOARD_TARGET"
@@ -44,6 +45,7 @@ class Desk:
     refresh_s: float = DEFAULT_REFRESH_S
     owners: dict[Path, RunOwner] = field(default_factory=dict)
     refused: dict[Path, tuple[float, str]] = field(default_factory=dict)  # when, and why, a store was held
+    damaged: dict[Path, str] = field(default_factory=dict)  # stores refused as damaged, and the error
     views: dict[Path, RunData] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -77,10 +79,14 @@ class Desk:
             self._release_view(run_dir)  # a read-only view of ours would keep the store from us
             try:
                 owner = RunOwner(run_dir, self.settings, warn=warn)
-            except StoreLockedError as exc:
+            except StoreError as exc:  # held by another process, or damaged: shown read-only, taken when it can be
                 self.refused[run_dir] = (time.monotonic(), str(exc))
+                self.damaged.pop(run_dir, None)
+                if isinstance(exc, StoreCorruptError):
+                    self.damaged[run_dir] = str(exc)
                 return None
             self.refused.pop(run_dir, None)
+            self.damaged.pop(run_dir, None)
             owner.catch_up()
             if self.live:
                 owner.start()
@@ -93,6 +99,15 @@ class Desk:
             for run_dir in self.runs():
                 self.owner(run_dir)
             stop.wait(every_s)
+
+    def troubles(self) -> list[tuple[str, str]]:
+        """(run, what is wrong) for every run whose owner failed and is starting again, or whose store is
+        damaged: the banner every page shows."""
+        with self._lock:
+            failing = [(run.name, owner_trouble(owner.health)) for run, owner in self.owners.items()
+                       if owner.health.failing]
+            damaged = [(run.name, why) for run, why in self.damaged.items()]
+        return failing + damaged
 
     def can_act(self, token: str) -> bool:
         """Whether ``token`` is the operator token (never, when none is configured)."""
@@ -111,6 +126,14 @@ class Desk:
         view = self.views.get(run_dir)
         if view is not None and view.owner is None:
             view.close()
+
+
+def owner_trouble(health: OwnerHealth) -> str:
+    """A failing owner in one sentence: what failed, when, the restarts so far and the next try."""
+    assert health.failed_at is not None
+    retry = f"; next try in {max(0.0, (health.next_retry_at or 0) - time.time()):.0f} s" if health.next_retry_at else ""
+    return (f"ingestion and detection stopped {time.time() - health.failed_at:.0f} s ago: {health.error} "
+            f"(restarts so far: {health.restarts}{retry})")
 
 
 _DESKS: dict[tuple[str, ...], Desk] = {}

@@ -8,6 +8,7 @@ raw telemetry through the same schema (see ``collectors.query``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -19,7 +20,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from ..errors import StoreError, StoreLockedError
+from ..errors import StoreCorruptError, StoreError, StoreLockedError
 
 SANDBOX_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # a database for users' SQL: no files,
     # network, extensions or Python objects; its configuration locked
@@ -27,6 +28,12 @@ SANDBOX_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # a databas
     "autoinstall_known_extensions": False, "allow_community_extensions": False, "temp_directory": "",
     "memory_limit": "2GB", "threads": 2, "lock_configuration": True,
 }
+
+
+DatabaseError = duckdb.Error
+"""What DuckDB raises (for callers that report errors without importing duckdb)."""
+DAMAGED_SUFFIX = ".damaged-"
+"""A damaged store moved aside by ``move_aside`` is named ``bedside.duckdb.damaged-<UTC time>``."""
 
 
 @cache
@@ -65,16 +72,29 @@ class Store:
         """Open (and, when writable, migrate) the store at ``path``; None means in memory."""
         if read_only and (path is None or not path.exists()):
             raise StoreError(f"no store at {path}")
+        existed = path is not None and path.exists()
         try:
             con = duckdb.connect(str(path) if path else ":memory:", read_only=read_only)
-        except duckdb.IOException as exc:
-            if "lock" in str(exc).lower():
+        except duckdb.Error as exc:
+            if isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower():
                 raise StoreLockedError(f"{path} is held by another process ({exc})") from exc
-            raise StoreError(f"cannot open {path}: {exc}") from exc
+            raise _damaged(path, exc) if _is_damage(exc) else StoreError(f"cannot open {path}: {exc}") from exc
         store = cls(con, path, read_only)
         if not read_only:
+            if existed:
+                store.verify()  # never append to a damaged store: the damage would spread to new rows
             store.migrate()
         return store
+
+    def verify(self) -> None:
+        """Read every block of every table, so DuckDB checks each block's checksum; StoreCorruptError if one
+        fails or the file is cut short (the store is closed then)."""
+        try:
+            for (name,) in self._con.execute(sql("store_tables")).fetchall():
+                self._con.execute(sql("verify_table"), {"name": name}).fetchall()
+        except duckdb.Error as exc:
+            self._con.close()
+            raise _damaged(self.path, exc) from exc
 
     def close(self) -> None:
         self._con.close()
@@ -159,3 +179,35 @@ class Store:
         """
         self.cursor().execute(sql(name), params)
 
+
+def move_aside(path: Path) -> Path | None:
+    """Rename a (damaged) store and its write-ahead log out of the way; the new name, None if there was none.
+
+    StoreLockedError if another process holds the store: it would keep writing to the renamed file.
+    """
+    if not path.exists():
+        return None
+    try:
+        Store.open(path, read_only=True).close()
+    except StoreLockedError as exc:
+        raise StoreLockedError(f"cannot move the store aside: {exc}") from exc
+    except StoreError:
+        pass  # damaged beyond opening: nobody holds it
+    aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    path.rename(aside)
+    wal = path.with_name(path.name + ".wal")
+    if wal.exists():
+        wal.rename(aside.with_name(aside.name + ".wal"))
+    return aside
+
+
+def _is_damage(exc: duckdb.Error) -> bool:
+    text = str(exc)
+    return any(sign in text for sign in ("Corrupt database", "Could not read enough bytes", "not a valid DuckDB"))
+
+
+def _damaged(path: Path | None, exc: duckdb.Error) -> StoreCorruptError:
+    detail = " ".join(str(exc).split())
+    run = path.parent if path else "RUN"
+    return StoreCorruptError(f"{path} is damaged ({detail}); bedside will not write to it. The telemetry is the "
+                             f"source of truth: rebuild the store with bedside collect {run} --rebuild")

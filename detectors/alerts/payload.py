@@ -19,6 +19,7 @@ PAYLOAD_SCHEMA = "bedside.alert/1"
 EVENT_WORDS = {
     "opened": "New incident", "escalated": "Severity rose", "reopened": "Reopened", "resolved": "Resolved",
     "acknowledged": "Acknowledged", "digest": "Digest", "test": "Test message",
+    "owner_failed": "Monitoring stopped", "owner_recovered": "Monitoring resumed",
 }
 """Every event a message can announce, and how a message names it."""
 KEY_EVIDENCE = 8
@@ -82,6 +83,20 @@ def probe_payload(message_id: str, run: RunRef, *, notifier: str, now: float) ->
     return _envelope(message_id, "test", run, notifier, now, "info")
 
 
+def owner_payload(message_id: str, run: RunRef, *, notifier: str, error: str, failed_at: float, restarts: int,
+                  next_retry_at: float | None, now: float) -> dict[str, Any]:
+    """The process following the run failed (``next_retry_at`` set) or works again after a failure (None)."""
+    owner = {"state": "failed" if next_retry_at else "recovered", "error": error, "failed_at": _iso(failed_at),
+             "restarts": restarts, "next_retry_at": _iso(next_retry_at) if next_retry_at else None}
+    event, severity = ("owner_failed", "critical") if next_retry_at else ("owner_recovered", "info")
+    payload = _envelope(message_id, event, run, notifier, now, severity)
+    retry = f"; retrying at {owner['next_retry_at']}" if next_retry_at else ""
+    payload["text"] = (f"[{severity.upper()}] {run.name}: {EVENT_WORDS[event]}: "
+                       + (f"{error}{retry} (restarts so far: {restarts})" if next_retry_at
+                          else f"ingestion and detection caught up again after: {error}"))
+    return payload | {"owner": owner}
+
+
 def _envelope(message_id: str, event: str, run: RunRef, notifier: str, now: float, severity: str,
               incident: dict | None = None, digest: dict | None = None) -> dict[str, Any]:
     return {
@@ -92,7 +107,7 @@ def _envelope(message_id: str, event: str, run: RunRef, notifier: str, now: floa
 
 
 def headline(event: str, run: RunRef, severity: str, incident: dict | None, digest: dict | None) -> str:
-    """The message in one line (chat notification text, log line)."""
+    """The message in one line (chat notification text, log line); owner messages set their own."""
     if incident:
         steps = f"steps {incident['start_step']}-{incident['end_step']}, timeline {incident['timeline']}"
         status = "" if event in ("resolved", "acknowledged") or incident["status"] == "open" else f", {incident['status']}"

@@ -9,7 +9,7 @@ import streamlit as st
 
 from bedside.app.dashboard import figures
 from bedside.app.dashboard.actions import ACTION_LABELS, prefilled_args, request_status
-from bedside.app.dashboard.common import SEVERITY_MARKS, age, current_run, is_operator
+from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator
 from bedside.app.dashboard.registry import desk
 from bedside.collectors.errors import BedsideError
 
@@ -25,8 +25,10 @@ def incident_list(listed: frozenset[str]) -> None:
     if set(incidents["incident_id"]) != listed:  # new incidents: the picker below is built by the whole page
         st.rerun(scope="app")
     if incidents.empty:
-        if data.can_write:
-            st.success("No incidents.")
+        if data.can_write and data.owner.detected_at is None:
+            st.info("The detectors have not gone over this run yet: incidents appear once they have.")
+        elif data.can_write:
+            st.success(f"No incidents (detectors ran at {clock(data.owner.detected_at)}).")
         else:  # read from the raw telemetry: the incidents are in the process holding the store
             st.warning(data.note)
         return

@@ -26,8 +26,9 @@ def overview() -> None:
     bottom[1].metric("MFU", "–" if t.mfu is None else f"{t.mfu:.1%}",
                      help="model FLOPs per second / (ranks x peak_flops_per_device of the run's config)")
     bottom[2].metric("Since good checkpoint", age(t.since_checkpoint_s))
-    # read-only, the incidents are in the process holding the store: unknown here, not 0
-    bottom[3].metric("Open incidents", sum(t.open_incidents.values()) if data.can_write else "–")
+    # read-only, the incidents are in the process holding the store; before detection ran: unknown here, not 0
+    detected = data.can_write and data.owner.detected_at is not None
+    bottom[3].metric("Open incidents", sum(t.open_incidents.values()) if detected else "–")
     bottom[3].caption(", ".join(f"{n} {s}" for s, n in sorted(t.open_incidents.items())))
 
     evals = data.frame("evals")
