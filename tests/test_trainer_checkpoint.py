@@ -200,6 +200,24 @@ def test_retention_keeps_the_last_k_and_the_milestones(manager) -> None:
     assert deleted == {f"step-{s:08d}-t0" for s in (1, 2, 3, 5, 6, 7)}
 
 
+def test_retention_never_deletes_a_verified_checkpoint_to_keep_a_corrupt_one(manager) -> None:
+    """A later process saves below two newer checkpoints that are corrupt: they take no place of the two kept."""
+    [good] = save_steps(manager(keep_last=5), [10])
+    for damaged in save_steps(manager(keep_last=5), [40, 50]):
+        _damage(damaged.path, "flip")
+    [saved] = save_steps(manager(keep_last=2), [20])
+    assert saved.deleted == () and good.path.exists() and saved.path.exists()
+    assert sorted(path.name for path, _ in saved.corrupt) == ["step-00000040-t0", "step-00000050-t0"]
+    assert all("does not match the manifest" in why for _, why in saved.corrupt)
+
+
+def test_retention_lets_a_corrupt_checkpoint_go_once_the_verified_ones_are_newer(manager) -> None:
+    [damaged] = save_steps(manager(keep_last=5), [10])
+    _damage(damaged.path, "flip")
+    results = save_steps(manager(keep_last=2), [20, 30])
+    assert results[0].deleted == () and results[1].deleted == (damaged.path,)
+
+
 @pytest.mark.parametrize(("damage", "reason"), [
     ("flip", r"__0_0\.distcp: sha256 .* does not match"),
     ("truncate", r"__0_0\.distcp: size \d+ bytes, manifest says \d+"),

@@ -129,3 +129,39 @@ def test_a_request_whose_effect_a_crash_lost_is_applied_again_and_never_twice(re
         (1, "requested"), (2, "applied"), (3, "requested"), (4, "applied"), (5, "requested"), (5, "rejected")]
     assert acks[2][2] == RETAKEN_NOTE and acks[5][2] == f"duplicate: request {rewind} was already received"
     assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 5, STEPS)]
+
+
+# -- every checkpoint corrupt: a fresh start on a new timeline ------------------------------------------------------
+@pytest.fixture(scope="module")
+def restarted_from_scratch(tmp_path_factory) -> tuple[Store, Path]:
+    """A finished run whose three checkpoints were all damaged, resumed: nothing good to load."""
+    run = tmp_path_factory.mktemp("all-corrupt") / "run"
+    assert train(run).returncode == 0
+    for checkpoint in sorted((run / "checkpoints").iterdir()):
+        corrupt_one_byte(checkpoint)
+    done = train(run, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = collect(run)
+    yield store, run
+    store.close()
+
+
+def test_a_restart_with_every_checkpoint_corrupt_retrains_on_a_new_timeline(restarted_from_scratch) -> None:
+    store, _ = restarted_from_scratch
+    assert rows(store, "SELECT timeline, step FROM step_metrics GROUP BY ALL HAVING count(*) > 1") == []
+    assert rows(store, "SELECT timeline, min(step), max(step) FROM step_metrics GROUP BY ALL ORDER BY 1") == [
+        (0, 1, STEPS), (1, 1, STEPS)]
+    [(message,)] = rows(store, "SELECT message FROM event_log WHERE kind = 'log' AND message LIKE 'no good%'")
+    assert message == "no good checkpoint to resume from: starting from step 0 on timeline 1"
+    assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 1, STEPS)]
+
+
+def test_the_corrupt_checkpoints_are_reported_and_make_way_for_the_new_good_ones(restarted_from_scratch) -> None:
+    store, run = restarted_from_scratch
+    corrupt = [f"checkpoints/step-{step:08d}-t0" for step in (30, 20, 10)]
+    assert rows(store, "SELECT path FROM checkpoint_events WHERE event = 'corrupt' ORDER BY time") == [
+        (path,) for path in corrupt]
+    assert sorted(path for (path,) in rows(store, "SELECT path FROM checkpoint_events WHERE event = 'deleted'")) \
+        == sorted(corrupt)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        f"step-{step:08d}-t1" for step in (10, 20, 30)]

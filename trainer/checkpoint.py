@@ -5,7 +5,8 @@
 returns; DCP writes in a background thread over the manager's own gloo group, so the
 training loop's collectives never interleave with the checkpoint's. When every rank
 has written, rank 0 writes the manifest (see ``manifest.py``), publishes the
-directory by renaming it and applies retention. ``latest_good`` verifies checkpoints
+directory by renaming it and applies retention (the newest ``keep_last`` verified checkpoints
+stay, so a corrupt one never takes the place of a good one). ``latest_good`` verifies checkpoints
 newest first and reports the corrupt ones it passed; ``load`` restores model,
 optimizer and this rank's trainer state on all ranks.
 
@@ -36,12 +37,14 @@ from .manifest import (
     CheckpointChoice,
     CheckpointError,
     CheckpointInfo,
+    Skipped,
     checkpoint_name,
     find_latest_good,
     fsync_dir,
     leftovers,
     remove_tree,
     retention_victims,
+    verify,
     write_json_atomic,
     write_manifest,
 )
@@ -62,6 +65,7 @@ class SaveResult:
     status: str  # "saved" or "save_failed", as the checkpoint telemetry events are named
     error: str | None = None
     deleted: tuple[Path, ...] = ()
+    corrupt: tuple[Skipped, ...] = ()  # older checkpoints that retention found corrupt (kept out of its places)
 
 
 class SaveHandle:
@@ -106,6 +110,7 @@ class CheckpointManager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._in_flight: SaveHandle | None = None
         self._last_saved: tuple[int, int] | None = None
+        self._verdicts: dict[str, str | None] = {}  # rank 0: checkpoint name -> None when verified, else why corrupt
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             for path in leftovers(self.root):  # no save is in flight anywhere yet
@@ -129,9 +134,9 @@ class CheckpointManager:
         model_state, optim_state = get_state_dict(model, optimizer)
         upload = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial,
                                 process_group=self.group, no_dist=not self.distributed)
-        upload = getattr(upload, "upload_completion", upload)
+        completion: Future = getattr(upload, "upload_completion", upload)  # type: ignore[arg-type]
         self._last_saved = (timeline, step)
-        future = self._executor.submit(self._finish, upload, partial, step, timeline, encoded, started)
+        future = self._executor.submit(self._finish, completion, partial, step, timeline, encoded, started)
         self._in_flight = SaveHandle(future, time.perf_counter() - started)
         return self._in_flight
 
@@ -145,9 +150,10 @@ class CheckpointManager:
                                   _payload_bytes(metadata, self.rank), "saved")
             info = write_manifest(partial, step=step, timeline=timeline, world_size=self.world_size, extra=extra)
             self._publish(partial, final)
-            deleted = self._apply_retention((timeline, step))
+            self._verdicts[final.name] = None  # hashed just now
+            deleted, corrupt = self._apply_retention((timeline, step))
             return SaveResult(final, step, timeline, time.perf_counter() - started, info.bytes, "saved",
-                              deleted=deleted)
+                              deleted=deleted, corrupt=corrupt)
         except Exception as error:  # reported, not raised: the trainer logs a failed checkpoint event
             return SaveResult(final, step, timeline, time.perf_counter() - started, 0, "save_failed",
                               error=f"{partial}: {type(error).__name__}: {error}")
@@ -158,12 +164,23 @@ class CheckpointManager:
         partial.rename(final)
         fsync_dir(self.root)
 
-    def _apply_retention(self, published: tuple[int, int]) -> tuple[Path, ...]:
+    def _apply_retention(self, published: tuple[int, int]) -> tuple[tuple[Path, ...], tuple[Skipped, ...]]:
+        """Delete what retention lets go; the paths deleted, and the checkpoints first found corrupt on the way."""
+        found: list[Skipped] = []
+
+        def is_good(path: Path) -> bool:
+            if path.name not in self._verdicts:
+                self._verdicts[path.name] = _corruption(path)
+                if self._verdicts[path.name] is not None:
+                    found.append(Skipped(path, str(self._verdicts[path.name])))
+            return self._verdicts[path.name] is None
+
         victims = retention_victims(self.root, keep_last=self.keep_last, milestone_every=self.milestone_every,
-                                    published=published)
+                                    published=published, is_good=is_good)
         for path in victims:
             remove_tree(path)
-        return tuple(victims)
+            self._verdicts.pop(path.name, None)
+        return tuple(victims), tuple(found)
 
     def wait(self) -> SaveResult | None:
         """Wait for this rank's save in flight, if any, and return its result."""
@@ -186,13 +203,16 @@ class CheckpointManager:
         outcome = self._from_rank0(outcome)
         if isinstance(outcome, Exception):
             raise outcome
+        self._verdicts.update({passed.path.name: passed.reason for passed in outcome.skipped})
+        if outcome.checkpoint is not None:
+            self._verdicts[outcome.checkpoint.path.name] = None
         return outcome
 
     def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Restore model and optimizer from ``info`` on every rank; this rank's ``extra`` state."""
         self.wait()
         model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         try:
             dcp.load(state, checkpoint_id=info.path, process_group=self.group, no_dist=not self.distributed)
         except Exception as error:
@@ -236,6 +256,15 @@ class CheckpointManager:
         self.close()
 
 
+def _corruption(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` is corrupt, or None when it verifies."""
+    try:
+        verify(path)
+    except (CheckpointError, OSError) as error:
+        return str(error)
+    return None
+
+
 def _extra_name(rank: int) -> str:
     return f"extra-rank-{rank:05d}.json"
 
@@ -258,10 +287,10 @@ def _payload_bytes(metadata: Any, rank: int) -> int:
 # -- RNG state as JSON ------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
     """This process's torch (CPU and CUDA), numpy and Python RNG states as JSON types."""
-    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    kind, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
     version, internal, gauss_next = random.getstate()
     state = {"torch": _b64(torch.get_rng_state()),
-             "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(gauss)],
+             "numpy": [kind, np.asarray(keys).tolist(), int(position), int(has_gauss), float(gauss)],
              "python": [version, list(internal), gauss_next]}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]

@@ -4,7 +4,9 @@ report each save when it completes, and resume from the latest good checkpoint.
 A resumed rank retrains the steps between its checkpoint and where it stopped.
 Those steps were already recorded, so the resumed run starts a new timeline (as a
 rewind does): every (timeline, step) stays unique and the abandoned steps stay
-visible as a branch.
+visible as a branch. So does a run that finds no good checkpoint and starts again
+from step 0 after it had recorded steps. Every checkpoint found corrupt (passed over
+by a resume or a rewind, or by retention) is reported as a ``corrupt`` event.
 """
 from __future__ import annotations
 
@@ -57,17 +59,18 @@ class Checkpointing:
         return True
 
     def resume(self) -> bool:
-        """Load the latest good checkpoint (reporting corrupt ones passed over); False when none."""
+        """Load the latest good checkpoint (reporting corrupt ones passed over); False when none, and the run
+        starts from step 0 (on a new timeline when it had recorded steps)."""
         trainer = self.trainer
         choice = self.manager.latest_good()
         self._report_corrupt(choice.skipped)
-        if choice.checkpoint is None:
-            return False
-        state = self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer)
-        trainer.load_state_dict(state)
+        if choice.checkpoint is not None:
+            trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer))
         timeline, step = self._where_the_run_left_off()
         if step > trainer.step or timeline > trainer.timeline:
             trainer.timeline = trainer.log.timeline = max(timeline, trainer.timeline) + 1
+        if choice.checkpoint is None:
+            return False
         if trainer.rank == 0:
             message = "fell back past corrupt checkpoints" if choice.fell_back else None
             trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path), message=message)
@@ -95,10 +98,11 @@ class Checkpointing:
                                    message=f"rewind: continuing on timeline {trainer.timeline}")
         return choice.checkpoint
 
-    def _report_corrupt(self, skipped: tuple[Skipped, ...]) -> None:
+    def _report_corrupt(self, skipped: tuple[Skipped, ...], step: int | None = None) -> None:
         trainer = self.trainer
         for passed in skipped if trainer.rank == 0 else ():
-            trainer.log.checkpoint(trainer.step, "corrupt", path=self._relative(passed.path), message=passed.reason)
+            trainer.log.checkpoint(trainer.step if step is None else step, "corrupt", path=self._relative(passed.path),
+                                   message=passed.reason)
 
     def _save(self) -> None:
         trainer = self.trainer
@@ -119,6 +123,7 @@ class Checkpointing:
             return
         trainer.log.checkpoint(result.step, result.status, path=self._relative(result.path),
                                duration_s=result.duration_s, bytes=result.bytes, message=result.error)
+        self._report_corrupt(result.corrupt, result.step)
         for deleted in result.deleted:
             trainer.log.checkpoint(result.step, "deleted", path=self._relative(deleted))
 

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -126,7 +127,7 @@ def fsync_dir(path: Path) -> None:
 def write_manifest(directory: Path, *, step: int, timeline: int, world_size: int,
                    extra: dict[str, Any]) -> CheckpointInfo:
     """Hash every file of ``directory`` and write its manifest (atomically, last)."""
-    files = {}
+    files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
         size, sha256 = file_digest(path)
         files[path.relative_to(directory).as_posix()] = {"size": size, "sha256": sha256}
@@ -198,7 +199,7 @@ def find_latest_good(root: Path, at_or_before_step: int | None = None) -> Checkp
 
     The newest timeline wins over higher steps of older (abandoned) timelines.
     """
-    skipped = []
+    skipped: list[Skipped] = []
     for (_, step), path in list_published(root):
         if at_or_before_step is not None and step > at_or_before_step:
             continue
@@ -209,13 +210,22 @@ def find_latest_good(root: Path, at_or_before_step: int | None = None) -> Checkp
     return CheckpointChoice(None, tuple(skipped))
 
 
-def retention_victims(root: Path, *, keep_last: int, milestone_every: int | None,
-                      published: tuple[int, int]) -> list[Path]:
-    """Complete checkpoints beyond the newest ``keep_last`` that are not milestones, and unfinished saves
-    older than the one just ``published`` (newer ones may be in flight on other ranks)."""
-    complete = [(key, path) for key, path in list_published(root) if (path / MANIFEST).is_file()]
-    victims = [path for index, ((_, step), path) in enumerate(complete)
-               if index >= keep_last and not (milestone_every and step % milestone_every == 0)]
+def retention_victims(root: Path, *, keep_last: int, milestone_every: int | None, published: tuple[int, int],
+                      is_good: Callable[[Path], bool]) -> list[Path]:
+    """Checkpoints older than the newest ``keep_last`` good ones that are not milestones, and unfinished saves
+    older than the one just ``published`` (newer ones may be in flight on other ranks).
+
+    Only checkpoints that ``is_good`` (verified) fill the ``keep_last`` places, newest first, so a corrupt
+    one never pushes a verified one out; it goes once it is older than all of them. Checkpoints older
+    than the last place are not asked about.
+    """
+    newest_first, good, older = list_published(root), 0, []
+    for index, (_, path) in enumerate(newest_first):
+        good += is_good(path)
+        if good == keep_last:
+            older = newest_first[index + 1:]
+            break
+    victims = [path for (_, step), path in older if not (milestone_every and step % milestone_every == 0)]
     return victims + [path for key, path in list_partial(root) if key < published]
 
 

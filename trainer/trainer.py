@@ -86,7 +86,8 @@ class Trainer:
         control = ControlChannel(self, checkpointing)
         if resume:
             if not checkpointing.resume() and self.rank == 0:
-                self.log.log(self.step, "no checkpoint to resume from: starting from step 0", level="warning")
+                self.log.log(self.step, f"no good checkpoint to resume from: starting from step 0 on timeline "
+                                        f"{self.timeline}", level="warning")
             control.recover()
         while self.step < self.config.steps and control.at_step_boundary():
             self.train_step()
