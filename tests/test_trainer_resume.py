@@ -41,15 +41,20 @@ def collect(run: Path) -> Store:
     return store
 
 
+def resume_to_the_end(run: Path) -> Store:
+    """``bedside train --resume``, which must finish; the run's store, with everything ingested."""
+    done = train(run, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return collect(run)
+
+
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory) -> tuple[Store, Path, Path]:
     run = tmp_path_factory.mktemp("resume") / "run"
     crashed = train(run, "--inject", f"crash:rank=1,step={CRASH}")
     assert crashed.returncode != 0
     victim = corrupt_one_byte(run / "checkpoints" / "step-00000020-t0")
-    done = train(run, "--resume")
-    assert done.returncode == 0, done.stderr[-3000:]
-    store = collect(run)
+    store = resume_to_the_end(run)
     yield store, victim, run
     store.close()
 
@@ -112,9 +117,7 @@ def rewound_across_crashes(tmp_path_factory) -> tuple[Store, str]:
         assert train(run, "--resume", "--inject", f"crash:rank=1,step={crash}").returncode != 0
     assert (layout.checkpoints / "step-00000020-t4").is_dir()
     os.replace(layout.control_processed / f"{rewind}.json", layout.control_requests / f"{rewind}.json")
-    done = train(run, "--resume")
-    assert done.returncode == 0, done.stderr[-3000:]
-    store = collect(run)
+    store = resume_to_the_end(run)
     yield store, rewind
     store.close()
 
@@ -139,9 +142,7 @@ def restarted_from_scratch(tmp_path_factory) -> tuple[Store, Path]:
     assert train(run).returncode == 0
     for checkpoint in sorted((run / "checkpoints").iterdir()):
         corrupt_one_byte(checkpoint)
-    done = train(run, "--resume")
-    assert done.returncode == 0, done.stderr[-3000:]
-    store = collect(run)
+    store = resume_to_the_end(run)
     yield store, run
     store.close()
 
