@@ -9,6 +9,8 @@ runs the same with many more kills (docs/reliability.md).
 """
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import random
 import signal
@@ -111,3 +113,99 @@ def test_an_owner_killed_at_random_loses_and_repeats_no_row_and_no_alert(
     assert subprocess.run(cli("detect", reference), capture_output=True, timeout=FINISH_S).returncode == 0
     assert facts(tiny_faults) == facts(reference)
     assert_each_message_delivered_once(tiny_faults, receiver)
+
+
+# -- a trainer rank killed ------------------------------------------------------------------------------------
+
+TRAIN_STEPS, CHECKPOINT_EVERY = 40, 4
+TRAINER_KILLS = int(os.environ.get("BEDSIDE_HARNESS_TRAINER_KILLS", "2"))
+
+
+def train_command(run: Path, *extra: str) -> list[str]:
+    return cli("train", "--nproc", "2", "--steps", str(TRAIN_STEPS), "--checkpoint-every", str(CHECKPOINT_EVERY),
+               "--keep-checkpoints", "100", "--out", run, *extra)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rank_process(trainer: subprocess.Popen, rank: int) -> int | None:
+    """The pid of torchrun's worker of ``rank`` (RANK in its environment), if it runs."""
+    for pid in descendants(trainer.pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
+            return pid
+    return None
+
+
+def last_step(run: Path, rank: int) -> int:
+    path = RunLayout(run).rank_file(rank)
+    steps = [json.loads(line).get("step", -1) for line in path.read_bytes().splitlines()[-50:]
+             if line.startswith(b'{"kind":"rank_step"')] if path.exists() else []
+    return max(steps, default=-1)
+
+
+def kill_rank_at_random(run: Path, resume: bool, rng: random.Random) -> int:
+    """Train (or resume) until rank 1 passes a random step, SIGKILL that rank; the step it had passed."""
+    start = last_step(run, 1) if resume else 0
+    target = min(start + rng.randint(3, 12), TRAIN_STEPS - 2)
+    trainer = subprocess.Popen(train_command(run, *(["--resume"] if resume else [])), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + FINISH_S
+        while last_step(run, 1) < target and trainer.poll() is None:
+            assert time.monotonic() < deadline, "rank 1 did not reach its step"
+            time.sleep(0.02)
+        victim = rank_process(trainer, 1)
+        assert trainer.poll() is None and victim, "the run ended before rank 1 could be killed"
+        os.kill(victim, signal.SIGKILL)
+        assert trainer.wait(FINISH_S) != 0
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+    return target
+
+
+def test_a_trainer_rank_killed_at_random_resumes_with_each_step_recorded_once_per_timeline(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rng = random.Random(f"{SEED}-trainer")
+    for kill in range(TRAINER_KILLS):
+        kill_rank_at_random(run, resume=kill > 0, rng=rng)
+    done = subprocess.run(train_command(run, "--resume"), capture_output=True, text=True, timeout=FINISH_S * 2,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert subprocess.run(cli("collect", run, "--quiet"), timeout=FINISH_S).returncode == 0
+    with Store.open(RunLayout(run).store, read_only=True) as store:
+        cur = store.cursor()
+        [[twice]] = cur.execute("SELECT count(*) FROM (SELECT rank, timeline, step FROM rank_steps "
+                                "GROUP BY ALL HAVING count(*) > 1)").fetchall()
+        [[steps_twice]] = cur.execute("SELECT count(*) FROM (SELECT timeline, step FROM steps "
+                                      "GROUP BY ALL HAVING count(*) > 1)").fetchall()
+        timelines = cur.execute("SELECT timeline, min(step), max(step) FROM steps GROUP BY 1 ORDER BY 1").fetchall()
+        [[status]] = cur.execute("SELECT status FROM run").fetchall()
+        [[rejected]] = cur.execute("SELECT count(*) FROM rejected").fetchall()
+    assert (twice, steps_twice, status) == (0, 0, "finished")
+    assert [t for t, _, _ in timelines] == list(range(TRAINER_KILLS + 1)), timelines  # one timeline per resume
+    assert timelines[-1][2] == TRAIN_STEPS, timelines
+    assert all(later[1] <= earlier[2] + 1 for earlier, later in itertools.pairwise(timelines))  # no step lost
+    assert rejected <= TRAINER_KILLS * 2  # at most a torn last line per killed rank
