@@ -30,8 +30,8 @@ from bedside.collectors.store import Store
 WORLD = 4
 PREWRITTEN_LINES = 30_000
 APPENDED_LINES = 10_000
-BATCH_KILLS = 12
-FOLLOW_KILLS = 3
+BATCH_KILLS = int(os.environ.get("BEDSIDE_HARNESS_COLLECT_KILLS", "12"))  # bench/harness.py --long raises these
+FOLLOW_KILLS = int(os.environ.get("BEDSIDE_HARNESS_FOLLOW_KILLS", "3"))
 WRITER_STEPS = 300
 SEED = 20240611
 ROW_TABLES = ("steps", "rank_steps", "evals", "checkpoints", "actions", "events", "faults")
