@@ -25,7 +25,7 @@ class Severity(str, Enum):
 
 FINDING_KINDS = (
     "loss_spike", "grad_spike", "nonfinite", "straggler", "sdc",
-    "eval_stall", "hang", "bad_shard", "throughput_drop",
+    "eval_stall", "hang", "bad_shard", "throughput_drop", "checkpoint_corrupt",
 )
 """Every kind a finding can have (``bedside detect --json`` prints only these)."""
 

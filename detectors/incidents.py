@@ -17,12 +17,13 @@ from .finding import Finding, Severity, SuggestedAction
 FAMILIES = {
     "loss_spike": "training", "grad_spike": "training", "nonfinite": "training", "sdc": "training",
     "bad_shard": "training", "straggler": "performance", "hang": "performance",
-    "throughput_drop": "performance", "eval_stall": "learning",
+    "throughput_drop": "performance", "eval_stall": "learning", "checkpoint_corrupt": "checkpoints",
 }
-"""Which findings can share a cause: numerics and data, speed, and learning itself."""
+"""Which findings can share a cause: numerics and data, speed, learning itself, and the way back."""
 
 ACTIONABLE = ("rewind", "quarantine", "evict", "skip")
-TITLES = {"training": "Training instability", "performance": "Slow or stuck ranks", "learning": "Not learning"}
+TITLES = {"training": "Training instability", "performance": "Slow or stuck ranks", "learning": "Not learning",
+          "checkpoints": "Checkpoints lost"}
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ def _cause(members: list[Finding]) -> str:
         return "slow worker(s)"
     if "eval_stall" in kinds:
         return "the job computes but the model stopped improving"
+    if "checkpoint_corrupt" in kinds:
+        return "storage: checkpoints fail verification"
     if kinds & {"loss_spike", "grad_spike", "nonfinite"}:
         return "unexplained by data or hardware signals so far"
     return "throughput"

@@ -12,7 +12,7 @@ STEP_COLUMNS = ("timeline", "step", "time", "rank", "seq", "loss", "grad_norm", 
 RANK_STEP_COLUMNS = ("timeline", "step", "time", "rank", "seq", "step_time", "data_time", "compute_time",
                      "comm_time", "optimizer_time", "local_grad_norm", "param_checksum")
 EVAL_COLUMNS = ("timeline", "step", "time", "split", "name", "value", "cum_tokens", "cum_flops")
-CHECKPOINT_COLUMNS = ("timeline", "step", "time", "rank", "event", "duration_s")
+CHECKPOINT_COLUMNS = ("timeline", "step", "time", "rank", "event", "duration_s", "path", "message")
 EVENT_COLUMNS = ("timeline", "step", "time", "rank", "kind")
 TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
 
@@ -115,7 +115,7 @@ class RunState:
         row = self.topology[self.topology["rank"] == rank]
         if row.empty:
             return {"rank": rank}
-        place = {"rank": rank}
+        place: dict[str, object] = {"rank": rank}
         for name in ("host", "dp", "tp", "pp"):
             value = row[name].iloc[0]
             if not pd.isna(value):

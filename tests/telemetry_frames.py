@@ -149,7 +149,7 @@ def run_ends(frame: pd.DataFrame, status_s: float = 0.1) -> list[tuple[int, floa
 def checkpoint_frame(rows: Iterable[tuple[int, float, int, str]], *, timeline: int = 0) -> pd.DataFrame:
     """``checkpoints`` rows from (rank, time, step, event) tuples."""
     frame = pd.DataFrame(list(rows), columns=["rank", "time", "step", "event"])
-    frame["timeline"], frame["duration_s"] = timeline, np.nan
+    frame["timeline"], frame["duration_s"], frame["path"], frame["message"] = timeline, np.nan, None, None
     return frame[list(CHECKPOINT_COLUMNS)]
 
 

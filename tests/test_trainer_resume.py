@@ -166,3 +166,15 @@ def test_the_corrupt_checkpoints_are_reported_and_make_way_for_the_new_good_ones
         == sorted(corrupt)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         f"step-{step:08d}-t1" for step in (10, 20, 30)]
+
+
+def test_the_corrupt_checkpoints_raise_a_critical_finding_with_their_paths(restarted_from_scratch, bedside) -> None:
+    *_, run = restarted_from_scratch
+    result = bedside("detect", run, "--json")
+    assert result.returncode == 0, result.stderr
+    [finding] = [f for f in map(json.loads, result.stdout.splitlines()) if f["kind"] == "checkpoint_corrupt"]
+    assert finding["severity"] == "critical" and finding["evidence"]["count"] == 3
+    assert [c["path"] for c in finding["evidence"]["checkpoints"]] == [
+        f"checkpoints/step-{step:08d}-t0" for step in (30, 20, 10)]
+    assert all("does not match the manifest" in c["reason"] for c in finding["evidence"]["checkpoints"])
+    assert finding["evidence"]["cleared_at_step"] == EVERY  # the first checkpoint saved on the new timeline
