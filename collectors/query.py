@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import StoreLockedError
+from .errors import StoreCorruptError, StoreLockedError
 from .ingest import Collector
 from .layout import RunLayout, require_run_dir
 from .store import Store
@@ -26,15 +26,23 @@ class ReadView:
     note: str = ""
 
 
-def open_for_reading(run_dir: Path) -> ReadView:
-    """The run's store read-only, or an in-memory copy built from its telemetry files."""
+def open_for_reading(run_dir: Path, *, verify: bool = False) -> ReadView:
+    """The run's store read-only, or an in-memory copy built from its telemetry files.
+
+    ``verify`` reads the whole store first (``Store.verify``), and falls back to the telemetry if it is damaged.
+    """
     layout = RunLayout(require_run_dir(run_dir))
     note = "no store yet"
     if layout.store.exists():
         try:
-            return ReadView(Store.open(layout.store, read_only=True), "store")
+            store = Store.open(layout.store, read_only=True)
+            if verify:
+                store.verify()
+            return ReadView(store, "store")
         except StoreLockedError:
             note = "the store is held by another process"
+        except StoreCorruptError:
+            note = "the store is damaged"
     memory = Store.open(None)
     result = Collector(layout.root, memory).ingest_available()
     return ReadView(memory, "raw telemetry", f"{note}; read {result.lines} lines from the raw telemetry")

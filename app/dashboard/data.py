@@ -70,7 +70,7 @@ class RunData:
         if self._view is None or self._view[0] != version:
             if self._view:
                 self._view[1].store.close()
-            self._view = (version, open_for_reading(self.run_dir))
+            self._view = (version, open_for_reading(self.run_dir, verify=True))  # a damaged store: the telemetry
         return self._view[1].store
 
     def frame(self, query: str, /, **params: Any) -> pd.DataFrame:
