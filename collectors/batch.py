@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,52 +51,84 @@ def complete_prefix(data: bytes) -> bytes:
 
 
 def lines_table(chunks: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
-    """One Arrow table of every line in ``chunks``; lines that are not UTF-8 are rejected."""
-    tables, rejected = [], []
-    for chunk in chunks:
-        table, bad = _chunk_table(chunk)
-        tables.append(table)
+    """One Arrow table of every line in ``chunks``; lines that are not UTF-8 are rejected.
+
+    The lines of many chunks share one record batch (as many as fit 32-bit line bounds): a pass over
+    thousands of files with a line or two each is then one scan for DuckDB, not thousands of tiny ones.
+    """
+    batches, rejected = [], []
+    for group in _groups(chunks):
+        table, bad = _group_table(group)
+        batches.extend(table.to_batches())
         rejected.extend(bad)
-    if not tables:
-        return LINES_SCHEMA.empty_table(), rejected
-    return pa.concat_tables(tables), rejected
+    return pa.Table.from_batches(batches, schema=LINES_SCHEMA), rejected
 
 
-def _chunk_table(chunk: Chunk) -> tuple[pa.Table, list[Rejection]]:
-    if len(chunk.data) > MAX_CHUNK_BYTES:
-        raise ValueError(f"a chunk of {len(chunk.data):,} bytes is over the limit of {MAX_CHUNK_BYTES:,} (2 GiB)")
-    ends = np.flatnonzero(np.frombuffer(chunk.data, dtype=np.uint8) == _NEWLINE)
+def _groups(chunks: list[Chunk]) -> Iterator[list[Chunk]]:
+    """Consecutive chunks holding at most MAX_CHUNK_BYTES together."""
+    group: list[Chunk] = []
+    size = 0
+    for chunk in chunks:
+        if len(chunk.data) > MAX_CHUNK_BYTES:
+            raise ValueError(f"a chunk of {len(chunk.data):,} bytes is over the limit of {MAX_CHUNK_BYTES:,} (2 GiB)")
+        if group and size + len(chunk.data) > MAX_CHUNK_BYTES:
+            yield group
+            group, size = [], 0
+        group.append(chunk)
+        size += len(chunk.data)
+    if group:
+        yield group
+
+
+def _group_table(group: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
+    """The lines of ``group`` as one table, wrapping the joined bytes without a copy per line."""
+    data = group[0].data if len(group) == 1 else b"".join(chunk.data for chunk in group)
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == _NEWLINE)
     bounds = np.empty(len(ends) + 1, dtype=np.int32)
     bounds[0] = 0
     bounds[1:] = ends + 1
-    lines = pa.StringArray.from_buffers(len(ends), pa.py_buffer(bounds), pa.py_buffer(chunk.data))
-    offsets = chunk.start + bounds[:-1].astype(np.int64)
+    lines = pa.StringArray.from_buffers(len(ends), pa.py_buffer(bounds), pa.py_buffer(data))
     try:
         lines.validate(full=True)
-        rejected: list[Rejection] = []
     except pa.ArrowInvalid:
-        lines, offsets, rejected = _split_invalid_utf8(chunk, bounds)
-    count = len(lines)
+        return _split_invalid_utf8(group)
+    sizes = np.array([len(chunk.data) for chunk in group], dtype=np.int64)
+    base = np.cumsum(sizes) - sizes
+    owner = np.repeat(np.arange(len(group)), np.diff(np.searchsorted(ends, base + sizes), prepend=0))
+    starts = np.array([chunk.start for chunk in group], dtype=np.int64) - base
+    return _table(group, owner, starts[owner] + bounds[:-1], lines), []
+
+
+def _split_invalid_utf8(group: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
+    """The slow path for chunks with invalid UTF-8: decode line by line."""
+    good, owner, offsets, rejected = [], [], [], []
+    for index, chunk in enumerate(group):
+        begin = 0
+        for end in (np.flatnonzero(np.frombuffer(chunk.data, dtype=np.uint8) == _NEWLINE) + 1).tolist():
+            raw = chunk.data[begin:end]
+            try:
+                good.append(raw.decode("utf-8"))
+                owner.append(index)
+                offsets.append(chunk.start + begin)
+            except UnicodeDecodeError as exc:
+                rejected.append(Rejection(chunk.source_id, chunk.start + begin, len(raw), raw,
+                                          f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
+            begin = end
+    table = _table(group, np.array(owner, dtype=np.int64), np.array(offsets, dtype=np.int64),
+                   pa.array(good, type=pa.string()))
+    return table, rejected
+
+
+def _table(group: list[Chunk], owner: np.ndarray, offsets: np.ndarray, lines: pa.Array) -> pa.Table:
+    """Lines with the source and file rank of the chunk each came from (``owner``: its index in ``group``)."""
+    take = pa.array(owner, type=pa.int64())
     columns = {
-        "source_id": pa.array(np.full(count, chunk.source_id, dtype=np.int32)),
-        "file_rank": pa.array([chunk.file_rank] * count, type=pa.int32()),
+        "source_id": pa.array([chunk.source_id for chunk in group], pa.int32()).take(take),
+        "file_rank": pa.array([chunk.file_rank for chunk in group], pa.int32()).take(take),
         "line_offset": pa.array(offsets, type=pa.int64()),
         "line": lines,
     }
-    return pa.table(columns, schema=LINES_SCHEMA), rejected
-
-
-def _split_invalid_utf8(chunk: Chunk, bounds: np.ndarray) -> tuple[pa.Array, np.ndarray, list[Rejection]]:
-    """The slow path for a chunk with invalid UTF-8: decode line by line."""
-    good, offsets, rejected = [], [], []
-    for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        raw = chunk.data[begin:end]
-        try:
-            good.append(raw.decode("utf-8"))
-            offsets.append(chunk.start + begin)
-        except UnicodeDecodeError as exc:
-            rejected.append(Rejection(chunk.source_id, chunk.start + begin, len(raw), raw, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
-    return pa.array(good, type=pa.string()), np.array(offsets, dtype=np.int64), rejected
+    return pa.table(columns, schema=LINES_SCHEMA)
 
 
 def explain_rejection(line: str, reason: str) -> str:

@@ -1,8 +1,12 @@
 """Follow a live run: watchdog file events, with a periodic rescan as a safety net.
 
 Network filesystems drop inotify events (or never send them), so the follower
-also rescans every ``rescan_every_s``; events only make ingestion prompt. When
-file events cannot be had at all (inotify's watch or instance limit), the
+also rescans every ``rescan_every_s``; events only make ingestion prompt. Between
+rescans a pass looks only at the files that events named, so its cost follows the
+files that changed, not the files in the run (events an inotify queue overflow
+drops wait for the next rescan). Only writes, creations and moves are asked of
+inotify: the opens and closes of every append would triple the kernel's queue.
+When file events cannot be had at all (inotify's watch or instance limit), the
 follower warns once and keeps to the rescans.
 """
 from __future__ import annotations
@@ -10,10 +14,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from watchdog.events import EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
@@ -27,20 +39,53 @@ DEFAULT_RESCAN_EVERY_S = 2.0
 # emitter log a spurious error; the periodic rescan covers any event it drops.
 logging.getLogger("watchdog.observers.inotify").setLevel(logging.CRITICAL)
 ENDED_STATUSES = ("finished", "failed", "aborted")
-_READ_ONLY_EVENTS = (EVENT_TYPE_OPENED, EVENT_TYPE_CLOSED_NO_WRITE)
-"""Events our own reads cause: waking on them would make the follower spin."""
+
+
+WANTED_EVENTS = [FileModifiedEvent, FileCreatedEvent, FileMovedEvent, DirCreatedEvent]
+"""What the follower wakes on (and the inotify mask asks for): never our own reads' opens and closes."""
 
 
 class _Wake(FileSystemEventHandler):
-    """Sets an event when a telemetry file or run.json changes (not when it is merely read)."""
+    """Sets an event when a telemetry file or run.json changes, noting the telemetry files that did."""
 
-    def __init__(self, wake: threading.Event) -> None:
+    def __init__(self, wake: threading.Event, changed: ChangedFiles, source_dir: bool) -> None:
         self._wake = wake
+        self._changed = changed
+        self._source_dir = source_dir
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        own_store = os.path.basename(os.fsdecode(event.src_path)).startswith(STORE_NAME)
-        if event.event_type not in _READ_ONLY_EVENTS and not own_store:
-            self._wake.set()
+        paths = [os.fsdecode(p) for p in (event.src_path, event.dest_path) if p]
+        if all(os.path.basename(p).startswith(STORE_NAME) for p in paths):
+            return
+        if event.is_directory:
+            self._changed.look_everywhere()
+        elif self._source_dir:
+            self._changed.add(paths)
+        self._wake.set()
+
+
+class ChangedFiles:
+    """The telemetry files that events named since the last take (thread-safe), or 'every file' after a new folder."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: set[str] = set()
+        self._everywhere = False
+
+    def add(self, paths: list[str]) -> None:
+        with self._lock:
+            self._paths.update(paths)
+
+    def look_everywhere(self) -> None:
+        with self._lock:
+            self._everywhere = True
+
+    def take(self) -> set[Path] | None:
+        """The files named since the last take, or None: look at every file."""
+        with self._lock:
+            paths, everywhere = self._paths, self._everywhere
+            self._paths, self._everywhere = set(), False
+        return None if everywhere else {Path(p) for p in paths}
 
 
 class Follower:
@@ -65,20 +110,24 @@ class Follower:
         self._observer: BaseObserver | None = None
         self._events_failed = False
         self._wake = threading.Event()
+        self._changed = ChangedFiles()
+        self._rescanned_at = float("-inf")
         self._watched: set[str] = set()
 
     def run(self, stop: threading.Event, *, until_finished: bool = False) -> None:
         """Ingest on every file event and every rescan until ``stop`` is set.
 
         ``on_pass`` follows every committed pass; ``on_idle`` every wake-up that found
-        nothing new (so that a quiet run is noticed).
+        nothing new (so that a quiet run is noticed). A pass looks at the files that events
+        named; every file once ``rescan_every_s`` has passed since the last rescan, when
+        events were lost, and always without file events.
         """
         self._start_events()
         try:
             while not stop.is_set():
                 self._watch_new_dirs()
                 self._wake.clear()
-                result = self.collector.ingest_available(on_pass=self.on_pass, stop=stop)
+                result = self.collector.ingest_available(on_pass=self.on_pass, stop=stop, changed=self._files_to_look_at())
                 if result.bytes == 0:
                     if until_finished and self.run_ended():
                         return
@@ -90,6 +139,15 @@ class Follower:
     def wake(self) -> None:
         """Ask for a pass now (used by stop handlers)."""
         self._wake.set()
+
+    def _files_to_look_at(self) -> set[Path] | None:
+        """The files events named since the last pass, or None (every file) when a rescan is due."""
+        changed = self._changed.take()
+        now = time.monotonic()
+        if changed is None or self._events_failed or now - self._rescanned_at >= self.rescan_every_s:
+            self._rescanned_at = now
+            return None
+        return changed
 
     def run_ended(self) -> bool:
         """True once every rank has written run_end (or one reported failure)."""
@@ -118,8 +176,11 @@ class Follower:
                 self._watch(folder)
 
     def _watch(self, folder: Path) -> None:
+        assert self._observer is not None
+        root = self.collector.layout.root
         try:
-            self._observer.schedule(_Wake(self._wake), str(folder), recursive=False)
+            handler = _Wake(self._wake, self._changed, source_dir=folder.name in SOURCE_DIRS and folder != root)
+            self._observer.schedule(handler, str(folder), recursive=False, event_filter=WANTED_EVENTS)
         except OSError as exc:
             self._events_unavailable(exc)
             return

@@ -14,7 +14,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -122,6 +122,7 @@ class Collector:
         self.warn = warn
         self._con = store.connection()
         self._sources = {s.path: s for s in self._load_sources()}
+        self._next_source_id = max((s.source_id for s in self._sources.values()), default=0) + 1
         self._run_info_stamp: tuple[int, int] | None = None
         self.world_size: int | None = None
 
@@ -129,13 +130,17 @@ class Collector:
         self,
         on_pass: Callable[[PassResult], None] = lambda result: None,
         stop: threading.Event | None = None,
+        changed: Collection[Path] | None = None,
     ) -> PassResult:
         """Ingest, in passes, every complete line present when called; return early once ``stop`` is set.
 
         Each file is read no further than its size at the call, and files that appear
         meanwhile wait for the next call, so the call ends while ranks keep writing.
+        ``changed`` (the files that file events named) narrows the call to those files
+        when each is a known source; otherwise every source file is listed. Either way
+        only files whose size or inode moved from what the store committed are opened.
         """
-        limits = self._file_sizes()
+        limits = self._pending(self._candidates(changed))
         total = PassResult()
         while stop is None or not stop.is_set():
             result = self.run_pass(limits)
@@ -143,17 +148,36 @@ class Collector:
             if result.bytes == 0:
                 break
             on_pass(result)
+            limits = {path: size for path, size in limits.items() if self._unread(path, size)}
+            if not limits:
+                break
         return total
 
-    def _file_sizes(self) -> dict[Path, int]:
-        """Every source file present now, with its size."""
-        sizes = {}
-        for path in self.layout.source_files():
+    def _candidates(self, changed: Collection[Path] | None) -> Collection[Path]:
+        """The files a call looks at: ``changed`` when every one of them is a known source, else every file."""
+        if changed is not None and all(self.layout.relative(path) in self._sources for path in changed):
+            return changed
+        return self.layout.source_files()
+
+    def _pending(self, paths: Iterable[Path]) -> dict[Path, int]:
+        """The files among ``paths`` that are new, or whose size or inode differ from the committed ones, with
+        their size now (one stat each; unchanged files are not opened)."""
+        pending = {}
+        for path in paths:
             try:
-                sizes[path] = path.stat().st_size
+                stat = path.stat()
             except FileNotFoundError:
                 continue
-        return sizes
+            source = self._sources.get(self.layout.relative(path))
+            if source is None or (source.state == "ok" and (stat.st_size, stat.st_ino)
+                                  != (source.committed_offset, source.inode)):
+                pending[path] = stat.st_size
+        return pending
+
+    def _unread(self, path: Path, limit: int) -> bool:
+        """True while ``path`` holds bytes before ``limit`` that a pass may still ingest."""
+        source = self._sources.get(self.layout.relative(path))
+        return source is None or (source.state == "ok" and source.committed_offset < limit)
 
     def run_pass(self, limits: dict[Path, int] | None = None) -> PassResult:
         """Ingest up to ``batch_bytes`` of new complete lines in one transaction.
@@ -163,7 +187,7 @@ class Collector:
         (out of memory, disk full, ...), nothing of the pass is committed: StoreError.
         """
         run_info = self._changed_run_info()
-        reads, cut_short = self._read_sources(self._file_sizes() if limits is None else limits)
+        reads, cut_short = self._read_sources(self._pending(self.layout.source_files()) if limits is None else limits)
         chunks = [r.chunk for r in reads if r.chunk is not None]
         table, rejected = lines_table(chunks)
         try:
@@ -211,7 +235,8 @@ class Collector:
     def _read_sources(self, limits: dict[Path, int]) -> tuple[list[_Read], bool]:
         """What each file holds up to its limit, within the pass's byte budget; and whether the budget ran
         out before every file was read."""
-        reads, budget = [], self.batch_bytes
+        reads: list[_Read] = []
+        budget = self.batch_bytes
         for path, limit in limits.items():
             if budget <= 0:
                 return reads, True
@@ -224,8 +249,8 @@ class Collector:
     def _source_for(self, path: Path) -> Source:
         key = self.layout.relative(path)
         if key not in self._sources:
-            next_id = max((s.source_id for s in self._sources.values()), default=0) + 1
-            self._sources[key] = Source(source_id=next_id, path=key, file_rank=rank_of_file(path))
+            self._sources[key] = Source(source_id=self._next_source_id, path=key, file_rank=rank_of_file(path))
+            self._next_source_id += 1
         return self._sources[key]
 
     def _read_source(self, path: Path, limit: int, budget: int) -> _Read | None:

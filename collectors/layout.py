@@ -87,7 +87,8 @@ class RunLayout:
         for name in SOURCE_DIRS:
             folder = self.root / name
             if folder.is_dir():
-                found.extend(sorted(p for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file()))
+                found.extend(sorted((p for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file()),
+                                    key=lambda p: p.name))
         return found
 
     def relative(self, path: Path) -> str:
