@@ -86,3 +86,9 @@ def test_rebuild_moves_the_damaged_store_aside_and_recovers_every_row(damaged: P
     assert counts == (400, 400, 200, 4)
     assert aside.stat().st_size > 0
     assert bedside("detect", damaged).returncode == 0  # the findings are recomputed over the rebuilt store
+
+
+def test_runs_lists_a_run_whose_store_is_damaged(damaged: Path, bedside: Callable) -> None:
+    done = bedside("runs", damaged, "--format", "csv")
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert damaged.name in done.stdout and "finished" in done.stdout  # read from the rank files' tails
