@@ -6,6 +6,7 @@ import getpass
 import os
 from pathlib import Path
 
+from bedside.collectors import audit
 from bedside.collectors.control import ACTIONS, request_action
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout, require_run_dir
@@ -39,15 +40,20 @@ def _default_operator() -> str:
 
 
 def cmd_action(args: argparse.Namespace) -> int:
-    """Write the request and print its id."""
+    """Write the request, record it in the run's audit trail, and print its id."""
     layout = RunLayout(require_run_dir(args.run))
     given = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
     try:
-        request_id = request_action(layout, args.action, given, operator=args.operator, reason=args.reason)
+        operator = audit.check_operator(args.operator)
+    except ValueError as error:
+        raise BedsideError(f"--operator: {error}") from None
+    try:
+        request_id = request_action(layout, args.action, given, operator=operator, reason=args.reason)
     except ValueError as error:
         message = str(error)
         for name, option in _OPTIONS.items():
             message = message.replace(name, option)
         raise BedsideError(message) from None
+    audit.record(layout, operator=operator, what=args.action, reason=args.reason, request_id=request_id, args=given)
     print(request_id)
     return 0

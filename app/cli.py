@@ -15,7 +15,7 @@ from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DatabaseError, Store, move_aside
 from bedside.collectors.store.console import ConsoleLimits
 
-from . import action, alert, demo, detect, serve, simulate, train, watch
+from . import action, alert, audit, demo, detect, serve, simulate, train, watch
 from .detect import LiveDetection
 from .output import FORMATS, Progress, integer_in, positive_seconds, print_frame, warn
 from .watch import follow_until_stopped
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs(commands)
     train.add_parser(commands)
     action.add_parser(commands)
+    audit.add_parser(commands)
     demo.add_parser(commands)
     detect.add_parser(commands)
     simulate.add_parser(commands)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bedside.collectors.audit import AuditKeeper
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
 from bedside.collectors.ingest import Collector, PassResult
@@ -62,6 +63,7 @@ class RunOwner:
         self.on_pass = on_pass
         self.health = health or OwnerHealth()
         self.notices = HealthNotices(self.layout, settings, warn=warn)
+        self.audit = AuditKeeper(self.layout)
         self.version = 0
         self.finished = False
         self._lock = threading.Lock()
@@ -125,6 +127,12 @@ class RunOwner:
         with self._lock:
             self._working().detection.acknowledge(incident_id, by, note)
             self.version += 1
+
+    def keep_audit_head(self) -> None:
+        """Record the audit trail's head in the store now (after an entry was appended), if its chain holds."""
+        with self._lock:
+            if self._keep_audit_head():
+                self.version += 1
 
     def resolve(self, incident_id: str, by: str, note: str) -> None:
         """Close an incident by hand (and announce it to the notifiers told of it)."""
@@ -203,6 +211,11 @@ class RunOwner:
         self.on_pass(result)
         self._worked()
 
+    def _keep_audit_head(self) -> bool:
+        """Check the audit trail if it changed and record its head; whether what the pages show may have changed."""
+        before = self.audit.broken
+        return self.audit.keep_head(self.store) or self.audit.broken != before
+
     def _on_idle(self) -> None:
         """A quiet wake-up: let time pass for the detectors, and settle the run once it has ended."""
         with self._lock:
@@ -211,6 +224,6 @@ class RunOwner:
             if not self.finished and self._follower.run_ended():
                 changed += self.live.finish()
                 self.finished = True
-            if changed:
+            if self._keep_audit_head() or changed:
                 self.version += 1
         self._worked()

@@ -14,7 +14,9 @@ from dashboard_app import PAGES, assert_rendered, copy_run, from_store, go_to, o
 from streamlit.testing.v1 import AppTest
 
 from bedside.app.dashboard import registry
-from bedside.app.dashboard.actions import prefilled_args, request_status
+from bedside.app.dashboard.actions import onset, prefilled_args, request_status
+from bedside.collectors import audit
+from bedside.collectors.controlkey import ensure_control_key
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 
@@ -34,17 +36,26 @@ def closed_desks() -> Iterator[None]:
     registry.close_all()
 
 
+def without_run_end(run: Path) -> Path:
+    """``run`` with its ``run_end`` records cut: a run that has not ended (its ranks went quiet: stalled)."""
+    for path in RunLayout(run).telemetry.glob("rank-*.jsonl"):
+        kept = [line for line in path.read_text().splitlines(keepends=True) if '"kind":"run_end"' not in line]
+        path.write_text("".join(kept))
+    return run
+
+
 @pytest.fixture
 def run(tiny_faults: Path) -> Path:
-    """The run served: a private copy of tiny-faults (3 incidents, one critical suggesting a rewind)."""
-    return tiny_faults
+    """The run served: a private copy of tiny-faults (3 incidents, one critical suggesting a rewind) that has not
+    ended, so that requests can still be filed for it."""
+    return without_run_end(tiny_faults)
 
 
 @pytest.fixture
 def critical(run: Path, monkeypatch) -> pd.Series:
     """The run's critical incident (the dashboard serves the run with the operator token)."""
     serve(monkeypatch, run, token=TOKEN)
-    found = from_store(run, "SELECT * FROM incidents WHERE severity = 'critical'")
+    found = from_store(run, "SELECT * FROM incidents WHERE list_contains(kinds, 'nonfinite')")
     assert len(found) == 1
     return found.iloc[0]
 
@@ -143,11 +154,56 @@ def test_each_incident_prefills_its_own_action(operator: AppTest, run: Path, cri
     [[spike]] = from_store(run, "SELECT incident_id FROM incidents WHERE list_contains(kinds, 'loss_spike')").values
     operator.selectbox(key="incident").set_value(spike).run()
     assert_rendered(operator)
-    assert labelled(operator.selectbox, "Action").value == "rewind"  # its suggestion, investigate, is not an action
+    labelled(operator.selectbox, "Action").select("rewind").run()
     # to the newest good checkpoint before step 85 still on disk: none, step 50's was rotated out (3 are kept)
     assert [(n.label, n.value) for n in operator.number_input] == [("to_step", 0)]
     operator.selectbox(key="incident").set_value(critical["incident_id"]).run()
     assert [n.value for n in operator.number_input] == [json.loads(critical["suggested_action"])["args"]["to_step"]]
+
+
+@pytest.mark.parametrize(("kind", "suggested"), [("straggler", "evict"), ("loss_spike", "investigate")])
+def test_a_suggestion_the_form_cannot_do_gets_no_default_action(operator: AppTest, run: Path, kind: str,
+                                                              suggested: str) -> None:
+    [[chosen, suggestion]] = from_store(run, "SELECT incident_id, suggested_action FROM incidents "
+                                             "WHERE list_contains(kinds, ?)", kind).values
+    assert json.loads(suggestion)["action"] == suggested
+    operator.selectbox(key="incident").set_value(chosen).run()
+    assert_rendered(operator)
+    assert labelled(operator.selectbox, "Action").value is None and not operator.number_input
+    assert f"The detectors suggest **{suggested}**, which this form cannot do: choose an action only if one helps." \
+        in [c.value for c in operator.caption]
+    assert operator.button(key="review").disabled
+    assert requests_filed(run) == [] and "Confirm rewind" not in buttons(operator)
+
+
+def test_a_rewind_at_or_after_the_onset_of_a_related_incident_is_warned(operator: AppTest, run: Path) -> None:
+    # the critical incident (steps 150-185, ranks 0 and 1) overlaps the straggler incident from step 102 on the same
+    # ranks: a rewind to 150 would retrain through the straggler's steps; 100, the prefill, would not
+    assert [n.value for n in operator.number_input] == [100] and not operator.warning
+    labelled(operator.number_input, "to_step").set_value(150).run()
+    assert [w.value for w in operator.warning] == [
+        "to_step 150 is at or after step 102, where the related incident straggler@0:102/r1 began: the run would "
+        "train through the same fault again."]
+
+
+def test_the_confirmation_shows_what_a_rewind_discards_and_replays(operator: AppTest) -> None:
+    review(operator)
+    assert_rendered(operator)
+    assert [m.value for m in operator.markdown if m.value.startswith("- This ")] == [
+        "- This discards steps 101-200 of the live timeline: 100 steps, 3 s of training, 136 GFLOP.",
+        "- This replays global batches 100-199 (3,200 samples) on a new timeline."]
+
+
+def test_the_confirmation_shows_what_a_skip_and_a_quarantine_take_out(operator: AppTest) -> None:
+    labelled(operator.selectbox, "Action").select("skip").run()
+    review(operator)
+    assert "- This skips global batches 150-185: 36 batches (1,152 samples) never trained." in \
+        [m.value for m in operator.markdown]
+    operator.button(key="cancel").click().run()
+    labelled(operator.selectbox, "Action").select("quarantine").run()
+    labelled(operator.number_input, "shard").set_value(3)
+    review(operator)
+    assert "- This stops reading data shard 3 (256 samples)." in [m.value for m in operator.markdown]
 
 
 def test_a_request_needs_a_reason(operator: AppTest, run: Path) -> None:
@@ -174,13 +230,15 @@ def test_a_reviewed_and_confirmed_rewind_files_one_request_and_one_audit_entry(
     assert {k: request[k] for k in ("action", "args", "operator", "reason")} == \
         {"action": "rewind", "args": {"to_step": to_step}, "operator": OPERATOR, "reason": REASON}
     [entry] = audit_entries(run)
-    assert entry == {"time": entry["time"], "operator": OPERATOR, "what": "rewind",
+    assert entry == {"seq": 0, "time": entry["time"], "operator": OPERATOR, "what": "rewind",
                      "incident_id": critical["incident_id"], "request_id": request["request_id"],
-                     "args": {"to_step": to_step}, "reason": REASON}
+                     "args": {"to_step": to_step}, "reason": REASON, "prev": audit.GENESIS,
+                     "hash": audit.entry_hash(entry)}
     assert before <= entry["time"] <= time.time()
+    assert from_store(run, "SELECT seq, hash FROM audit_head").values.tolist() == [[0, entry["hash"]]]
 
     assert f"Request {request['request_id']} filed." in [s.value for s in operator.success]
-    assert f"`{request['request_id']}` **rewind** by {OPERATOR}: {NEVER}" in texts(operator)  # the sample run ended
+    assert f"`{request['request_id']}` **rewind** by {OPERATOR}: {WAITING}" in texts(operator)
     trail = table(operator, "operator", "what", "request_id", "reason")
     assert list(zip(trail["operator"], trail["what"], trail["request_id"], trail["reason"])) == \
         [(OPERATOR, "rewind", request["request_id"], REASON)]
@@ -232,7 +290,7 @@ def test_a_review_does_not_carry_over_to_another_incident(operator: AppTest, run
 def test_a_review_does_not_carry_over_to_another_run(tmp_path: Path, monkeypatch) -> None:
     runs = tmp_path / "runs"
     for name in ("a", "b"):
-        copy_run("tiny-faults", runs, as_name=name)
+        ensure_control_key(RunLayout(without_run_end(copy_run("tiny-faults", runs, as_name=name))))
     serve(monkeypatch, runs, token=TOKEN)
     app = unlock(open_page("incidents", run="a"), OPERATOR, TOKEN)
     review(app)
@@ -291,6 +349,84 @@ def test_a_resolved_incident_cannot_be_acknowledged(operator: AppTest, run: Path
     assert acknowledge.disabled
 
 
+def acknowledge(app: AppTest, note: str = "mine") -> AppTest:
+    app.text_input(key="ack_note").input(note)
+    [button] = [b for b in app.button if b.label == "Acknowledge"]
+    return button.click().run()
+
+
+def test_acknowledging_twice_is_not_possible(operator: AppTest, run: Path, critical: pd.Series) -> None:
+    acknowledge(operator)
+    [button] = [b for b in operator.button if b.label == "Acknowledge"]
+    assert button.disabled
+    with pytest.raises(BedsideError, match="not acknowledged: the incident is already acknowledged"):
+        registry.desk().data(run).acknowledge(critical["incident_id"], operator="bob", note="mine too")
+    assert [e["what"] for e in audit_entries(run)] == ["acknowledge"]
+
+
+def test_other_incidents_do_not_read_as_acknowledged_or_resolved_by_someone(
+        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    acknowledge(operator, "looking")
+    spike = from_store(run, "SELECT incident_id FROM incidents WHERE list_contains(kinds, 'loss_spike')")
+    straggler = from_store(run, "SELECT incident_id FROM incidents WHERE list_contains(kinds, 'straggler')")
+    operator.selectbox(key="incident").set_value(straggler["incident_id"][0]).run()
+    operator.text_input(key="ack_note").input("host is fine")
+    [resolve] = [b for b in operator.button if b.label == "Resolve"]
+    resolve.click().run()
+    operator.selectbox(key="incident").set_value(spike["incident_id"][0]).run()
+    assert_rendered(operator)
+    captions = [c.value for c in operator.caption]
+    assert not [c for c in captions if c.startswith(("Acknowledged by", "Resolved by hand by"))], captions
+    operator.selectbox(key="incident").set_value(critical["incident_id"]).run()
+    assert f"Acknowledged by {OPERATOR}: looking" in [c.value for c in operator.caption]
+
+
+def test_no_request_is_reviewed_or_filed_for_a_resolved_incident(operator: AppTest, run: Path) -> None:
+    resolved = from_store(run, "SELECT incident_id FROM incidents WHERE status = 'resolved'")["incident_id"][0]
+    operator.selectbox(key="incident").set_value(resolved).run()
+    labelled(operator.selectbox, "Action").select("pause").run()
+    assert "No request can be filed: the incident is resolved: act on an open one." in [i.value for i in operator.info]
+    assert operator.button(key="review").disabled
+    with pytest.raises(BedsideError, match="not filed: the incident is resolved"):
+        registry.desk().data(run).request("pause", {}, operator=OPERATOR, reason=REASON, incident_id=resolved)
+    assert requests_filed(run) == [] and audit_entries(run) == []
+
+
+def test_no_request_is_reviewed_or_filed_for_a_run_that_has_ended(tiny_faults: Path, monkeypatch) -> None:
+    serve(monkeypatch, tiny_faults, token=TOKEN)
+    app = unlock(open_page("incidents"), OPERATOR, TOKEN)
+    assert_rendered(app)
+    refused = "the run has finished: no trainer is left to apply a request"
+    assert f"No request can be filed: {refused}." in [i.value for i in app.info]
+    assert app.button(key="review").disabled and "Confirm rewind" not in buttons(app)
+    with pytest.raises(BedsideError, match=f"not filed: {refused}"):
+        registry.desk().data(tiny_faults).request("rewind", {"to_step": 100}, operator=OPERATOR, reason=REASON,
+                                                  incident_id=None)
+    assert requests_filed(tiny_faults) == [] and audit_entries(tiny_faults) == []
+
+
+def test_a_broken_audit_chain_is_shown_on_the_incidents_page(operator: AppTest, run: Path) -> None:
+    acknowledge(operator, "first")
+    trail = RunLayout(run).control / "audit.jsonl"
+    assert "Chain intact: 1 entries" in texts(operator)
+    trail.write_text(trail.read_text().replace('"reason":"first"', '"reason":"never happened"'))
+    operator.run()
+    assert_rendered(operator)
+    assert [e.value for e in operator.error] == [
+        "The audit trail's chain is broken: line 1 (entry 0) was rewritten: its content no longer matches its hash. "
+        "Entries from there on may be forged, rewritten or missing (bedside audit verify)."]
+
+
+def test_a_trail_cut_short_is_shown_broken_against_the_head_the_store_recorded(operator: AppTest, run: Path,
+                                                                                critical: pd.Series) -> None:
+    acknowledge(operator, "first")
+    trail = RunLayout(run).control / "audit.jsonl"
+    trail.write_text("")
+    operator.run()
+    assert any("the store recorded entry 0 as a head, but the trail ends at entry -1" in e.value
+               for e in operator.error)
+
+
 # -- a store held by another process --------------------------------------------------------------------------
 
 def wait_for(condition: Callable[[], bool]) -> None:
@@ -301,7 +437,8 @@ def wait_for(condition: Callable[[], bool]) -> None:
 
 
 def test_a_run_whose_store_another_process_holds_is_shown_read_only(
-        run: Path, tmp_path: Path, monkeypatch, start_bedside) -> None:
+        tiny_faults: Path, tmp_path: Path, monkeypatch, start_bedside) -> None:
+    run = tiny_faults
     log = tmp_path / "collect.log"
     with open(log, "w") as err:
         collector = start_bedside("collect", run, "--follow", stderr=err)
@@ -350,6 +487,30 @@ def test_prefilled_args_take_the_suggestion_else_derive_from_the_incident(action
                                                                           args: dict) -> None:
     incident = pd.Series({"start_step": 85, "end_step": 94})
     assert prefilled_args(action, suggestion, incident, CHECKPOINTS) == args
+
+
+def incidents_frame(*rows: tuple[str, int, int, list[int], str]) -> pd.DataFrame:
+    return pd.DataFrame([{"incident_id": i, "timeline": 0, "start_step": a, "end_step": b, "ranks": r, "cause": c}
+                         for i, a, b, r, c in rows])
+
+
+def test_a_prefilled_rewind_goes_before_a_related_bad_shard_episode() -> None:
+    # the issue's case: a spike at 2081-2248 inside a bad-shard episode from 2000; the detector suggested 2100
+    incidents = incidents_frame(("spike", 2081, 2248, [], "unexplained"), ("shard", 2000, 2250, [], "bad shard 3"),
+                                ("slow", 2050, 2300, [5], "slow worker(s)"), ("old", 1500, 1600, [], "bad shard 3"))
+    first, where = onset("spike", incidents)
+    assert (first, where) == (2000, "shard")  # not the straggler on rank 5 alone, nor the old episode
+    checkpoints = pd.DataFrame({"step": [1900, 2000, 2100], "state": ["saved", "verified", "verified"],
+                                "deleted": [False, False, False]})
+    suggestion = {"action": "rewind", "args": {"to_step": 2100}}
+    assert prefilled_args("rewind", suggestion, incidents.iloc[0], checkpoints, before=first) == {"to_step": 1900}
+
+
+def test_incidents_on_the_same_ranks_or_cause_relate_and_others_do_not() -> None:
+    incidents = incidents_frame(("nan", 150, 185, [0, 1], "sdc on rank 0"), ("slow", 102, 194, [1], "slow"),
+                                ("other", 120, 130, [7], "network"), ("later", 190, 200, [0], "sdc on rank 0"))
+    assert onset("nan", incidents) == (102, "slow")
+    assert onset("other", incidents) == (120, "other")
 
 
 def test_a_rewind_with_no_good_checkpoint_before_the_onset_goes_to_step_0() -> None:

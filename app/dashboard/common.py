@@ -8,10 +8,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from bedside.collectors.audit import check_operator
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import read_run_info
 
+from .auth import Lockout
 from .data import RunData
 from .registry import Desk, desk
 
@@ -91,13 +93,30 @@ def operator_panel(served: Desk) -> None:
         name = st.text_input("Your name", key="operator_name")
         token = st.text_input("Operator token", type="password", key="operator_token")
         if st.button("Unlock actions", key="unlock"):
-            if not name.strip():
-                st.error("Enter your name: it is recorded with every action.")
-            elif served.can_act(token):
-                st.session_state["operator"] = name.strip()
-                st.rerun()
+            if problem := unlock(served, name, token):
+                st.error(problem)
             else:
-                st.error("Wrong token.")
+                st.rerun()
+
+
+def unlock(served: Desk, name: str, token: str) -> str | None:
+    """Check the name and the token (this session's and the process's lockouts first); what is wrong, or None
+    with the operator set for the session."""
+    try:
+        name = check_operator(name)
+    except ValueError as exc:
+        return f"{str(exc)[0].upper()}{str(exc)[1:]}."
+    mine = st.session_state.setdefault("lockout", Lockout())
+    if wait := max(mine.wait_s(), served.lockout.wait_s()):
+        return f"Too many wrong tokens: try again in {wait:.0f} s."
+    if not served.can_act(token):
+        mine.failed()
+        served.lockout.failed()
+        return "Wrong token."
+    mine.succeeded()
+    served.lockout.succeeded()
+    st.session_state["operator"] = name
+    return None
 
 
 def is_operator() -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from bedside.collectors import audit
 from bedside.collectors.control import request_action
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
@@ -22,9 +23,9 @@ from bedside.collectors.store import Store
 from bedside.collectors.store.console import ConsoleLimits, ConsoleResult, run_console_query
 
 from ..owner import RunOwner
-from . import audit
 
 CACHED_VERSIONS = 1
+ENDED = ("finished", "failed", "aborted")
 CONSOLE_LIMITS = ConsoleLimits(timeout_s=10.0, max_rows=100_000, max_bytes=64 << 20)
 
 
@@ -91,23 +92,41 @@ class RunData:
         with self._lock:  # a read-only copy stays open while the query runs
             return run_console_query(self.store(), sql, CONSOLE_LIMITS)
 
+    def action_refusal(self, incident_id: str | None) -> str | None:
+        """Why no control request may be filed now (the run has ended, the incident is resolved); None if one may."""
+        run = self.frame("run")
+        if not run.empty and run["status"].iloc[0] in ENDED:
+            return f"the run has {run['status'].iloc[0]}: no trainer is left to apply a request"
+        if incident_id is not None:
+            incidents = self.frame("incidents")
+            status = incidents.loc[incidents["incident_id"] == incident_id, "status"]
+            if not status.empty and status.iloc[0] == "resolved":
+                return "the incident is resolved: act on an open one"
+        return None
+
     def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str,
                 incident_id: str | None) -> str:
         """File a control request for the trainer and record it in the audit trail; its request id."""
+        if refusal := self.action_refusal(incident_id):
+            raise BedsideError(f"not filed: {refusal}")
         try:
             request_id = request_action(self.layout, action, args, operator=operator, reason=reason)
         except ValueError as exc:
             raise BedsideError(str(exc)) from exc
-        audit.record(self.layout, operator=operator, what=action, reason=reason, incident_id=incident_id,
-                     request_id=request_id, args=args)
+        self._audit(operator=operator, what=action, reason=reason, incident_id=incident_id,
+                    request_id=request_id, args=args)
         return request_id
 
     def acknowledge(self, incident_id: str, *, operator: str, note: str) -> None:
         """Take an incident on: stored, announced to the notifiers, and in the audit trail."""
         if not self.owner:
             raise BedsideError("acknowledging needs the store, which another process holds: use that process")
+        incidents = self.frame("incidents")
+        taken = incidents[(incidents["incident_id"] == incident_id) & (incidents["status"] != "open")]
+        if not taken.empty:
+            raise BedsideError(f"not acknowledged: the incident is already {taken['status'].iloc[0]}")
         self.owner.acknowledge(incident_id, operator, note)
-        audit.record(self.layout, operator=operator, what="acknowledge", reason=note, incident_id=incident_id)
+        self._audit(operator=operator, what="acknowledge", reason=note, incident_id=incident_id)
 
     def resolve(self, incident_id: str, *, operator: str, note: str) -> None:
         """Close an incident by hand (a false alarm, or handled): stored, announced, and in the audit trail."""
@@ -116,10 +135,17 @@ class RunData:
         if not note.strip():
             raise BedsideError("say why the incident is resolved: the note goes to the audit trail and the alerts")
         self.owner.resolve(incident_id, operator, note.strip())
-        audit.record(self.layout, operator=operator, what="resolve", reason=note.strip(), incident_id=incident_id)
+        self._audit(operator=operator, what="resolve", reason=note.strip(), incident_id=incident_id)
 
-    def audit_trail(self) -> tuple[pd.DataFrame, int]:
-        return audit.read(self.layout)
+    def audit_trail(self) -> tuple[pd.DataFrame, audit.ChainReport]:
+        """The trail, newest first, and its chain checked (against the heads the store recorded, when owned)."""
+        report = audit.verify(self.layout, audit.read_heads(self.owner.store) if self.owner else None)
+        return audit.entries_frame(report.entries), report
+
+    def _audit(self, **entry: Any) -> None:
+        audit.record(self.layout, **entry)
+        if self.owner:
+            self.owner.keep_audit_head()
 
     def close(self) -> None:
         """Release a read-only copy (an owner's store is closed by its owner)."""

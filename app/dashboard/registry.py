@@ -6,8 +6,9 @@ another process holds (``bedside watch``) is shown read-only from its raw teleme
 """
 from __future__ import annotations
 
-import hmac
+import hashlib
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ..alert import alert_settings
 from ..output import warn
 from ..owner import RunOwner
 from ..owner_health import OwnerHealth
+from .auth import Lockout, TokenHash
 from .data import RunData
 
 TARGET_ENV = "BEDSIDE_DASHBOARD_TARGET"
@@ -41,12 +43,13 @@ class Desk:
     target: Path
     settings: AlertSettings
     live: bool
-    operator_token: str
+    operator_token: TokenHash | None  # only its salted hash is kept
     refresh_s: float = DEFAULT_REFRESH_S
     owners: dict[Path, RunOwner] = field(default_factory=dict)
     refused: dict[Path, tuple[float, str]] = field(default_factory=dict)  # when, and why, a store was held
     damaged: dict[Path, str] = field(default_factory=dict)  # stores refused as damaged, and the error
     views: dict[Path, RunData] = field(default_factory=dict)
+    lockout: Lockout = field(default_factory=Lockout)  # wrong tokens from any session
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -111,7 +114,7 @@ class Desk:
 
     def can_act(self, token: str) -> bool:
         """Whether ``token`` is the operator token (never, when none is configured)."""
-        return bool(self.operator_token) and hmac.compare_digest(token.encode(), self.operator_token.encode())
+        return self.operator_token is not None and self.operator_token.matches(token)
 
     def close(self) -> None:
         with self._lock:
@@ -142,18 +145,26 @@ _DESKS_LOCK = threading.Lock()
 
 def desk() -> Desk:
     """This process's desk, from the environment ``bedside serve`` (or a test) set."""
-    key = tuple(os.environ.get(name, "") for name in (TARGET_ENV, CONFIG_ENV, LIVE_ENV, TOKEN_ENV, REFRESH_ENV))
+    target, config, live, token, refresh = (os.environ.get(name, "")
+                                            for name in (TARGET_ENV, CONFIG_ENV, LIVE_ENV, TOKEN_ENV, REFRESH_ENV))
+    key = (target, config, live, _fingerprint(token), refresh)  # no plain token kept, not even as a key
     with _DESKS_LOCK:
         if key not in _DESKS:
-            target, config, live, token, refresh = key
             if not target:
                 raise BedsideError(f"no run to show: start the dashboard with bedside serve RUN (or set {TARGET_ENV})")
             path = Path(target)
             # a run's bedside.toml, else its parent's: for a runs directory, the directory's own
             _DESKS[key] = Desk(target=path, settings=alert_settings(Path(config) if config else None, path),
-                               live=live == "1", operator_token=token,
+                               live=live == "1", operator_token=TokenHash.configured(token) if token else None,
                                refresh_s=float(refresh) if refresh else DEFAULT_REFRESH_S)
         return _DESKS[key]
+
+
+_FINGERPRINT_SALT = secrets.token_bytes(16)
+
+
+def _fingerprint(token: str) -> str:
+    return hashlib.blake2b(token.encode(), key=_FINGERPRINT_SALT).hexdigest() if token else ""
 
 
 def close_all() -> None:

@@ -8,12 +8,18 @@ import pandas as pd
 import streamlit as st
 
 from bedside.app.dashboard import figures
-from bedside.app.dashboard.actions import ACTION_LABELS, prefilled_args, request_status
+from bedside.app.dashboard.actions import ACTION_LABELS, onset, prefilled_args, request_status, what_is_lost
 from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator
 from bedside.app.dashboard.registry import desk
 from bedside.collectors.errors import BedsideError
 
 WINDOW_MARGIN = 30
+
+
+
+def note_text(note: object) -> str:
+    return "" if note is None or pd.isna(note) else str(note)
+
 
 data = current_run()
 st.title(f"{data.name}: incidents")
@@ -61,10 +67,10 @@ suggestion = json.loads(incident["suggested_action"])
 st.subheader(f"{SEVERITY_MARKS.get(incident['severity'], '')} {incident['title']} ({incident['status']})")
 st.markdown(f"{incident['summary']}  \n**Cause:** {incident['cause']}  \n"
             f"**Suggested action:** `{suggestion['action']}` {json.dumps(suggestion['args'])} {suggestion['why']}")
-if incident["acknowledged_by"]:
-    st.caption(f"Acknowledged by {incident['acknowledged_by']}: {incident['ack_note'] or ''}")
-if incident["resolved_by"]:
-    st.caption(f"Resolved by hand by {incident['resolved_by']}: {incident['resolve_note'] or ''}")
+if pd.notna(incident["acknowledged_by"]):  # a missing value may read NaN, which is true
+    st.caption(f"Acknowledged by {incident['acknowledged_by']}: {note_text(incident['ack_note'])}")
+if pd.notna(incident["resolved_by"]):
+    st.caption(f"Resolved by hand by {incident['resolved_by']}: {note_text(incident['resolve_note'])}")
 
 first = int(incident["start_step"]) - WINDOW_MARGIN
 last = int(incident["end_step"]) + WINDOW_MARGIN
@@ -85,31 +91,50 @@ elif not is_operator():
 else:
     operator = st.session_state["operator"]
     with st.form("acknowledge", clear_on_submit=True):
+        if "acted" in st.session_state:
+            st.success(st.session_state.pop("acted"))
         note = st.text_input("Note (required to resolve)", key="ack_note")
         acknowledge, resolve = st.columns(2)
         closed = not data.can_write or incident["status"] == "resolved"
-        if acknowledge.form_submit_button("Acknowledge", disabled=closed):
+        if acknowledge.form_submit_button("Acknowledge", disabled=closed or incident["status"] == "acknowledged",
+                                          help="already acknowledged" if incident["status"] == "acknowledged"
+                                          else None):
             try:
                 data.acknowledge(chosen, operator=operator, note=note)
-                st.success(f"Acknowledged by {operator}.")
             except BedsideError as exc:
                 st.error(str(exc))
+            else:  # drawn again: Acknowledge is disabled now
+                st.session_state["acted"] = f"Acknowledged by {operator}."
+                st.rerun()
         if resolve.form_submit_button("Resolve", disabled=closed,
                                       help="close it by hand (a false alarm, or handled): later findings open a "
                                            "new incident"):
             try:
                 data.resolve(chosen, operator=operator, note=note)
-                st.success(f"Resolved by {operator}.")
             except BedsideError as exc:
                 st.error(str(exc))
+            else:
+                st.session_state["acted"] = f"Resolved by {operator}."
+                st.rerun()
     actions = list(ACTION_LABELS)
-    default = actions.index(suggestion["action"]) if suggestion["action"] in actions else 0
-    action = st.selectbox("Action", actions, index=default, format_func=ACTION_LABELS.get,
-                          key=f"action_{chosen}")  # keyed per incident: each prefills its own
-    args = prefilled_args(action, suggestion, incident, data.frame("checkpoints"))
+    if suggestion["action"] not in actions:  # evict, investigate: nothing this form can do, so nothing chosen
+        st.caption(f"The detectors suggest **{suggestion['action']}**, which this form cannot do: choose an "
+                   f"action only if one helps.")
+    action = st.selectbox("Action", actions, index=actions.index(suggestion["action"])
+                          if suggestion["action"] in actions else None, format_func=ACTION_LABELS.get,
+                          placeholder="choose an action", key=f"action_{chosen}")  # per incident: each its own
+    first, first_id = onset(chosen, incidents)
+    args = prefilled_args(action, suggestion, incident, data.frame("checkpoints"), before=first) if action else {}
     edited = {name: st.number_input(name, min_value=0, value=int(value), step=1, key=f"arg_{chosen}_{action}_{name}")
               for name, value in args.items()}
+    if action == "rewind" and edited["to_step"] >= first:
+        st.warning(f"to_step {edited['to_step']} is at or after step {first}, where "
+                   f"{'this incident' if first_id == chosen else f'the related incident {first_id}'} began: the "
+                   f"run would train through the same fault again.")
     reason = st.text_input("Reason (required, recorded with the request)", key="reason")
+    refusal = data.action_refusal(chosen)
+    if refusal:
+        st.info(f"No request can be filed: {refusal}.")
     here = {"run": str(data.run_dir), "incident_id": chosen}
     pending = st.session_state.get("confirming")
     if pending and {name: pending[name] for name in here} != here:  # reviewed on another run or incident
@@ -117,7 +142,7 @@ else:
         pending = None
     if "filed" in st.session_state:
         st.success(st.session_state.pop("filed"))
-    if st.button("Review request", key="review"):
+    if st.button("Review request", key="review", disabled=bool(refusal) or action is None):
         if not reason.strip():
             st.error("A reason is required.")
         else:
@@ -126,8 +151,14 @@ else:
     if pending:
         st.warning(f"{operator} asks the trainer to **{pending['action']}** {json.dumps(pending['args'])}: "
                    f"{pending['reason']}")
+        cost = data.frame("rewind_cost", to_step=pending["args"]["to_step"]) if pending["action"] == "rewind" \
+            else pd.DataFrame()
+        run_row = data.frame("run")
+        for line in what_is_lost(pending["action"], pending["args"], cost,
+                                 run_row.iloc[0].to_dict() if not run_row.empty else {}):
+            st.markdown(f"- This {line}.")
         confirm, cancel = st.columns(2)
-        if confirm.button(f"Confirm {pending['action']}", type="primary", key="confirm"):
+        if confirm.button(f"Confirm {pending['action']}", type="primary", key="confirm", disabled=bool(refusal)):
             try:
                 request_id = data.request(pending["action"], pending["args"], operator=operator,
                                           reason=pending["reason"], incident_id=chosen)
@@ -144,7 +175,7 @@ else:
 
 @st.fragment(run_every=data.refresh_s)
 def requests_and_audit_trail() -> None:
-    trail, unreadable = data.audit_trail()
+    trail, chain = data.audit_trail()
     filed = trail[trail["request_id"].notna() & (trail["incident_id"] == chosen)]
     if not filed.empty:
         st.subheader("Requests for this incident")
@@ -155,9 +186,12 @@ def requests_and_audit_trail() -> None:
             st.markdown(f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
                         f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}")
     st.subheader("Audit trail")
-    if unreadable:
-        st.warning(f"{unreadable} line(s) of the audit trail could not be read")
-    st.dataframe(trail, hide_index=True, key="audit_trail")
+    if chain.broken:
+        st.error(f"The audit trail's chain is broken: {chain.broken}. Entries from there on may be forged, "
+                 f"rewritten or missing (bedside audit verify).", icon=":material/gpp_bad:")
+    elif chain.head is not None:
+        st.caption(f"Chain intact: {len(chain.entries)} entries, head {chain.head.hash[:16]}.")
+    st.dataframe(trail.drop(columns=["prev"]), hide_index=True, key="audit_trail")
 
 
 requests_and_audit_trail()

@@ -1,0 +1,240 @@
+"""The audit trail: every action and acknowledgement, who did it and why, append-only and hash-chained.
+
+One JSON object per line in ``RUN/control/audit.jsonl``. Each entry carries ``seq`` (its 0-based line
+number), ``prev`` (the hash of the entry before it, ``GENESIS`` for the first) and ``hash``: SHA-256, in hex,
+of the entry's canonical JSON without ``hash`` (keys sorted, no spaces, ASCII, no NaN). Rewriting an entry,
+inserting one or deleting one breaks a link that ``verify`` names. The owner of the run's store also records
+each head it has checked (``keep_head``), so a trail cut short, or rewritten consistently from some entry on,
+no longer matches the store. What that does and does not prove: docs/security.md.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from .layout import RunLayout
+from .store import Store
+
+AUDIT_NAME = "audit.jsonl"
+GENESIS = "0" * 64
+"""What the first entry's ``prev`` holds."""
+FIELDS = ("seq", "time", "operator", "what", "incident_id", "request_id", "args", "reason", "prev", "hash")
+_TAIL_BYTES = 1 << 16
+MAX_OPERATOR_CHARS = 64
+
+
+@dataclass(frozen=True)
+class AuditHead:
+    """The newest entry of a trail: its ``seq`` and ``hash``."""
+
+    seq: int
+    hash: str
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    """What ``verify`` found: the entries it could read, and the first broken link (None: the chain holds)."""
+
+    entries: list[dict[str, Any]]
+    broken: str | None
+    head: AuditHead | None
+
+    @property
+    def intact(self) -> bool:
+        return self.broken is None
+
+
+def check_operator(name: str) -> str:
+    """The operator's name as recorded: stripped, 1 to ``MAX_OPERATOR_CHARS`` characters, no control or
+    format characters (which could fake line breaks or hide text); ValueError saying what is wrong."""
+    name = name.strip()
+    if not name:
+        raise ValueError("enter your name: it is recorded with every action")
+    if len(name) > MAX_OPERATOR_CHARS:
+        raise ValueError(f"the name is {len(name)} characters long: at most {MAX_OPERATOR_CHARS}")
+    if hidden := sorted({f"U+{ord(c):04X}" for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}):
+        raise ValueError(f"the name holds control characters ({', '.join(hidden)}): use letters, digits, "
+                         f"spaces and punctuation")
+    return name
+
+
+def audit_path(layout: RunLayout) -> Path:
+    return layout.control / AUDIT_NAME
+
+
+def canonical(entry: Mapping[str, Any]) -> bytes:
+    """The bytes an entry's hash covers: every field but ``hash``, as compact sorted ASCII JSON."""
+    body = {name: value for name, value in entry.items() if name != "hash"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def entry_hash(entry: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical(entry)).hexdigest()
+
+
+def record(layout: RunLayout, *, operator: str, what: str, reason: str, incident_id: str | None = None,
+           request_id: str | None = None, args: Mapping[str, Any] | None = None) -> AuditHead:
+    """Append one entry chained to the last (under an exclusive lock, so concurrent writers chain in turn)."""
+    path = audit_path(layout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        seq, prev = _next_link(descriptor)
+        entry: dict[str, Any] = {"seq": seq, "time": time.time(), "operator": operator, "what": what,
+                                 "incident_id": incident_id, "request_id": request_id, "args": dict(args or {}),
+                                 "reason": reason, "prev": prev}
+        entry["hash"] = entry_hash(entry)
+        os.write(descriptor, canonical_line(entry))
+        os.fsync(descriptor)
+        return AuditHead(seq, entry["hash"])
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def canonical_line(entry: Mapping[str, Any]) -> bytes:
+    return json.dumps(dict(entry), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode() + b"\n"
+
+
+def verify(layout: RunLayout, recorded: list[AuditHead] | None = None) -> ChainReport:
+    """Check every link of the trail, then the heads the store recorded; the first break in words."""
+    path = audit_path(layout)
+    lines = path.read_bytes().split(b"\n") if path.exists() else []
+    if lines and lines[-1] == b"":
+        lines.pop()
+    entries: list[dict[str, Any]] = []
+    broken: str | None = None
+    for number, line in enumerate(lines, start=1):
+        entry = _parsed(line)
+        problem = _link_problem(number, entry, entries) if broken is None else None
+        broken = broken or problem
+        if entry is not None:
+            entries.append(entry)
+    head = AuditHead(entries[-1]["seq"], entries[-1]["hash"]) if broken is None and entries else None
+    if broken is None:
+        broken = _head_problem(entries, recorded or [])
+    return ChainReport(entries, broken, head if broken is None else None)
+
+
+def read_heads(store: Store) -> list[AuditHead]:
+    """The heads the store recorded, oldest first."""
+    frame = store.fetch_named("audit_heads")
+    return [AuditHead(int(seq), str(digest)) for seq, digest in zip(frame["seq"], frame["hash"], strict=True)]
+
+
+class AuditKeeper:
+    """The owner's side: records the trail's head in the store whenever the trail grew and its chain holds."""
+
+    def __init__(self, layout: RunLayout) -> None:
+        self.layout = layout
+        self._seen: tuple[int, int] | None = None
+        self.broken: str | None = None
+
+    def keep_head(self, store: Store) -> bool:
+        """Verify the trail against the recorded heads if it changed since last time; record its new head
+        (True when it did). ``broken`` keeps the first broken link found."""
+        try:
+            info = audit_path(self.layout).stat()
+            seen = (info.st_size, info.st_mtime_ns)
+        except FileNotFoundError:
+            seen = (0, 0)  # gone: still checked against the recorded heads
+        if self._seen == seen:
+            return False
+        recorded = read_heads(store)
+        try:
+            report = verify(self.layout, recorded)
+        except OSError as exc:
+            self.broken = f"the trail cannot be read: {exc}"
+            return False
+        self._seen, self.broken = seen, report.broken
+        if report.head is not None and (not recorded or report.head.seq > recorded[-1].seq):
+            table = pa.table({"seq": [report.head.seq], "hash": [report.head.hash], "recorded_at": [time.time()]})
+            store.write_named([("insert_audit_head", {"head": table})])
+            return True
+        return False
+
+
+def entries_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
+    """Entries as a table, newest first (``args`` as JSON text, ``time`` as UTC timestamps)."""
+    frame = pd.DataFrame([{name: entry.get(name) for name in FIELDS} for entry in entries], columns=list(FIELDS))
+    if not frame.empty:
+        frame["time"] = pd.to_datetime(pd.to_numeric(frame["time"], errors="coerce"), unit="s", utc=True)
+        frame["args"] = frame["args"].map(lambda a: json.dumps(a) if a else "")
+    return frame.iloc[::-1].reset_index(drop=True)
+
+
+def _next_link(descriptor: int) -> tuple[int, str]:
+    """(seq, prev) for the entry after the file's last line; a torn last line is ended first."""
+    size = os.fstat(descriptor).st_size
+    if size == 0:
+        return 0, GENESIS
+    tail = os.pread(descriptor, min(size, _TAIL_BYTES), size - min(size, _TAIL_BYTES))
+    if not tail.endswith(b"\n"):
+        os.write(descriptor, b"\n")
+        tail += b"\n"
+    last = tail[:-1].rsplit(b"\n", 1)[-1]
+    entry = _parsed(last)
+    if entry is not None and isinstance(entry.get("seq"), int) and isinstance(entry.get("hash"), str):
+        return entry["seq"] + 1, entry["hash"]
+    return _count_lines(descriptor), hashlib.sha256(last).hexdigest()  # chained to what is there: verify names it
+
+
+def _count_lines(descriptor: int) -> int:
+    count, offset = 0, 0
+    while chunk := os.pread(descriptor, 1 << 20, offset):
+        count, offset = count + chunk.count(b"\n"), offset + len(chunk)
+    return count
+
+
+def _parsed(line: bytes) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _link_problem(number: int, entry: dict[str, Any] | None, before: list[dict[str, Any]]) -> str | None:
+    """What is wrong with line ``number`` given the entries before it (None: it chains)."""
+    if entry is None:
+        return f"line {number} is not a JSON entry (a torn write, or altered by hand)"
+    seq, prev, digest = entry.get("seq"), entry.get("prev"), entry.get("hash")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(prev, str) or not isinstance(digest, str):
+        return f"line {number} carries no chain (seq, prev, hash): written by hand, or before the trail was chained"
+    if digest != entry_hash(entry):
+        return f"line {number} (entry {seq}) was rewritten: its content no longer matches its hash"
+    expected = before[-1]["hash"] if before else GENESIS
+    if prev == expected and seq == number - 1:
+        return None
+    if seq > number - 1:
+        missing = f"entry {number - 1}" if seq == number else f"entries {number - 1}-{seq - 1}"
+        return f"line {number} is entry {seq}: {missing} before it deleted"
+    earlier = [line for line, e in enumerate(before[:-1], start=1) if e.get("hash") == prev]
+    if earlier and seq == earlier[0]:  # a genuine entry, its place taken by what came in between
+        between = f"line {number - 1} was" if earlier[0] == number - 2 else f"lines {earlier[0] + 1}-{number - 1} were"
+        return f"line {number} (entry {seq}) chains to line {earlier[0]}: {between} inserted before it"
+    return f"line {number} (entry {seq}) does not chain to line {number - 1}: inserted, or forged"
+
+
+def _head_problem(entries: list[dict[str, Any]], recorded: list[AuditHead]) -> str | None:
+    """Whether the trail still holds every head the store recorded."""
+    for head in recorded:
+        if head.seq >= len(entries):
+            return (f"the store recorded entry {head.seq} as a head, but the trail ends at entry {len(entries) - 1}: "
+                    f"entries were deleted from its end")
+        if entries[head.seq]["hash"] != head.hash:
+            return (f"line {head.seq + 1} (entry {head.seq}) differs from what the store recorded: "
+                    f"the trail was rewritten from there")
+    return None
