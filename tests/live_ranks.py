@@ -27,6 +27,8 @@ from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
 
 INGESTED_STEP = "SELECT count(*), min(newest) FROM (SELECT max(step) AS newest FROM rank_steps GROUP BY rank)"
+ROWS = "SELECT count(*), count(DISTINCT (rank, step)) FROM rank_steps"
+DRAIN_SAMPLES = 30
 
 
 def rank_lines(rank: int, step: int, now: float) -> str:
@@ -63,6 +65,8 @@ class LiveFigures:
     lag: list[int] = field(default_factory=list)
     rss_mib: list[float] = field(default_factory=list)
     passes: int = 0
+    rows: int = 0
+    distinct_rows: int = 0
 
     def settled_lag(self, skip: int) -> list[int]:
         """Lags after the first ``skip`` samples (the run's start, when files and detectors warm up)."""
@@ -74,7 +78,8 @@ class LiveFigures:
 
 
 def follow_live_ranks(run: Path, ranks: int, seconds: int) -> LiveFigures:
-    """Follow ``ranks`` live writers for ``seconds`` steps with detection; the figures sampled once a second."""
+    """Follow ``ranks`` live writers for ``seconds`` steps with detection; the figures sampled once a second
+    (and, once the writer is done, until the store holds its last step), and the rank_steps rows held."""
     writer = subprocess.Popen([sys.executable, __file__, str(run), str(ranks), str(seconds)],
                               stdout=subprocess.PIPE, text=True)
     written = [0]
@@ -97,6 +102,12 @@ def follow_live_ranks(run: Path, ranks: int, seconds: int) -> LiveFigures:
         while writer.poll() is None:
             time.sleep(1.0)
             _sample(figures, cursor, ranks, written[0])
+        for _ in range(DRAIN_SAMPLES):  # the writer is done: the store catches up with its last step
+            if figures.lag[-1] == 0:
+                break
+            time.sleep(1.0)
+            _sample(figures, cursor, ranks, written[0])
+        figures.rows, figures.distinct_rows = cursor.execute(ROWS).fetchone() or (0, 0)
         stop.set()
         follower.wake()
         follow.join()
