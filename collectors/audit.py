@@ -232,8 +232,8 @@ def _head_problem(entries: list[dict[str, Any]], recorded: list[AuditHead]) -> s
     """Whether the trail still holds every head the store recorded."""
     for head in recorded:
         if head.seq >= len(entries):
-            return (f"the store recorded entry {head.seq} as a head, but the trail ends at entry {len(entries) - 1}: "
-                    f"entries were deleted from its end")
+            ends = f"ends at entry {len(entries) - 1}" if entries else "is empty"
+            return f"the store recorded entry {head.seq} as a head, but the trail {ends}: entries were deleted from its end"
         if entries[head.seq]["hash"] != head.hash:
             return (f"line {head.seq + 1} (entry {head.seq}) differs from what the store recorded: "
                     f"the trail was rewritten from there")

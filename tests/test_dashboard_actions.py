@@ -423,7 +423,7 @@ def test_a_trail_cut_short_is_shown_broken_against_the_head_the_store_recorded(o
     trail = RunLayout(run).control / "audit.jsonl"
     trail.write_text("")
     operator.run()
-    assert any("the store recorded entry 0 as a head, but the trail ends at entry -1" in e.value
+    assert any("the store recorded entry 0 as a head, but the trail is empty: entries were deleted from its end" in e.value
                for e in operator.error)
 
 

@@ -2,7 +2,7 @@
 slows down guessing (per browser session and for the whole process).
 
 ``BEDSIDE_OPERATOR_TOKEN`` holds the token itself or its hash, ``scrypt$N$r$p$<salt hex>$<hash hex>``
-(``bedside serve --hash-token`` prints one), so the plain token need not sit in the server's environment.
+(``TokenHash.of(token).encoded()`` makes one: docs/dashboard.md), so the plain token need not sit in the server's environment.
 Threat model: docs/security.md.
 """
 from __future__ import annotations
