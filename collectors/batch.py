@@ -13,6 +13,10 @@ _NEWLINE = 10
 MAX_CHUNK_BYTES = 2**31 - 1
 """The most bytes one chunk may hold: its line bounds are 32-bit (Arrow string offsets)."""
 
+BATCH_BYTES = 1 << 20
+"""Chunks smaller than this share a record batch up to this size: one scan for the lines of thousands of
+files, and still several batches (DuckDB's unit of parallel work) in a large pass, without copying big chunks."""
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -53,8 +57,8 @@ def complete_prefix(data: bytes) -> bytes:
 def lines_table(chunks: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
     """One Arrow table of every line in ``chunks``; lines that are not UTF-8 are rejected.
 
-    The lines of many chunks share one record batch (as many as fit 32-bit line bounds): a pass over
-    thousands of files with a line or two each is then one scan for DuckDB, not thousands of tiny ones.
+    Small chunks share record batches of about BATCH_BYTES: a pass over thousands of files with a line
+    or two each is then a few scans for DuckDB, not thousands of tiny ones.
     """
     batches, rejected = [], []
     for group in _groups(chunks):
@@ -65,13 +69,13 @@ def lines_table(chunks: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
 
 
 def _groups(chunks: list[Chunk]) -> Iterator[list[Chunk]]:
-    """Consecutive chunks holding at most MAX_CHUNK_BYTES together."""
+    """Consecutive chunks holding at most BATCH_BYTES together (a bigger chunk: a group of its own)."""
     group: list[Chunk] = []
     size = 0
     for chunk in chunks:
         if len(chunk.data) > MAX_CHUNK_BYTES:
             raise ValueError(f"a chunk of {len(chunk.data):,} bytes is over the limit of {MAX_CHUNK_BYTES:,} (2 GiB)")
-        if group and size + len(chunk.data) > MAX_CHUNK_BYTES:
+        if group and size + len(chunk.data) > BATCH_BYTES:
             yield group
             group, size = [], 0
         group.append(chunk)
