@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bedside.collectors.controlkey import ControlKeyError, ensure_control_key
 from bedside.collectors.errors import BedsideError
+from bedside.collectors.layout import RunLayout
 
 from .output import integer_in
 
@@ -63,7 +65,14 @@ def check_before_launch(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Check the options, launch the ranks and wait; the exit status is torchrun's."""
+    """Check the options, make the run's control key, launch the ranks and wait; the exit status is torchrun's.
+
+    The key exists before any rank starts, so a request can be filed from the first step on.
+    """
     check_before_launch(args)
+    try:
+        ensure_control_key(RunLayout(args.out))
+    except ControlKeyError as exc:
+        raise BedsideError(str(exc)) from exc
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     return subprocess.run(torchrun_command(args), env=env, check=False).returncode

@@ -80,13 +80,15 @@ def browser():
 
 @pytest.fixture
 def page(browser, request):
-    """A fresh browser tab; its last state is saved as ``test-artifacts/TEST-last.png`` whatever the outcome."""
+    """A fresh browser tab; its last state is saved as ``test-artifacts/TEST-last.png`` (and its text as
+    ``TEST-last.txt``) whatever the outcome."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     tab = context.new_page()
     tab.set_default_timeout(WIDGET_S * 1000)
     yield tab
     ARTIFACTS.mkdir(exist_ok=True)
     tab.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"))
+    (ARTIFACTS / f"{request.node.name}-last.txt").write_text(tab.inner_text("body"))
     context.close()
 
 
@@ -217,7 +219,8 @@ def live_run(tmp_path: Path) -> Iterator[LiveRun]:
         trainer = subprocess.Popen(torchrun_command(args), stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        wait_for(lambda: RunLayout(run).run_info.exists() or trainer.poll() is not None, "run.json", 120)
+        wait_for(lambda: (RunLayout(run).run_info.exists() and (RunLayout(run).control / "key").exists())
+                 or trainer.poll() is not None, "run.json and the control key", 120)
         pause = file_request(run, "pause")
         wait_for(lambda: applied(run, pause) or trainer.poll() is not None, "the pause", 60)
         assert [r["step"] < SPIKE_FROM for r in applied(run, pause)] == [True], f"not paused early:\n{tail(log)}"
@@ -265,7 +268,7 @@ def test_an_operator_rewinds_a_live_run_from_its_incident_and_sees_the_trainer_a
         live_run: LiveRun, serve, page) -> None:
     run, trainer, log = live_run
     page.goto(f"{serve(run, token=TOKEN)}/incidents")
-    expect_visible(page.get_by_text("No incidents."))
+    expect_visible(page.get_by_text(re.compile(r"^No incidents \(detectors ran at ")))
     file_request(run, "resume")
     expect_visible(page.get_by_role("combobox", name="Incident"), timeout_s=INCIDENT_S)  # live, without a reload
     open_incident(page, "loss_spike")
@@ -286,6 +289,8 @@ def test_an_operator_rewinds_a_live_run_from_its_incident_and_sees_the_trainer_a
     status = page.get_by_text(re.compile(rf"{re.escape(request_id)}.*: applied at step \d+ on timeline 1$"))
     expect_visible(status, timeout_s=APPLIED_S)
     screenshot(page, "dashboard-rewind-applied", status)
+    # The retrained steps read the bad shard again, so an incident opens on timeline 1; the page stays on this one.
+    expect(page.get_by_role("combobox", name="Incident")).to_have_value(re.compile(r"^loss_spike@0:"))
     check_rewound(run, request_id, shown_step=int(re.search(r"at step (\d+)", status.inner_text()).group(1)))
 
 

@@ -56,11 +56,14 @@ if incidents.empty:
 
 ids = incidents["incident_id"].tolist()
 by_id = incidents.set_index("incident_id")
-linked = st.query_params.get("incident")
-if linked in ids and "incident" not in st.session_state:
-    st.session_state["incident"] = linked
+# The incident looked at stays chosen when others appear (a widget whose options change starts again):
+# the picker's own state, else the last one chosen here, else the one a link names.
+wanted = st.session_state.get("incident", st.session_state.get("incident_chosen", st.query_params.get("incident")))
+if wanted in ids:
+    st.session_state["incident"] = wanted
 chosen = st.selectbox("Incident", ids, key="incident",
                       format_func=lambda i: f"{i}: {by_id.loc[i, 'title']}")
+st.session_state["incident_chosen"] = chosen
 incident = by_id.loc[chosen]
 suggestion = json.loads(incident["suggested_action"])
 
