@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from .appendfile import tail_records
 from .errors import RunInfoError
@@ -65,8 +66,8 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
     )
 
 
-def _ended_ranks(records: list[dict]) -> dict[int, str]:
-    """Rank to run_end status, for the ranks whose latest record (by time, then seq) is a run_end."""
+def _ended_ranks(records: list[dict]) -> dict[int, str | None]:
+    """Rank to run_end status (None: none given), for the ranks whose latest record (by time, then seq) is a run_end."""
     latest: dict[int, dict] = {}
     for record in records:
         rank = record.get("rank")
@@ -86,11 +87,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_integer(value: object) -> bool:
+def _is_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _status(ends: dict[int, str], world: int | None, last_seen: float | None, now: float) -> str:
+def _status(ends: dict[int, str | None], world: int | None, last_seen: float | None, now: float) -> str:
     if "failed" in ends.values():
         return "failed"
     if "aborted" in ends.values():

@@ -136,12 +136,14 @@ class BadShardDetector(Detector):
                 return None
             self._open[shard_id] = current
             return current
-        if shard.high < self.min_batches or (current is not None and shard.last_high <= current.end_step):
+        first, last = shard.first_high, shard.last_high
+        if (shard.high < self.min_batches or first is None or last is None
+                or (current is not None and last <= current.end_step)):
             return None
         t = self._welch_t(shard)
         if t < self.t_alarm:
             return None
-        self._open[shard_id] = self._finding(shard_id, timeline, shard, t)
+        self._open[shard_id] = self._finding(shard_id, timeline, shard, t, first, last)
         return self._open[shard_id]
 
     def _welch_t(self, shard: _Shard) -> float:
@@ -152,12 +154,12 @@ class BadShardDetector(Detector):
         se = math.sqrt(var / shard.sums.n + others_var / others.n)
         return (mean - others_mean) / se if se > 0 else 0.0
 
-    def _finding(self, shard_id: int, timeline: int, shard: _Shard, t: float) -> Finding:
+    def _finding(self, shard_id: int, timeline: int, shard: _Shard, t: float, first: int, last: int) -> Finding:
         mean, _ = shard.sums.moments()
         others_mean, _ = self._all.minus(shard.sums).moments()
         return Finding(
             kind="bad_shard", severity=Severity.WARNING, timeline=timeline,
-            start_step=shard.first_high, end_step=shard.last_high, ranks=(), score=round(t, 3),
+            start_step=first, end_step=last, ranks=(), score=round(t, 3),
             summary=(f"shard {shard_id}: {shard.high} of its batches sat over {self.high_z:g} sigma above the loss "
                      f"trend (mean {mean:+.1f} sigma against {others_mean:+.1f} for other batches, t = {t:.1f})"),
             evidence={"shard": shard_id, "recent_batches": shard.sums.n, "high_batches": shard.high,

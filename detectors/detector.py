@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
 from .errors import DetectorConfigError
@@ -67,7 +66,7 @@ def build_detectors(settings: dict[str, dict] | None = None,
     return built
 
 
-def _construct(cls: Callable[..., Detector], options: dict) -> Detector:
+def _construct(cls: type[Detector], options: dict) -> Detector:
     try:
         return cls(**options)
     except TypeError as exc:

@@ -85,12 +85,14 @@ class EvalStallDetector(Detector):
             return None
         series = self._series_for(timeline, split, name, step)
         forecast, sigma = self._forecast(series, compute)
-        above = forecast is not None and math.log(value) > math.log(forecast) + self.band_z * sigma
-        if above and self._still_improving(series.suspects + [(step, compute, value, forecast)], sigma):
-            above = False  # falling steadily, only slower than an early fit said: refit, it is no stall
-        if above:
-            series.suspects.append((step, compute, value, forecast))
-        else:
+        above = False
+        if forecast is not None and math.log(value) > math.log(forecast) + self.band_z * sigma:
+            suspect = (step, compute, value, forecast)
+            # falling steadily, only slower than an early fit said: refit, it is no stall
+            above = not self._still_improving(series.suspects + [suspect], sigma)
+            if above:
+                series.suspects.append(suspect)
+        if not above:
             series.points.extend((s, c, v) for s, c, v, _ in series.suspects)  # back in the band: they were noise
             series.suspects.clear()
             series.points.append((step, compute, value))

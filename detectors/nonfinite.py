@@ -25,6 +25,8 @@ JOB = -1
 """The label of job-level values (per-rank values carry their rank)."""
 EVIDENCE_RANKS = 8
 """At most this many ranks are detailed in a finding's evidence (all are counted)."""
+Decoded = dict[str, float | str | None]
+"""A rank's non-finite metrics by name, as strict JSON carries them."""
 
 
 def nonfinite_mask(frame: pd.DataFrame, metrics: tuple[str, ...], measured: np.ndarray) -> np.ndarray:
@@ -150,7 +152,7 @@ class NonFiniteDetector(Detector):
               values: dict[str, np.ndarray], mask: np.ndarray) -> list[Finding]:
         """Walk rows in step order: open, grow and close episodes of non-finite steps."""
         changed, done = [], 0
-        for i in _rows_to_visit(mask.any(axis=1), stream.open is not None):
+        for i in _rows_to_visit(np.any(mask, axis=1), stream.open is not None):
             where = np.flatnonzero(mask[i])
             if len(where):  # the values before this row are what an episode opening here reports as last finite
                 stream.last.update(steps[done:i], labels, {n: v[done:i] for n, v in values.items()})
@@ -161,7 +163,7 @@ class NonFiniteDetector(Detector):
         return changed
 
     def _step(self, stream: _Stream, timeline: int, step: int, labels: np.ndarray,
-              bad: dict[int, dict[str, str]]) -> list[Finding]:
+              bad: dict[int, Decoded]) -> list[Finding]:
         """One step of a stream: the ``labels`` with non-finite values (none: a clean step), the first detailed."""
         changed, episode = [], stream.open
         if episode is not None and (not len(labels) or timeline != episode.timeline or step <= episode.end):
@@ -203,7 +205,7 @@ def _rows_to_visit(bad: np.ndarray, open_before: bool) -> np.ndarray:
     return np.flatnonzero(bad | after)
 
 
-def _decode(metrics: tuple[str, ...], bits: int, values: dict[str, np.ndarray], i: int, j: int) -> dict[str, str]:
+def _decode(metrics: tuple[str, ...], bits: int, values: dict[str, np.ndarray], i: int, j: int) -> Decoded:
     return {name: json_number(values[name][i, j]) for k, name in enumerate(metrics) if bits >> k & 1}
 
 
@@ -211,7 +213,7 @@ def _key(label: int) -> str:
     return "job" if label == JOB else str(label)
 
 
-def _seen(step: int, count: int, bad: dict[int, dict[str, str]]) -> dict:
+def _seen(step: int, count: int, bad: dict[int, Decoded]) -> dict:
     """Evidence of one step: how many ranks (or the job) had non-finite values, and the first few of them."""
     return {"step": step, "count": count, "values": {_key(label): per for label, per in bad.items()}}
 

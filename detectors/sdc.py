@@ -198,9 +198,9 @@ class SdcDetector(Detector):
             if timeline != self._timeline:
                 changed.update((f.finding_id, f) for f in self._end_splits())
             touched = self._new_timeline(timeline)
-            if checked[i]:
+            if matrix.checksums is not None and checked[i]:
                 vote = majority_vote(matrix.checksums[i], self._replica_groups(matrix.ranks))
-                touched += self._check(step, matrix.ranks, vote)
+                touched += self._check(timeline, step, matrix.ranks, vote)
                 changed.update((f.finding_id, f) for f in self._split_check(timeline, step, matrix.ranks, vote))
             touched += self._gradients(timeline, step, matrix.ranks, norms[i], deviations[i], medians[i])
             touched += self._expire(step)
@@ -208,15 +208,15 @@ class SdcDetector(Detector):
         return list(changed.values())
 
     # -- checksums -----------------------------------------------------------------
-    def _check(self, step: int, ranks: np.ndarray, vote: Vote) -> list[_Case]:
-        timeline = self._timeline
+    def _check(self, timeline: int, step: int, ranks: np.ndarray, vote: Vote) -> list[_Case]:
         agreeing = set(ranks[(vote.own >= 0) & (vote.own == vote.majority)].tolist())
         self._agreed.update(dict.fromkeys(agreeing, step))
         touched = [case for case in self._cases.values() if case.disagreeing and case.rank in agreeing]
         for case in touched:
+            assert case.checksum is not None  # only a checksum mismatch makes a case disagree
             case.disagreeing, case.checksum["agrees_again_at"] = False, step
         for j in np.flatnonzero((vote.majority >= 0) & (vote.own >= 0) & (vote.own != vote.majority)):
-            touched.append(self._mismatch(timeline, step, int(ranks[j]), vote, j))
+            touched.append(self._mismatch(timeline, step, int(ranks[j]), vote, int(j)))
         return touched
 
     def _mismatch(self, timeline: int, step: int, rank: int, vote: Vote, j: int) -> _Case:

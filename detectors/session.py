@@ -54,7 +54,7 @@ class StoreDetection:
                 break
         changed = self._record(list({f.finding_id: f for f in found}.values()))
         if self.alerts:
-            self._send(self.alerts.tick(time.time()))
+            self._send(self.alerts, self.alerts.tick(time.time()))
         return changed
 
     def finish(self) -> list[Finding]:
@@ -66,7 +66,7 @@ class StoreDetection:
         now = time.time() if now is None else now
         changed = self._record(self.runner.tick(now), now)
         if self.alerts:
-            self._send(self.alerts.tick(now))
+            self._send(self.alerts, self.alerts.tick(now))
         return changed
 
     def acknowledge(self, incident_id: str, by: str, note: str = "", now: float | None = None) -> None:
@@ -104,14 +104,15 @@ class StoreDetection:
         if changed:
             now = time.time() if now is None else now
             incidents = self.book.add(changed)
-            outbox = self.alerts.route(incidents, {f.finding_id for f in changed}, now) if self.alerts else None
+            alerts = self.alerts
+            outbox = alerts.route(incidents, {f.finding_id for f in changed}, now) if alerts else None
             if self.persist:
                 save(self.store, self.book, changed, incidents, outbox, now)
-            if outbox:
-                self.alerts.committed()
+            if alerts and outbox:
+                alerts.committed()
         return changed
 
-    def _send(self, outbox: OutboxWrite) -> None:
+    def _send(self, alerts: AlertRouter, outbox: OutboxWrite) -> None:
         if outbox:
             self.store.write_named(outbox.writes())
-            self.alerts.committed()
+            alerts.committed()

@@ -203,7 +203,7 @@ class StragglerDetector(Detector):
         if self._warm is not None:
             self._first = self._first or (timeline, step)
             self._warm.append(d)
-            return self._end_warmup(step) if len(self._warm) >= self.warmup_steps else []
+            return self._end_warmup(step, self._warm, self._first) if len(self._warm) >= self.warmup_steps else []
         r = d - self._b
         scores = self._reference.scores(r)
         z = np.where(self._learned < self.warmup_steps, np.nan, scores)  # a late rank learns its offset first
@@ -225,10 +225,10 @@ class StragglerDetector(Detector):
         self._learned[calm] += 1
         self._reference.add(r[calm])
 
-    def _end_warmup(self, step: int) -> list[_Episode]:
+    def _end_warmup(self, step: int, rows: list[np.ndarray], start: tuple[int, int]) -> list[_Episode]:
         """Offsets and reference from the warm-up; ranks already slower are structural (info)."""
         size = len(self._b)
-        warm = np.array([np.pad(row, (0, size - len(row)), constant_values=np.nan) for row in self._warm])
+        warm = np.array([np.pad(row, (0, size - len(row)), constant_values=np.nan) for row in rows])
         self._warm = None
         raw = row_median(warm.T)[:, 0]
         self._reference.reset(_valid(warm - raw))
@@ -238,7 +238,7 @@ class StragglerDetector(Detector):
         self._cusum.h = cusum_threshold(self.k, self.false_alarm_steps * max(int((self._learned > 0).sum()), 1))
         self._reference.reset(_valid(warm - self._b))
         floor = max(math.log1p(self.structural_min), 4 * se)
-        timeline, first = self._first
+        timeline, first = start
         found = [_Episode("structural", ranks, timeline, first, step, step, stage=stage, active=False)
                  for stage, ranks in self._by_stage(np.flatnonzero(self._b > floor))]
         for episode in found:

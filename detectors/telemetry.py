@@ -4,6 +4,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field
+from typing import Literal, Required, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,19 @@ EVAL_COLUMNS = ("timeline", "step", "time", "split", "name", "value", "cum_token
 CHECKPOINT_COLUMNS = ("timeline", "step", "time", "rank", "event", "duration_s", "path", "message")
 EVENT_COLUMNS = ("timeline", "step", "time", "rank", "kind")
 TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
+
+
+class Place(TypedDict, total=False):
+    """Where a rank runs: its host and mesh coordinates, as far as the run declared them."""
+
+    rank: Required[int]
+    host: str
+    dp: int
+    tp: int
+    pp: int
+
+
+MESH_AXES: tuple[Literal["dp", "tp", "pp"], ...] = ("dp", "tp", "pp")
 
 
 def numbers(column: pd.Series) -> np.ndarray:
@@ -110,14 +124,17 @@ class RunState:
         i = bisect.bisect_right(restarts, step)
         return bool(i) and step - restarts[i - 1] < steps
 
-    def place_of(self, rank: int) -> dict[str, object]:
+    def place_of(self, rank: int) -> Place:
         """The rank's host and mesh coordinates, as far as the run declared them."""
         row = self.topology[self.topology["rank"] == rank]
         if row.empty:
             return {"rank": rank}
-        place: dict[str, object] = {"rank": rank}
-        for name in ("host", "dp", "tp", "pp"):
+        place: Place = {"rank": rank}
+        host = row["host"].iloc[0]
+        if not pd.isna(host):
+            place["host"] = host
+        for name in MESH_AXES:
             value = row[name].iloc[0]
             if not pd.isna(value):
-                place[name] = value if name == "host" else int(value)
+                place[name] = int(value)
         return place

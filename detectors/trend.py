@@ -47,7 +47,7 @@ class RobustTrend:
     def __init__(self, *, window: int = 100, min_points: int = 30, sigma_floor: float = 1e-4,
                  memory: int = 200, tail_memory: int = 2000, tail_power: float = 2.5) -> None:
         self.window, self.min_points, self.sigma_floor, self.tail_power = window, min_points, sigma_floor, tail_power
-        self._points: dict[int, deque[tuple[int, float]]] = {}
+        self._points: dict[int | None, deque[tuple[int, float]]] = {}  # None: points seen before any timeline
         self._residuals: deque[float] = deque(maxlen=memory)
         self._zs: deque[float] = deque(maxlen=tail_memory)
         self._timeline: int | None = None

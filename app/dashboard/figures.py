@@ -5,6 +5,8 @@ keeps its lowest and highest value, so a one-step spike stays visible at any zoo
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -99,7 +101,7 @@ def training_curves(steps: pd.DataFrame, incidents: pd.DataFrame, actions: pd.Da
     return _layout(fig, "Training", height=180 + 170 * len(metrics))
 
 
-def _about_training(kinds: object) -> bool:
+def _about_training(kinds: Iterable[str]) -> bool:
     """Whether an incident concerns the numbers being trained (not only the speed of the job)."""
     return any(FAMILIES[kind] != "performance" for kind in list(kinds))
 

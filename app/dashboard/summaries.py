@@ -41,7 +41,7 @@ def tiles(run: pd.DataFrame, progress: pd.DataFrame, checkpoint: pd.DataFrame, o
     flops_per_s = _value(p, "flops_per_s")
     mfu = flops_per_s / (world * peak) if flops_per_s and world and peak else None
     last_good = _value(checkpoint.iloc[0] if not checkpoint.empty else None, "checkpoint_time")
-    status = str(_value(r, "status") or "empty")
+    status = _text(r, "status") or "empty"
     if status not in ("live", "stalled"):  # an ended run's work at risk stops growing with its last step
         now = _value(p, "last_step_time") or now
     return Tiles(
@@ -123,8 +123,13 @@ def checkpoint_advice(checkpoints: pd.DataFrame, restarts: pd.DataFrame) -> Chec
 def _value(row: pd.Series | None, name: str) -> float | None:
     if row is None or name not in row or pd.isna(row[name]):
         return None
-    value = row[name]
-    return value if isinstance(value, str) else float(value)
+    return float(row[name])
+
+
+def _text(row: pd.Series | None, name: str) -> str | None:
+    if row is None or name not in row or pd.isna(row[name]):
+        return None
+    return str(row[name])
 
 
 def _int(value: float | None) -> int | None:

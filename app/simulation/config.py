@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import SimulationError
 from .faults import Fault, parse_faults
 from .topology import Topology
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 NOISE_FAMILIES = ("gaussian", "student", "lognormal")
 MAX_TIME = 1e11
 
 
-def _check_positive(owner: object) -> None:
+def _check_positive(owner: DataclassInstance) -> None:
     """Every numeric field of a settings dataclass must be > 0."""
     for f in fields(owner):
         value = getattr(owner, f.name)

@@ -55,7 +55,7 @@ def nonfinite(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
 
 def straggler(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
     """The ranks' compute takes ``factor`` times as long; with ``phase=data`` the same delay is spent on data."""
-    cells = np.ix_(fault.ranks, _covered(fault, traces))
+    cells = np.ix_(np.asarray(fault.ranks, dtype=np.intp), _covered(fault, traces))
     delay = (fault.settings["factor"] - 1) * traces.compute[cells]
     phase = traces.compute if fault.settings["phase"] == "compute" else traces.data
     phase[cells] += delay
@@ -64,7 +64,7 @@ def straggler(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
 def sdc_grad(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
     """The ranks' local gradients are scaled by 2**scale_log2 before the all-reduce, which averages the error in."""
     covered = _covered(fault, traces)
-    cells = np.ix_(fault.ranks, covered)
+    cells = np.ix_(np.asarray(fault.ranks, dtype=np.intp), covered)
     scale = 2.0 ** fault.settings["scale_log2"]
     error = ((scale - 1) / config.topology.dp_size * traces.local_grad[cells]) ** 2
     traces.local_grad[cells] *= scale

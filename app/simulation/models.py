@@ -99,6 +99,7 @@ def build_traces(config: SimulationConfig, warmup: int, anneal: bool) -> Traces:
     log_grad = log_grad_trend(steps, m, warmup)
     share = stage_grad_share(config.pp)[config.topology.stage()][:, None]
     local_noise = standard_noise(stream(seed, "local_grad"), family, (config.ranks, config.steps))
+    times = phase_times(config)
     return Traces(
         steps=steps, lr=lr, tokens=np.full(config.steps, float(config.topology.dp_size * m.tokens_per_replica)),
         log_loss=log_loss + m.loss_sigma * standard_noise(stream(seed, "loss"), family, config.steps),
@@ -108,5 +109,6 @@ def build_traces(config: SimulationConfig, warmup: int, anneal: bool) -> Traces:
         eval_log_loss=log_loss + math.log1p(m.eval_gap),
         eval_noise=m.eval_sigma * standard_noise(stream(seed, "eval"), family, config.steps),
         shards=step_shards(config, stream(seed, "shards")),
-        slowdown=np.ones(config.steps), **phase_times(config),
+        compute=times["compute"], data=times["data"], optimizer=times["optimizer"], comm=times["comm"],
+        slowdown=np.ones(config.steps),
     )

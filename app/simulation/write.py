@@ -47,7 +47,8 @@ class RankLines:
     """The lines of one rank's file, numbered by ``seq`` as they are added."""
 
     def __init__(self, rank: int) -> None:
-        self.rank, self.seq, self.parts = rank, 0, []
+        self.rank, self.seq = rank, 0
+        self.parts: list[str] = []
 
     def line(self, template: str, time: float, step: int, *values: Any) -> None:
         self.parts.append(template % (time, self.rank, step, self.seq, *values))
