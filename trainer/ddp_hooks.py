@@ -57,17 +57,20 @@ def allreduce_with_local_norm(state: LocalGrads, bucket: dist.GradBucket) -> tor
     """DDP's default all-reduce, after ``state`` has seen the bucket (no sync)."""
     state.observe(bucket.buffer())
     state.last_bucket_ready = time.perf_counter()
-    if state.loss is None or not bucket.is_last():
-        return default_hooks.allreduce_hook(state.process_group, bucket)
-    return _allreduce_with_loss(state, bucket)
+    loss = state.loss
+    if loss is None or not bucket.is_last():
+        # torch reduces over the default group when given None, though its annotation leaves None out
+        return default_hooks.allreduce_hook(state.process_group, bucket)  # type: ignore[arg-type]
+    return _allreduce_with_loss(state, bucket, loss)
 
 
-def _allreduce_with_loss(state: LocalGrads, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _allreduce_with_loss(state: LocalGrads, bucket: dist.GradBucket,
+                         loss: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     """The last bucket's all-reduce with this rank's loss appended: the job's mean loss
     arrives with the gradients, with no collective of its own (``state.mean_loss``)."""
     gradients = bucket.buffer()
     group = state.process_group or dist.group.WORLD
-    packed = torch.cat([gradients, state.loss.detach().reshape(1).to(gradients.dtype)])
+    packed = torch.cat([gradients, loss.detach().reshape(1).to(gradients.dtype)])
     packed.div_(dist.get_world_size(group))
     reduction = dist.all_reduce(packed, group=group, async_op=True).get_future()
 

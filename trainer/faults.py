@@ -150,6 +150,8 @@ class Straggler(Fault):
 
     def _calibrate(self, step: int) -> None:
         """The median compute time (start of forward to last gradient bucket) of recent unslowed steps."""
+        if self.factor is None:  # a fixed delay_ms: nothing to calibrate
+            return
         if self._started is not None and self._ready > self._started:
             self._computes.append(self._ready - self._started)
         self._started = None
@@ -289,12 +291,12 @@ class Infinite(NonFinite):
     name, value = "inf", math.inf
 
 
-class GradBitflip(Fault):
-    """One bit of one element of this rank's gradient bucket flipped before the all-reduce."""
+class _Bitflip(Fault):
+    """One bit of one element of a flat tensor flipped: the settings and the choice of element."""
 
-    name, keys, each_firing = "grad_bitflip", RANKS | TIMING | {"bit", "index", "seed"}, True
+    keys, each_firing = RANKS | TIMING | {"bit", "index", "seed"}, True
     expected_kind = "sdc"
-    default_bit = 30
+    default_bit: ClassVar[int]
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -312,6 +314,12 @@ class GradBitflip(Fault):
             raise ValueError(f"{self.spec.text!r}: index {index} is out of range for {size} elements")
         return index
 
+
+class GradBitflip(_Bitflip):
+    """One bit of one element of this rank's gradient bucket flipped before the all-reduce."""
+
+    name, default_bit = "grad_bitflip", 30
+
     @torch.no_grad()
     def corrupt(self, step: int, flat_grads: Tensor) -> None:
         if self.window.covers(step):
@@ -320,7 +328,7 @@ class GradBitflip(Fault):
             self.record(step, index=index, before=before, after=after)
 
 
-class ParamBitflip(GradBitflip):
+class ParamBitflip(_Bitflip):
     """One bit of one element of this replica's parameters flipped after the optimizer step
     (under FSDP, of this rank's own shards: ``index`` counts local elements)."""
 
@@ -371,7 +379,7 @@ class FaultPlan:
         self._timers = [f for f in self._compute if isinstance(f, Straggler) and f.delay_s is None]
         self._samples = [f for f in mine if isinstance(f, (BadShard, RepeatBatch, ShuffleTargets))]
         self._loss = [f for f in mine if isinstance(f, NonFinite)]
-        self._grads = [f for f in mine if type(f) is GradBitflip]
+        self._grads = [f for f in mine if isinstance(f, GradBitflip)]
         self._params = [f for f in mine if isinstance(f, ParamBitflip)]
         self._lr = [f for f in mine if isinstance(f, LrBlip)]
         self._grad_step = -1

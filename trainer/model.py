@@ -118,9 +118,10 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, std=INIT_STD)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        for block in self.blocks:
-            for proj in (block.attn.proj, block.mlp.proj):
-                nn.init.normal_(proj.weight, std=INIT_STD / math.sqrt(2 * self.config.n_layers))
+        for block in self.modules():  # the blocks, in order (ModuleList iteration is typed as plain Modules)
+            if isinstance(block, Block):
+                for proj in (block.attn.proj, block.mlp.proj):
+                    nn.init.normal_(proj.weight, std=INIT_STD / math.sqrt(2 * self.config.n_layers))
 
     def forward(self, tokens: Tensor) -> Tensor:
         T = tokens.shape[1]

@@ -24,7 +24,7 @@ end of backward.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -67,7 +67,7 @@ class ReduceScatterWithLocalNorm(ReduceScatter):
     def __init__(self, grads: LocalGrads) -> None:
         self.grads = grads
 
-    def allocate(self, size: tuple[int, ...], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
@@ -89,7 +89,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
     partial DTensor: ``full_tensor()`` all-reduces it (one scalar) before the clip.
     """
     parameters = [p for p in parameters if p.grad is not None]
-    total = nn.utils.get_total_norm([p.grad for p in parameters], foreach=True)
+    total = nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None], foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)
