@@ -34,7 +34,7 @@ FAULTS = {
 
 
 def query(run: Path, sql: str) -> pd.DataFrame:
-    return run_query(run, sql)[0]
+    return run_query(run, sql)[0].frame
 
 
 def cli_json(bedside, run: Path, sql: str) -> list[dict]:
