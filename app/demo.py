@@ -113,7 +113,8 @@ def _serve_live(run_dir: Path, args: argparse.Namespace, steps: int, faults: Dem
 def summary_queries(faults: DemoFaults, *, alerts: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
     """(title, named query, parameters) of what the demo prints, aimed at each injected fault."""
     first, last = faults.straggler_window
-    sent = [("alert messages and their delivery", "demo_alerts", {})] if alerts else []
+    sent: list[tuple[str, str, dict[str, Any]]] = [("alert messages and their delivery", "demo_alerts", {})] \
+        if alerts else []
     return [
         ("run", "demo_run", {}),
         ("incidents the detectors opened (bedside detect RUN lists every finding)", "demo_incidents", {}),

@@ -70,8 +70,11 @@ def what_is_lost(action: str, args: Mapping[str, int], cost: pd.DataFrame, run: 
     """What confirming throws away or changes, line by line: a rewind's discarded steps (wall time, FLOPs) and
     the batches it trains again; a skip's batches and samples; a quarantine's shard. ``run``: the run's
     ``global_batch`` and ``samples_per_shard`` (from its configuration; missing or NaN when unknown)."""
-    batch, per_shard = (run.get(name) for name in ("global_batch", "samples_per_shard"))
-    samples = (lambda batches: f" ({batches * int(batch):,} samples)") if pd.notna(batch) else (lambda batches: "")
+    batch, per_shard = (_known_int(run.get(name)) for name in ("global_batch", "samples_per_shard"))
+
+    def samples(batches: int) -> str:
+        return f" ({batches * batch:,} samples)" if batch is not None else ""
+
     if action == "rewind" and not cost.empty and int(cost["steps"].iloc[0]):
         row = cost.iloc[0]
         lines = [f"discards steps {int(row['first_step'])}-{int(row['last_step'])} of the live timeline: "
@@ -88,9 +91,14 @@ def what_is_lost(action: str, args: Mapping[str, int], cost: pd.DataFrame, run: 
         return [f"skips global batches {args['first_batch']}-{args['last_batch']}: {count} batches{samples(count)} "
                 f"never trained"]
     if action == "quarantine":
-        return [f"stops reading data shard {args['shard']}" + (f" ({int(per_shard):,} samples)"
-                                                                if pd.notna(per_shard) else "")]
+        return [f"stops reading data shard {args['shard']}" + (f" ({per_shard:,} samples)"
+                                                                if per_shard is not None else "")]
     return []
+
+
+def _known_int(value: Any) -> int | None:
+    """A configuration number, or None when it is missing or NaN."""
+    return None if value is None or pd.isna(value) else int(value)
 
 
 def request_status(request_id: str, actions: pd.DataFrame, layout: RunLayout, *, ended: bool = False) -> str:
