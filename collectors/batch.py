@@ -13,6 +13,9 @@ _NEWLINE = 10
 MAX_CHUNK_BYTES = 2**31 - 1
 """The most bytes one chunk may hold: its line bounds are 32-bit (Arrow string offsets)."""
 
+MAX_REJECTED_CHARS = 4096
+"""A rejected line keeps at most this many characters of its text (its ``length`` stays the full one)."""
+
 BATCH_BYTES = 1 << 20
 """Chunks smaller than this share a record batch up to this size: one scan for the lines of thousands of
 files, and still several batches (DuckDB's unit of parallel work) in a large pass, without copying big chunks."""
@@ -155,14 +158,18 @@ def _explain_invalid_json(line: str) -> str:
         json.loads(line)
     except json.JSONDecodeError as exc:
         return f"not valid JSON: {exc.msg} at column {exc.colno}"
+    except ValueError as exc:  # an integer of thousands of digits, refused before the syntax is checked
+        return f"not valid JSON: {str(exc).split(';')[0]}"
     except RecursionError:
         return "not valid JSON: nested too deeply"
     return "not valid JSON"
 
 
 def rejections_table(rejected: list[Rejection], now: float) -> pa.Table:
-    """Rejected lines as the Arrow table the store's insert_rejected query reads."""
-    texts = [r.line if isinstance(r.line, str) else r.line.decode("utf-8", "replace") for r in rejected]
+    """Rejected lines as the Arrow table the store's insert_rejected query reads, each text cut to
+    MAX_REJECTED_CHARS."""
+    texts = [(r.line if isinstance(r.line, str) else r.line.decode("utf-8", "replace"))[:MAX_REJECTED_CHARS]
+             for r in rejected]
     return pa.table(
         {
             "source_id": pa.array([r.source_id for r in rejected], pa.int32()),

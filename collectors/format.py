@@ -17,6 +17,19 @@ SCHEMA_VERSION = 1
 ENVELOPE_FIELDS = ("kind", "time", "rank", "step", "timeline", "seq")
 """Fields every record carries."""
 
+MAX_RANK = 2**31 - 1
+"""The largest rank (and timeline) the store holds: a 32-bit signed integer."""
+
+MAX_EXACT_INTEGER = 2**53
+"""``step`` and ``seq`` must be below this: JSON readers that hold numbers as doubles round beyond it."""
+
+MAX_KIND_CHARS = 64
+"""The longest ``kind`` a record may carry."""
+
+MAX_LINE_BYTES = 16 << 20
+"""The longest line (newline included): past this many bytes without a newline the rest of the file is
+rejected from that line's offset and not read again."""
+
 
 class Kind(str, Enum):
     """Record kinds of format v1. Readers keep records of any other kind as events."""

@@ -22,18 +22,32 @@ from typing import BinaryIO
 import duckdb
 import pyarrow as pa
 
-from .batch import MAX_CHUNK_BYTES, Chunk, Rejection, complete_prefix, explain_rejection, lines_table, rejections_table
+from .batch import (
+    MAX_CHUNK_BYTES,
+    MAX_REJECTED_CHARS,
+    Chunk,
+    Rejection,
+    complete_prefix,
+    explain_rejection,
+    lines_table,
+    rejections_table,
+)
 from .errors import RunInfoError, StoreError
 from .format import (
     ACTION_STATUSES,
     CHECKPOINT_EVENTS,
     CHECKPOINT_METRICS,
+    MAX_EXACT_INTEGER,
+    MAX_KIND_CHARS,
+    MAX_LINE_BYTES,
+    MAX_RANK,
     RANK_STEP_METRICS,
     RUN_END_STATUSES,
     STEP_METRICS,
 )
-from .layout import RunLayout, rank_of_file
+from .layout import RunLayout, name_problem, rank_of_file
 from .runinfo import RunInfo, read_run_info
+from .safefile import UnsafeFileError, open_regular_file
 from .store import Store, sql
 
 DEFAULT_BATCH_BYTES = 64 << 20
@@ -47,8 +61,9 @@ FORMAT_PARAMETERS = {
     "checkpoint_events": list(CHECKPOINT_EVENTS), "action_statuses": list(ACTION_STATUSES),
     "run_end_statuses": list(RUN_END_STATUSES), "step_metrics": list(STEP_METRICS),
     "rank_step_metrics": list(RANK_STEP_METRICS), "checkpoint_metrics": list(CHECKPOINT_METRICS),
+    "max_rank": MAX_RANK, "max_exact_integer": MAX_EXACT_INTEGER, "max_kind_chars": MAX_KIND_CHARS,
 }
-"""The format's enums and canonical metrics, bound as list parameters of stage_lines.sql."""
+"""The format's enums, canonical metrics and limits, bound as parameters of stage_lines.sql."""
 
 SOURCE_SCHEMA = pa.schema(
     [("source_id", pa.int32()), ("path", pa.string()), ("file_rank", pa.int32()), ("device", pa.uint64()),
@@ -101,6 +116,7 @@ class _Read:
     chunk: Chunk | None
     incident: str | None = None
     cut: bool = False  # the byte budget stopped the read before the file's limit
+    overlong: Rejection | None = None  # the line after the chunk has no newline within MAX_LINE_BYTES
 
 
 class Collector:
@@ -165,7 +181,7 @@ class Collector:
         pending = {}
         for path in paths:
             try:
-                stat = path.stat()
+                stat = path.lstat()  # a link is refused by what it is, not by what it points to
             except FileNotFoundError:
                 continue
             source = self._sources.get(self.layout.relative(path))
@@ -190,6 +206,7 @@ class Collector:
         reads, cut_short = self._read_sources(self._pending(self.layout.source_files()) if limits is None else limits)
         chunks = [r.chunk for r in reads if r.chunk is not None]
         table, rejected = lines_table(chunks)
+        rejected += [r.overlong for r in reads if r.overlong is not None]
         try:
             rejected += self._stage(table)
             self._commit(run_info, table.num_rows > 0, reads, rejected)
@@ -202,7 +219,7 @@ class Collector:
             if read.incident:
                 self.warn(read.incident)
         return PassResult(
-            lines=sum(c.line_count for c in chunks) - len(rejected),
+            lines=sum(c.line_count for c in chunks) - len(rejected) + sum(r.overlong is not None for r in reads),
             rejected=len(rejected),
             bytes=sum(len(c.data) for c in chunks),
             incidents=[r.incident for r in reads if r.incident],
@@ -254,31 +271,43 @@ class Collector:
         return self._sources[key]
 
     def _read_source(self, path: Path, limit: int, budget: int) -> _Read | None:
-        """The complete lines of ``path`` after its committed offset and before byte ``limit``."""
+        """The complete lines of ``path`` after its committed offset and before byte ``limit``.
+
+        The file is opened without following a link or blocking, and checked on the descriptor: a name
+        outside the format or anything but a regular file is refused unread, once, with its reason.
+        """
         source = self._source_for(path)
         if source.state != "ok":
             return None
         try:
-            with open(path, "rb") as fh:
+            problem = name_problem(path.name)
+            if problem:
+                raise UnsafeFileError(problem)
+            with os.fdopen(open_regular_file(path), "rb") as fh:
                 stat = os.fstat(fh.fileno())
                 if min(stat.st_size, limit) == source.committed_offset and source.inode == stat.st_ino:
                     return None
                 head = fh.read(HEAD_BYTES)
-                problem = _identity_problem(source, stat, head)
-                if problem:
-                    state, detail = problem
+                change = _identity_problem(source, stat, head)
+                if change:
+                    state, detail = change
                     return _Read(replace(source, state=state), None, f"{source.path}: {detail}")
                 fh.seek(source.committed_offset)
-                data = _read_complete_lines(fh, budget, limit - source.committed_offset)
+                data, overlong = _read_complete_lines(fh, budget, limit - source.committed_offset)
         except FileNotFoundError:
             return None
+        except UnsafeFileError as refusal:
+            return _Read(replace(source, state="refused"), None, f"{source.path}: {refusal}")
         updated = replace(
             source, device=stat.st_dev, inode=stat.st_ino,
             head=head if len(head) > len(source.head) else source.head,
             committed_offset=source.committed_offset + len(data),
         )
         chunk = Chunk(source.source_id, source.file_rank, source.committed_offset, data) if data else None
-        return _Read(updated, chunk, cut=budget < limit - source.committed_offset)
+        if overlong is None:
+            return _Read(updated, chunk, cut=budget < limit - source.committed_offset)
+        rejection = _overlong_rejection(updated, overlong, limit - updated.committed_offset)
+        return _Read(replace(updated, state="overlong"), chunk, f"{source.path}: {rejection.reason}", overlong=rejection)
 
     # -- run.json -----------------------------------------------------------
     def _changed_run_info(self) -> RunInfo | None:
@@ -297,6 +326,8 @@ class Collector:
         self._run_info_stamp = stamp
         if info is not None:
             self.world_size = info.world_size
+            for problem in info.problems:
+                self.warn(f"run.json: {problem}")
         return info
 
     # -- parsing ------------------------------------------------------------
@@ -337,15 +368,27 @@ class Collector:
                 + self._isolate_unparseable(table.slice(half), base + half))
 
 
-def _read_complete_lines(fh: BinaryIO, budget: int, available: int) -> bytes:
-    """Complete lines from the current position, within ``available`` bytes: about ``budget``, more for a long line."""
+def _read_complete_lines(fh: BinaryIO, budget: int, available: int) -> tuple[bytes, bytes | None]:
+    """Complete lines from the current position within ``available`` bytes (about ``budget``, up to
+    MAX_LINE_BYTES for one long line); and the start of the line after them when it runs past MAX_LINE_BYTES
+    with no newline (None when it may still end)."""
     data = fh.read(max(0, min(budget, available)))
-    while b"\n" not in data and len(data) < available:
-        more = fh.read(min(budget, available - len(data)))
-        if not more:
-            break
-        data += more
-    return complete_prefix(data)
+    if b"\n" not in data:
+        data += fh.read(max(0, min(available, MAX_LINE_BYTES) - len(data)))
+    start = 0
+    while len(data) - start >= MAX_LINE_BYTES:
+        end = data.rfind(b"\n", start, start + MAX_LINE_BYTES)
+        if end < 0:
+            return data[:start], data[start:]
+        start = end + 1
+    return complete_prefix(data), None
+
+
+def _overlong_rejection(source: Source, text: bytes, length: int) -> Rejection:
+    """The rejection of everything in ``source`` from its committed offset: a line with no newline in time."""
+    reason = (f"no newline within {MAX_LINE_BYTES:,} bytes (the longest line the format allows): rejected from "
+              f"byte {source.committed_offset} on, the rest of the file is not read")
+    return Rejection(source.source_id, source.committed_offset, length, text[:MAX_REJECTED_CHARS * 4], reason)
 
 
 def _rejection(table: pa.Table, index: int, reason: str) -> Rejection:
@@ -358,10 +401,12 @@ def _identity_problem(source: Source, stat: os.stat_result, head: bytes) -> tupl
     """('shrunk'|'replaced', detail) when the file is no longer the one ingested so far."""
     if source.committed_offset == 0:
         return None
+    if (source.inode, source.device) != (stat.st_ino, stat.st_dev) and source.inode is not None:
+        return "replaced", "file was replaced (another file now has its name); not re-read"
     if stat.st_size < source.committed_offset:
         return "shrunk", f"file shrank to {stat.st_size} bytes below the {source.committed_offset} already ingested; not re-read"
-    if (source.inode is not None and stat.st_ino != source.inode) or not head.startswith(source.head):
-        return "replaced", "file was replaced (new inode or different first bytes); not re-read"
+    if not head.startswith(source.head):
+        return "replaced", "file was replaced (different first bytes); not re-read"
     return None
 
 
@@ -383,7 +428,7 @@ def _commit_sources(con: duckdb.DuckDBPyConnection, reads: list[_Read], rejected
 
 def _source_row(read: _Read, rejected: int, now: float) -> dict:
     source = read.source
-    lines = read.chunk.line_count if read.chunk else 0
+    lines = (read.chunk.line_count if read.chunk else 0) + (read.overlong is not None)
     return {
         "source_id": source.source_id, "path": source.path, "file_rank": source.file_rank,
         "device": source.device, "inode": source.inode, "head": source.head,
@@ -405,5 +450,5 @@ def _replace_run_info(con: duckdb.DuckDBPyConnection, info: RunInfo) -> None:
     con.execute(sql("insert_run_info"), {
         "run_id": info.run_id, "name": info.name, "created": info.created,
         "schema_version": info.schema_version, "world_size": info.world_size,
-        "config": json.dumps(info.config), "raw": json.dumps(info.to_json()),
+        "config": json.dumps(info.config), "raw": json.dumps(info.to_json()), "problems": list(info.problems),
     })

@@ -12,11 +12,13 @@ RUN/
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RunDirError
+from .format import MAX_RANK
 
 STORE_NAME = "bedside.duckdb"
 RUN_INFO_NAME = "run.json"
@@ -30,9 +32,38 @@ def rank_file_name(rank: int) -> str:
 
 
 def rank_of_file(path: Path) -> int | None:
-    """The rank a telemetry file name declares, or None for a name outside the format."""
+    """The rank a telemetry file name declares, or None for a name outside the format (``name_problem`` says why)."""
     match = _RANK_FILE.match(path.name)
-    return int(match.group(1)) if match else None
+    return int(match.group(1)) if match and name_problem(path.name) is None else None
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a rank file's name, or None: one canonical name per rank, within the store's ranks."""
+    if not is_utf8(name):
+        return "the file name is not valid UTF-8: refused unread"
+    match = _RANK_FILE.match(name)
+    if not match:
+        return "not a rank file name (rank-NNNNN.jsonl, the rank in five digits, more from rank 100000): refused unread"
+    rank = int(match.group(1))
+    if rank > MAX_RANK:
+        return f"rank {rank} is above the largest rank {MAX_RANK}: refused unread"
+    if name != rank_file_name(rank):
+        return f"not the canonical name of its rank: rank {rank}'s file is {rank_file_name(rank)}; refused unread"
+    return None
+
+
+def is_utf8(text: str) -> bool:
+    """False for a name that came from undecodable bytes (os.fsdecode keeps them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable_path(text: str) -> str:
+    """``text`` as valid UTF-8: undecodable bytes of a file name shown as ``\\xff`` escapes."""
+    return text if is_utf8(text) else os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
@@ -82,18 +113,20 @@ class RunLayout:
         return self.ground_truth / rank_file_name(rank)
 
     def source_files(self) -> list[Path]:
-        """Every telemetry and ground-truth file present now, in a stable order."""
+        """Every entry named ``*.jsonl`` in the telemetry and ground-truth folders now, in a stable order.
+
+        Whatever its type or name: the collector refuses, and reports, what is not a rank's regular file.
+        """
         found = []
         for name in SOURCE_DIRS:
             folder = self.root / name
             if folder.is_dir():
-                found.extend(sorted((p for p in folder.iterdir() if p.suffix == ".jsonl" and p.is_file()),
-                                    key=lambda p: p.name))
+                found.extend(sorted((p for p in folder.iterdir() if p.suffix == ".jsonl"), key=lambda p: p.name))
         return found
 
     def relative(self, path: Path) -> str:
-        """``path`` relative to the run root, with forward slashes (the store's source key)."""
-        return path.relative_to(self.root).as_posix()
+        """``path`` relative to the run root, with forward slashes, as valid UTF-8 (the store's source key)."""
+        return printable_path(path.relative_to(self.root).as_posix())
 
 
 def is_run_dir(path: Path) -> bool:

@@ -1,8 +1,14 @@
-"""``run.json``: who the run is, how big, where each rank sits, and its config snapshot."""
+"""``run.json``: who the run is, how big, where each rank sits, and its config snapshot.
+
+A run.json read from disk is checked field by field: a value of the wrong type or out of range (a
+``world_size`` of 3e9 or ``true``, a topology ``dp`` of 3e9) is left out and named in ``problems``, so the
+telemetry is still ingested; only a file that is not a JSON object is refused whole.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import socket
 import time
 import uuid
@@ -11,7 +17,7 @@ from typing import Any
 
 from .atomicjson import write_json_atomic
 from .errors import RunInfoError
-from .format import SCHEMA_VERSION
+from .format import MAX_RANK, SCHEMA_VERSION
 from .layout import RunLayout
 
 
@@ -40,11 +46,14 @@ class RunInfo:
     name: str
     created: float = field(default_factory=time.time)
     schema_version: int = SCHEMA_VERSION
-    world_size: int
+    world_size: int | None  # None only when read from a run.json whose value was unusable (see problems)
     topology: tuple[RankPlacement, ...] = ()
     config: dict[str, Any] = field(default_factory=dict)
+    problems: tuple[str, ...] = field(default=(), compare=False)  # fields of run.json left out, and why
 
     def __post_init__(self) -> None:
+        if self.world_size is None:
+            return
         if self.world_size < 1:
             raise RunInfoError(f"run.json: world_size must be >= 1, got {self.world_size}")
         ranks = [p.rank for p in self.topology]
@@ -60,19 +69,95 @@ class RunInfo:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["problems"]
         data["topology"] = [asdict(p) for p in self.topology]
         if self.topology:
             data["mesh"] = self.mesh
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunInfo:
-        try:
-            topology = tuple(RankPlacement(**p) for p in data.get("topology", ()))
-            known = {k: data[k] for k in ("run_id", "name", "created", "schema_version", "world_size", "config") if k in data}
-            return cls(**known, topology=topology)
-        except TypeError as exc:
-            raise RunInfoError(f"run.json: {exc}") from exc
+    def from_json(cls, data: dict[str, Any], defaults: dict[str, Any] | None = None) -> RunInfo:
+        """run.json's content checked field by field: a bad value is left out (``defaults`` stand in for
+        what is left out) and named in ``problems``."""
+        fields, problems = _checked_fields(data)
+        world_size = fields.pop("world_size", None)
+        topology, misplaced = _checked_topology(data.get("topology", []), world_size)
+        return cls(**{**(defaults or {}), **fields}, world_size=world_size, topology=topology,
+                   problems=(*problems, *misplaced))
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as a problem quotes it (at most 100 characters)."""
+    text = json.dumps(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _integer(value: Any, low: int) -> int | None:
+    """``value`` as an int when it is an integral JSON number from ``low`` to MAX_RANK (not a boolean)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if low <= value <= MAX_RANK else None
+
+
+def _checked_fields(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """run.json's top-level fields that have the documented type and range, and a problem for each other."""
+    fields: dict[str, Any] = {}
+    problems = [] if "world_size" in data else ["world_size is required: ranks are not checked against it"]
+    for name in ("run_id", "name"):
+        if name in data and isinstance(data[name], str) and data[name]:
+            fields[name] = data[name]
+        elif name in data:
+            problems.append(f"{name} must be a non-empty string, got {_shown(data[name])}: ignored")
+    for name, low in (("world_size", 1), ("schema_version", 1)):
+        if name in data and _integer(data[name], low) is not None:
+            fields[name] = _integer(data[name], low)
+        elif name in data:
+            problems.append(f"{name} must be an integer from {low} to {MAX_RANK}, got {_shown(data[name])}: ignored")
+    created = data.get("created")
+    if isinstance(created, int | float) and not isinstance(created, bool) and math.isfinite(created) and created >= 0:
+        fields["created"] = float(created)
+    elif "created" in data:
+        problems.append(f"created must be a number of unix seconds, got {_shown(created)}: ignored")
+    if isinstance(data.get("config", {}), dict):
+        fields["config"] = data.get("config", {})
+    else:
+        problems.append(f"config must be an object, got {_shown(data['config'])}: ignored")
+    return fields, problems
+
+
+def _checked_topology(entries: Any, world_size: int | None) -> tuple[tuple[RankPlacement, ...], list[str]]:
+    """The placements of run.json's topology that are whole and valid, and a problem for each other."""
+    if not isinstance(entries, list):
+        return (), [f"topology must be a list of placements, got {_shown(entries)}: ignored"]
+    placements: list[RankPlacement] = []
+    problems = []
+    for index, entry in enumerate(entries):
+        problem = _placement_problem(entry, world_size, {p.rank for p in placements})
+        if problem:
+            problems.append(f"topology[{index}]{problem}: the placement of this entry is ignored")
+        else:
+            placements.append(RankPlacement(rank=int(entry["rank"]), host=entry["host"],
+                                            **{k: int(entry.get(k, 0)) for k in ("local_rank", "dp", "tp", "pp")}))
+    return tuple(placements), problems
+
+
+def _placement_problem(entry: Any, world_size: int | None, placed: set[int]) -> str | None:
+    """What is wrong with one topology entry (``.field ...``, after its index), or None."""
+    if not isinstance(entry, dict):
+        return f" must be an object, got {_shown(entry)}"
+    if not isinstance(entry.get("host"), str):
+        return f".host must be a string, got {_shown(entry.get('host'))}"
+    for name in ("rank", "local_rank", "dp", "tp", "pp"):
+        if (name == "rank" or name in entry) and _integer(entry.get(name), 0) is None:
+            return f".{name} must be an integer from 0 to {MAX_RANK}, got {_shown(entry.get(name))}"
+    rank = int(entry["rank"])
+    if world_size is not None and rank >= world_size:
+        return f".rank {rank} is not below world_size {world_size}"
+    if rank in placed:
+        return f".rank {rank} is placed twice"
+    return None
 
 
 def default_placement(rank: int, local_rank: int, dp: int | None = None) -> RankPlacement:
@@ -97,9 +182,7 @@ def read_run_info(layout: RunLayout) -> RunInfo | None:
         raise RunInfoError(f"{layout.run_info}: not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise RunInfoError(f"{layout.run_info}: expected a JSON object")
-    if "world_size" not in data:
-        raise RunInfoError(f"{layout.run_info}: world_size is required")
-    return RunInfo.from_json({**_defaults(layout, text), **data})
+    return RunInfo.from_json(data, _defaults(layout, text))
 
 
 def _defaults(layout: RunLayout, text: str) -> dict[str, Any]:

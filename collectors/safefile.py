@@ -17,16 +17,30 @@ class UnsafeFileError(OSError):
     """A file refused unread (not a regular file, too large) or unreadable; the message says why."""
 
 
+def open_regular_file(path: Path) -> int:
+    """A read-only descriptor of the regular file ``path``; UnsafeFileError naming the problem otherwise
+    (FileNotFoundError passes through: a file that went away is no threat)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise UnsafeFileError(_open_problem(path, error)) from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        raise UnsafeFileError(f"{file_type(mode)}, not a regular file: refused unread")
+    return descriptor
+
+
 def read_small_file(path: Path, max_bytes: int) -> bytes:
     """The bytes of the regular file ``path`` (at most ``max_bytes``); UnsafeFileError naming the problem."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
+        descriptor = open_regular_file(path)
+    except FileNotFoundError as error:
         raise UnsafeFileError(_open_problem(path, error)) from None
     try:
         info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafeFileError(f"{file_type(info.st_mode)}, not a regular file: refused unread")
         if info.st_size > max_bytes:
             raise UnsafeFileError(f"{info.st_size} bytes, over the limit of {max_bytes}: refused unread")
         data = os.read(descriptor, max_bytes + 1)

@@ -6,7 +6,9 @@
 -- then makes the whole statement fail, and the collector retries with true);
 -- $checkpoint_events, $action_statuses, $run_end_statuses, $step_metrics,
 -- $rank_step_metrics and $checkpoint_metrics, the format's enums and canonical
--- metric names (lists, from collectors/format.py).
+-- metric names (lists, from collectors/format.py); $max_rank (largest rank and
+-- timeline), $max_exact_integer (2^53: step and seq stay below it) and
+-- $max_kind_chars, the format's limits.
 --
 -- The hot kinds (step, rank_step) are parsed once, canonical metrics included;
 -- only the rare kinds pay for their own fields, and only lines that may carry
@@ -15,12 +17,15 @@
 -- that test cheap. Every metric value, canonical or not, is read by the same
 -- rule: JSON's conversion to DOUBLE (numbers, numeric strings, "NaN",
 -- "Infinity", "-Infinity", booleans as 1 and 0; null stays NULL).
+-- A name given twice at the top level is rejected (DuckDB would keep the first
+-- value, most JSON readers the last): such a line has more colons than known
+-- keys, so it is among those looked at closer, whose keys are listed anyway.
 CREATE OR REPLACE TEMP TABLE staged AS
 WITH parsed AS (
     SELECT source_id, file_rank, line_offset, line,
            CASE WHEN (NOT $check_json) OR json_valid(line) THEN json_transform(line, '{
                "kind": "VARCHAR", "time": "DOUBLE", "rank": "DOUBLE", "step": "DOUBLE",
-               "timeline": "DOUBLE", "seq": "DOUBLE", "param_checksum": "VARCHAR", "shards": "JSON",
+               "timeline": "DOUBLE", "seq": "DOUBLE", "param_checksum": "JSON", "shards": "JSON",
                "metrics": {
                    "loss": "DOUBLE", "grad_norm": "DOUBLE", "lr": "DOUBLE", "tokens": "DOUBLE", "flops": "DOUBLE",
                    "step_time": "DOUBLE", "data_time": "DOUBLE", "compute_time": "DOUBLE", "comm_time": "DOUBLE",
@@ -34,7 +39,9 @@ WITH parsed AS (
                "split": "VARCHAR", "cum_tokens": "DOUBLE", "cum_flops": "DOUBLE", "event": "VARCHAR",
                "path": "VARCHAR", "message": "VARCHAR", "action": "VARCHAR", "status": "VARCHAR",
                "request_id": "VARCHAR", "operator": "VARCHAR", "reason": "VARCHAR", "args": "JSON",
-               "host": "VARCHAR", "fault": "VARCHAR", "target_ranks": "JSON"}') END AS kind_fields,
+               "host": "VARCHAR", "fault": "VARCHAR", "target_ranks": "JSON", "kind": "JSON",
+               "local_rank": "DOUBLE", "world_size": "DOUBLE",
+               "mesh": {"dp": "DOUBLE", "tp": "DOUBLE", "pp": "DOUBLE"}}') END AS kind_fields,
            -- the envelope, metrics, and the fields of its own kind: what a step or rank_step keeps in columns
            6 + (rec.metrics IS NOT NULL)::INT
              + (rec.kind = 'rank_step' AND rec.param_checksum IS NOT NULL)::INT
@@ -54,21 +61,39 @@ WITH parsed AS (
     SELECT *,
            rec.kind NOT IN ('step', 'rank_step') OR colons > known_keys + n_canonical AS look_closer
     FROM counted
+), listed AS (
+    SELECT *, CASE WHEN look_closer THEN json_keys(line) END AS keys FROM careful
 ), examined AS (
     SELECT *,
+           list_filter(keys, lambda k, i: list_position(keys, k) < i)[1] AS repeated_key,
+           -- a rank_info's placement must fit the ranks view's integers
+           CASE WHEN rec.kind = 'rank_info' THEN list_filter([
+               {'name': 'local_rank', 'low': 0, 'raw': line -> '$.local_rank', 'value': kind_fields.local_rank},
+               {'name': 'world_size', 'low': 1, 'raw': line -> '$.world_size', 'value': kind_fields.world_size},
+               {'name': 'mesh.dp', 'low': 0, 'raw': line -> '$.mesh.dp', 'value': kind_fields.mesh.dp},
+               {'name': 'mesh.tp', 'low': 0, 'raw': line -> '$.mesh.tp', 'value': kind_fields.mesh.tp},
+               {'name': 'mesh.pp', 'low': 0, 'raw': line -> '$.mesh.pp', 'value': kind_fields.mesh.pp}],
+               lambda f: f.raw IS NOT NULL AND json_type(f.raw) <> 'NULL'
+                         AND NOT coalesce(f.value BETWEEN f.low AND $max_rank AND f.value = floor(f.value), false))
+           END AS bad_placement,
            CASE WHEN look_closer THEN list_transform(
                map_entries(json_transform(line, '{"metrics": "MAP(VARCHAR, JSON)"}').metrics),
                lambda e: {'key': e.key, 'raw': e.value, 'value': json_transform(e.value, '"DOUBLE"')}) END AS entries,
            CASE WHEN look_closer AND rec.kind IN ('step', 'rank_step')
-                THEN json_array_length(json_keys(line)) > known_keys ELSE false END AS has_unknown_fields
-    FROM careful
+                THEN len(keys) > known_keys ELSE false END AS has_unknown_fields
+    FROM listed
 ), checked AS (
     SELECT *,
            list_filter(entries, lambda e: e.value IS NULL AND e.raw IS NOT NULL AND json_type(e.raw) <> 'NULL')
                AS bad_entries,
            CASE
                WHEN rec IS NULL THEN 'not valid JSON'
+               WHEN repeated_key IS NOT NULL THEN format('field {} appears more than once', repeated_key)
                WHEN rec.kind IS NULL OR rec.kind = '' THEN 'missing field: kind'
+               WHEN rec.kind NOT IN ('step', 'rank_step') AND NOT starts_with(kind_fields.kind::VARCHAR, '"')
+                    THEN format('field kind must be a string, got {}', left(kind_fields.kind::VARCHAR, 200))
+               WHEN length(rec.kind) > $max_kind_chars
+                    THEN format('field kind is {} characters long, over the limit of {}', length(rec.kind), $max_kind_chars)
                WHEN rec.time IS NULL THEN 'field time is missing or not a number'
                WHEN rec.rank IS NULL THEN 'field rank is missing or not an integer'
                WHEN rec.step IS NULL THEN 'field step is missing or not an integer'
@@ -78,8 +103,10 @@ WITH parsed AS (
                     OR rec.seq <> floor(rec.seq) THEN 'rank, step, timeline and seq must be integers'
                WHEN rec.rank < 0 OR rec.step < 0 OR rec.timeline < 0 OR rec.seq < 0
                     THEN 'rank, step, timeline and seq must be >= 0'
-               WHEN rec.step > 9.2e18 OR rec.seq > 9.2e18 OR rec.rank > 2e9 OR rec.timeline > 2e9
-                    THEN 'rank, step, timeline or seq out of range'
+               WHEN rec.step >= $max_exact_integer THEN 'step must be below 2^53 (9007199254740992)'
+               WHEN rec.seq >= $max_exact_integer THEN 'seq must be below 2^53 (9007199254740992)'
+               WHEN rec.rank > $max_rank OR rec.timeline > $max_rank
+                    THEN format('rank and timeline must be at most {}', $max_rank)
                WHEN NOT isfinite(rec.time) THEN 'field time must be finite'
                -- 0 stays valid (imports use a clock from 0); milli- or nanosecond epochs do not fit
                WHEN rec.time < 0 OR rec.time >= 1e11
@@ -88,6 +115,11 @@ WITH parsed AS (
                     THEN format('unknown rank {}: the run has world size {}', rec.rank::BIGINT, $world_size)
                WHEN file_rank IS NOT NULL AND rec.rank <> file_rank
                     THEN format('rank {} written in the file of rank {}', rec.rank::BIGINT, file_rank)
+               WHEN rec.kind = 'rank_step' AND rec.param_checksum IS NOT NULL
+                    AND NOT starts_with(rec.param_checksum::VARCHAR, '"')
+                    THEN format('field param_checksum must be a string, got {}', left(rec.param_checksum::VARCHAR, 200))
+               WHEN rec.kind = 'step' AND rec.shards IS NOT NULL AND NOT starts_with(rec.shards::VARCHAR, '[')
+                    THEN format('field shards must be an array, got {}', left(rec.shards::VARCHAR, 200))
                -- A non-object metrics parses as an all-NULL struct: only then (no canonical value) look.
                WHEN rec.metrics IS NOT NULL AND coalesce(n_canonical, 0) = 0
                     AND json_type(line, '$.metrics') <> 'OBJECT' THEN 'field metrics must be an object'
@@ -114,6 +146,9 @@ WITH parsed AS (
                     THEN format('a run_end record needs status, one of {}', array_to_string($run_end_statuses, ', '))
                WHEN rec.kind = 'fault_injected' AND kind_fields.fault IS NULL THEN 'a fault_injected record needs fault'
                WHEN rec.kind = 'rank_info' AND kind_fields.host IS NULL THEN 'a rank_info record needs host'
+               WHEN len(bad_placement) > 0
+                    THEN format('field {} must be an integer from {} to {}, got {}', bad_placement[1].name,
+                                bad_placement[1].low, $max_rank, bad_placement[1].raw)
            END AS format_reason
     FROM examined
 )
