@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .safefile import UnsafeFileError, open_regular_file
+
 _COUNT_CHUNK = 1 << 20
 
 
@@ -74,13 +76,14 @@ def _count_lines_and_repair(path: Path, fd: int) -> int:
 
 
 def tail_records(path: Path, tail_bytes: int = 1 << 16) -> list[dict[str, Any]]:
-    """The complete, parseable records in the last ``tail_bytes`` of a JSONL file ([] when absent)."""
+    """The complete, parseable records in the last ``tail_bytes`` of a JSONL file ([] when absent, or when
+    it is no regular file: a FIFO would block, a link may lead anywhere)."""
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular_file(path), "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
             fh.seek(max(0, size - tail_bytes))
             data = fh.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, UnsafeFileError):
         return []
     lines = data.split(b"\n")[:-1]
     if size > tail_bytes:

@@ -1,6 +1,7 @@
 """Summaries of the runs in a directory, read from the files (no store needed)."""
 from __future__ import annotations
 
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,8 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
         info = read_run_info(layout)
     except RunInfoError:
         info = None
-    files = sorted(layout.telemetry.glob("*.jsonl")) if layout.telemetry.is_dir() else []
+    files = [f for f in layout.source_files()
+             if f.parent == layout.telemetry and rank_of_file(f) is not None and _is_regular(f)]
     records = [r for f in files for r in tail_records(f, TAIL_BYTES)]
     last_seen = max((r["time"] for r in records if _is_number(r.get("time"))), default=None)
     steps = [r["step"] for r in records if r.get("kind") == "step" and _is_integer(r.get("step"))]
@@ -64,6 +66,14 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
         last_seen=last_seen,
         rank_files=len(files),
     )
+
+
+def _is_regular(path: Path) -> bool:
+    """True for a regular file (not a link, FIFO or directory); the reader checks again on its descriptor."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _ended_ranks(records: list[dict]) -> dict[int, str | None]:

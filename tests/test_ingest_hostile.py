@@ -215,3 +215,13 @@ def test_an_envelope_that_is_ambiguous_or_mistyped_is_rejected_with_its_reason(
     assert rows(store, "SELECT reason FROM rejected") == [(reason,)]
     assert rows(store, "SELECT step FROM events ORDER BY step") == [(1,), (3,)]
     assert rows(store, "SELECT count(*) FROM steps") + rows(store, "SELECT count(*) FROM rank_steps") == [(0,), (0,)]
+
+
+def test_runs_reads_only_canonical_regular_rank_files(run_dir, telemetry, record, bedside) -> None:
+    (telemetry / "rank-00000.jsonl").write_bytes(line(record))
+    os.mkfifo(telemetry / "rank-00001.jsonl")
+    (telemetry / "x.jsonl").write_text(json.dumps(record("run_end", status="failed")) + "\n")
+    result = bedside("runs", run_dir, "--format", "json", timeout=60)
+    assert result.returncode == 0, result.stderr
+    [summary] = json.loads(result.stdout)
+    assert summary["status"] != "failed" and summary["rank_files"] == 1
