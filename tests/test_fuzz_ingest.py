@@ -8,7 +8,6 @@ small; BEDSIDE_FUZZ_EXAMPLES sets the examples per property for a longer run (do
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -96,14 +95,24 @@ def python_reading(line: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def as_number(value: Any) -> float | None:
+    """A value as the format reads an envelope number (telemetry-format.md "Numbers"): a number, a numeric
+    string, a boolean as 1 or 0; None for anything else."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    if isinstance(value, str) and value.strip() == value and "_" not in value:
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
 def agrees(stored: tuple, record: dict[str, Any]) -> bool:
-    """True when the stored row says what Python reads: same kind, same envelope numbers, no bool or string."""
-    kind, rank, step, timeline, seq, time = stored
-    numbers = [record.get(name) for name in ("rank", "step", "timeline", "seq", "time")]
-    if any(isinstance(n, bool) or not isinstance(n, int | float) for n in numbers):
-        return False
-    return record.get("kind") == kind and all(
-        math.isclose(float(a), float(b), rel_tol=0, abs_tol=0) for a, b in zip(numbers, (rank, step, timeline, seq, time)))
+    """True when the stored row says what Python reads from the line: the same kind and envelope numbers."""
+    kind, *numbers = stored
+    read = [as_number(record.get(name)) for name in ("rank", "step", "timeline", "seq", "time")]
+    return record.get("kind") == kind and read == [float(n) for n in numbers]
 
 
 @FUZZ

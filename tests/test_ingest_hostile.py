@@ -204,6 +204,10 @@ STRICT = [
                  "step must be below 2^53 (9007199254740992)", id="step beyond 2^53"),
     pytest.param('{"kind":"heartbeat","rank":0,"time":1700000000,"step":1,"timeline":0,"seq":9007199254740992}',
                  "seq must be below 2^53 (9007199254740992)", id="seq at 2^53"),
+    pytest.param('{"kind":"rank_info","rank":0,' + ENVELOPE + ',"host":"a","mesh":{"dp":3e9}}',
+                 "field mesh.dp must be an integer from 0 to 2147483647, got 3000000000.0", id="rank_info dp 3e9"),
+    pytest.param('{"kind":"rank_info","rank":0,' + ENVELOPE + ',"host":"a","local_rank":"x"}',
+                 'field local_rank must be an integer from 0 to 2147483647, got "x"', id="rank_info local_rank a word"),
 ]
 
 
