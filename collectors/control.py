@@ -2,10 +2,10 @@
 
 One JSON file per request, ``RUN/control/requests/<request_id>.json``, written
 atomically (a hidden temporary file, fsync, rename) so the trainer never reads half
-a request. Each request is signed with the run's control key (``controlkey.py``), so the
-trainer can tell it from a file anyone could drop there. The trainer reads, applies and
-acknowledges them (``trainer/control.py``) and moves each handled file to
-``RUN/control/processed/``. Format: docs/telemetry-format.md, "Control requests".
+a request. Each request names the run it is for (``run_id``) and is signed with the run's
+control key (``controlkey.py``), so the trainer can tell it from a file anyone could drop there
+or one filed for another run. The trainer reads, applies and acknowledges them
+(``trainer/control.py``) and moves each handled file to ``RUN/control/processed/``. Format: docs/telemetry-format.md, "Control requests".
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomicjson import write_json_atomic
-from .controlkey import SIGNATURE, read_control_key, sign_request
+from .controlkey import RUN_ID, SIGNATURE, read_control_key, run_identity, sign_request
 from .layout import RunLayout
 
 ACTION_ARGS: dict[str, tuple[str, ...]] = {
@@ -34,15 +34,17 @@ ACTIONS = tuple(ACTION_ARGS)
 def request_action(layout: RunLayout, action: str, args: Mapping[str, Any] | None = None, *,
                    operator: str, reason: str) -> str:
     """File one signed request for the run at ``layout``; its request id. ValueError on a bad request,
-    ControlKeyError (nothing filed) without access to the run's control key."""
+    ControlKeyError (nothing filed) without access to the run's control key or its run.json."""
     request = build_request(action, args or {}, operator=operator, reason=reason)
-    request[SIGNATURE] = sign_request(request, read_control_key(layout))
+    key = read_control_key(layout)
+    request[RUN_ID] = run_identity(layout)
+    request[SIGNATURE] = sign_request(request, key)
     write_request(layout.control_requests, request)
     return request["request_id"]
 
 
 def build_request(action: str, args: Mapping[str, Any], *, operator: str, reason: str) -> dict[str, Any]:
-    """A checked request with a new id (unique: the time in nanoseconds and 32 random bits)."""
+    """A checked request with a new id (unique: the time in nanoseconds and 32 random bits), not yet bound to a run."""
     checked = check_args(action, args)
     if not str(reason or "").strip():
         raise ValueError("a request needs a reason")

@@ -5,7 +5,9 @@ The key is ``$BEDSIDE_CONTROL_KEY`` when that is set (at least 16 characters), e
 ``RUN/control/key`` (mode 0600), which rank 0 of the trainer creates when the run starts. Whoever
 files a request (``bedside action``, the dashboard) reads the key through ``read_control_key``; the
 trainer checks ``request_signature_problem``. A signature is HMAC-SHA256, in hex, over the request's
-canonical JSON (every field but ``signature``, keys sorted, no spaces, ASCII). Format:
+canonical JSON (every field but ``signature``, keys sorted, no spaces, ASCII). That JSON holds the
+``run_id`` of the run it was filed for (``run_identity``: run.json's), so a request copied into another
+run's ``control/requests/`` is refused there even when both runs share one key. Format:
 docs/telemetry-format.md, "Control requests"; threat model: docs/security.md.
 """
 from __future__ import annotations
@@ -19,14 +21,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import BedsideError
+from .errors import BedsideError, RunInfoError
 from .layout import RunLayout
+from .runinfo import read_run_info
 from .safefile import UnsafeFileError, read_small_file
 
 KEY_ENV = "BEDSIDE_CONTROL_KEY"
 KEY_FILE = "key"
 MIN_KEY_CHARS = 16
 SIGNATURE = "signature"
+RUN_ID = "run_id"
 _MAX_KEY_BYTES = 4096
 
 
@@ -71,6 +75,18 @@ def ensure_control_key(layout: RunLayout) -> bytes:
     return _read_key_file(path)
 
 
+def run_identity(layout: RunLayout) -> str:
+    """The run id a request for this run is bound to (run.json's); ControlKeyError when the run has none."""
+    try:
+        info = read_run_info(layout)
+    except RunInfoError as error:
+        raise ControlKeyError(f"cannot tell which run this is: {error}") from None
+    if info is None:
+        raise ControlKeyError(f"cannot tell which run this is: {layout.run_info} does not exist (rank 0 of the "
+                              "trainer writes it when the run starts)")
+    return info.run_id
+
+
 def canonical_request(request: Mapping[str, Any]) -> bytes:
     """The bytes a signature covers: every field but ``signature``, as compact sorted ASCII JSON."""
     body = {name: value for name, value in request.items() if name != SIGNATURE}
@@ -82,8 +98,8 @@ def sign_request(request: Mapping[str, Any], key: bytes) -> str:
     return hmac.new(key, canonical_request(request), hashlib.sha256).hexdigest()
 
 
-def request_signature_problem(request: Mapping[str, Any], key: bytes) -> str | None:
-    """Why ``request`` is not signed with ``key``, or None when its signature is valid."""
+def request_signature_problem(request: Mapping[str, Any], key: bytes, run_id: str) -> str | None:
+    """Why ``request`` is not signed with ``key`` for the run ``run_id``, or None when it is."""
     given = request.get(SIGNATURE)
     if given is None:
         return "unsigned: a request must carry the signature made with the run's control key"
@@ -95,6 +111,10 @@ def request_signature_problem(request: Mapping[str, Any], key: bytes) -> str | N
         return f"cannot be signed: {error}"
     if not hmac.compare_digest(given.encode("ascii", "replace"), expected.encode()):
         return "bad signature: not made with the run's control key, or the request was altered after signing"
+    if (bound := request.get(RUN_ID)) != run_id:
+        if bound is None:
+            return f"not bound to a run: a request must carry the run_id it was filed for (this run is {run_id!r})"
+        return f"filed for run {bound!r}, not for this run {run_id!r}: a request is valid only for its own run"
     return None
 
 

@@ -19,9 +19,16 @@ from bedside.app.cli import build_parser
 from bedside.app.cli import main as bedside
 from bedside.app.train import torchrun_command
 from bedside.collectors.control import ACTIONS, build_request, check_args, request_action
-from bedside.collectors.controlkey import ensure_control_key, read_control_key, request_signature_problem, sign_request
+from bedside.collectors.controlkey import (
+    ensure_control_key,
+    read_control_key,
+    request_signature_problem,
+    run_identity,
+    sign_request,
+)
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
+from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
 from bedside.trainer.control import RETAKEN_NOTE
 
@@ -99,8 +106,8 @@ def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
 
 def file_by_hand(run: Path, request_id: str, **fields: object) -> str:
     """A request written (and signed with the run's key) without our writer, as a third party might."""
-    body = {"request_id": request_id, "action": "pause", "args": {}, "operator": "script", "reason": "test",
-            **fields}
+    body = {"request_id": request_id, "run_id": run_identity(RunLayout(run)), "action": "pause", "args": {},
+            "operator": "script", "reason": "test", **fields}
     body["signature"] = sign_request(body, read_control_key(RunLayout(run)))
     requests = RunLayout(run).control_requests
     (requests / f".{request_id}.tmp").write_text(json.dumps(body))
@@ -157,12 +164,15 @@ def test_the_skipped_batches_are_never_trained_on_the_live_timeline(controlled) 
 # -- the request writer ---------------------------------------------------------------
 def test_a_request_is_one_signed_json_file_with_a_unique_id(tmp_path) -> None:
     layout = RunLayout(tmp_path)
+    write_run_info(layout, RunInfo(name="run", world_size=1))
     key = ensure_control_key(layout)
     ids = {request_action(layout, "rewind", {"to_step": 5}, operator="ana", reason="spike") for _ in range(20)}
     assert len(ids) == 20 and sorted(p.stem for p in layout.control_requests.iterdir()) == sorted(ids)
     body = json.loads((layout.control_requests / f"{min(ids)}.json").read_text())
-    assert body.keys() == {"request_id", "action", "args", "operator", "reason", "requested_at", "signature"}
-    assert request_signature_problem(body, key) is None
+    assert body.keys() == {"request_id", "run_id", "action", "args", "operator", "reason", "requested_at",
+                           "signature"}
+    assert body["run_id"] == run_identity(layout)
+    assert request_signature_problem(body, key, run_identity(layout)) is None
     assert (body["action"], body["args"], body["operator"], body["reason"]) == ("rewind", {"to_step": 5}, "ana", "spike")
 
 

@@ -11,8 +11,8 @@ rejected with the reason); a request whose id was already taken is rejected as a
 Anyone who can write into ``requests/`` can drop anything there, so rank 0 reads only regular
 files of at most ``MAX_REQUEST_BYTES``, opened without following links and without blocking
 (a FIFO, a link to ``/dev/zero``, a directory are refused unread), and applies only requests
-signed with the run's control key (``bedside.collectors.controlkey``). A request refused for
-what it is, rather than for what it asks, is kept as ``processed/<id>.refused-<ns>.json``.
+signed with the run's control key for this run's id (``bedside.collectors.controlkey``). A request
+refused for what it is, rather than for what it asks, is kept as ``processed/<id>.refused-<ns>.json``.
 
 The ids handled and the pause are trainer state (``ControlState``), saved in every
 checkpoint and kept across a rewind. After a restart, each request taken since the
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from bedside.collectors.controlkey import ControlKeyError, ensure_control_key, request_signature_problem
+from bedside.collectors.controlkey import ControlKeyError, ensure_control_key, request_signature_problem, run_identity
 from bedside.collectors.safefile import read_small_file
 
 from .manifest import CheckpointError
@@ -91,9 +91,10 @@ class ControlState:
 class RequestInbox:
     """Rank 0's view of ``control/``: new requests, cheaply, taken into ``processed/`` before they are applied."""
 
-    def __init__(self, requests: Path, processed: Path, key: bytes | str) -> None:
-        """``key`` is the control key, or (a string) why there is none: then every request is refused with it."""
-        self.requests, self.processed, self.key = requests, processed, key
+    def __init__(self, requests: Path, processed: Path, key: bytes | str, run_id: str) -> None:
+        """``key`` is the control key, or (a string) why there is none: then every request is refused with it;
+        only requests filed for ``run_id`` are taken."""
+        self.requests, self.processed, self.key, self.run_id = requests, processed, key, run_id
         self._seen_mtime: int | None = None
         self._retaken: list[Request] = []
 
@@ -108,7 +109,7 @@ class RequestInbox:
         restored state's) lacks."""
         files = [p for p in self.processed.glob("*.json")
                  if p.stem not in handled and _DUPLICATE not in p.name and _REFUSED not in p.name]
-        self._retaken = [replace(_read(path, self.key), retaken=True) for path in files]
+        self._retaken = [replace(_read(path, self.key, self.run_id), retaken=True) for path in files]
 
     def _take_new(self, handled: set[str]) -> list[Request]:
         try:
@@ -137,14 +138,14 @@ class RequestInbox:
             return Request(request_id, problem=f"cannot be taken from {path.parent.name}/: {error.strerror}")
         if duplicate:
             return Request(request_id, problem=f"duplicate: request {request_id} was already received")
-        request = _read(target, self.key)
+        request = _read(target, self.key, self.run_id)
         if request.problem is not None:
             os.replace(target, self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json")
         return request
 
 
-def _read(path: Path, key: bytes | str) -> Request:
-    """The request in ``path``, or one carrying the problem that makes it unreadable or unsigned."""
+def _read(path: Path, key: bytes | str, run_id: str) -> Request:
+    """The request in ``path``, or one carrying the problem that makes it unreadable, unsigned or another run's."""
     request_id = path.stem
     try:
         body = json.loads(read_small_file(path, MAX_REQUEST_BYTES).decode("utf-8"), object_pairs_hook=_no_twice)
@@ -152,7 +153,7 @@ def _read(path: Path, key: bytes | str) -> Request:
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         return Request(request_id, problem=f"unreadable request: {error}")
-    if problem := key if isinstance(key, str) else request_signature_problem(body, key):
+    if problem := key if isinstance(key, str) else request_signature_problem(body, key, run_id):
         return Request(request_id, problem=f"refused: {problem}")
     if body.get("request_id") != request_id:
         return Request(request_id, problem=f"request_id {body.get('request_id')!r} does not match its file name")
@@ -193,16 +194,21 @@ class ControlChannel:
             "checkpoint": self._checkpoint, "pause": self._pause, "resume": self._resume, "stop": self._stop}
 
     def _open_inbox(self) -> RequestInbox:
-        """Rank 0's inbox, with the run's control key (created now when there is none)."""
+        """Rank 0's inbox, with the run's control key (created now when there is none) and run id."""
         layout = self.trainer.log.layout
         key: bytes | str
         try:
             key = ensure_control_key(layout)
         except ControlKeyError as error:
             key = f"the trainer has no usable control key: {error}"
+        try:
+            run_id = run_identity(layout)
+        except ControlKeyError as error:
+            run_id, key = "", key if isinstance(key, str) else f"the trainer {error}"
+        if isinstance(key, str):
             self.trainer.log.log(self.trainer.step, f"{key}; every control request will be rejected",
                                  level="error")
-        return RequestInbox(layout.control_requests, layout.control_processed, key)
+        return RequestInbox(layout.control_requests, layout.control_processed, key, run_id)
 
     @property
     def state(self) -> ControlState:
