@@ -11,7 +11,7 @@ INSERT INTO rank_steps
 SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.seq,
        rec.metrics.step_time, rec.metrics.data_time, rec.metrics.compute_time, rec.metrics.comm_time,
        rec.metrics.optimizer_time, rec.metrics.local_grad_norm,
-       rec.param_checksum ->> '$',
+       rec.param_checksum,
        CASE WHEN cardinality(user_metrics) > 0 THEN user_metrics END,
        CASE WHEN has_unknown_fields THEN line::JSON END
 FROM staged WHERE reason IS NULL AND rec.kind = 'rank_step';
