@@ -24,7 +24,8 @@ from bedside.collectors.layout import RunLayout, name_problem, rank_file_name
 from bedside.collectors.runinfo import read_run_info
 from bedside.collectors.store import Store
 
-EXAMPLES = int(os.environ.get("BEDSIDE_FUZZ_EXAMPLES", "25"))
+CI_EXAMPLES = 25
+EXAMPLES = int(os.environ.get("BEDSIDE_FUZZ_EXAMPLES") or 0) or CI_EXAMPLES  # 0 or unset: CI's size
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ENVELOPE = ("kind", "time", "rank", "step", "timeline", "seq")
