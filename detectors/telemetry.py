@@ -82,6 +82,11 @@ class TelemetryBatch:
         return [TelemetryBatch(*(f[i] for f in frames)) for i in range(parts)]
 
 
+def _path(value: object) -> str | None:
+    """A checkpoint event's path, None when it has none (NaN from a frame)."""
+    return value if isinstance(value, str) and value else None
+
+
 def _add_steps(steps_by_timeline: dict[int, list[int]], rows: pd.DataFrame) -> None:
     """Insert the (timeline, step) of ``rows`` into sorted per-timeline lists, once each."""
     for timeline, step in zip(rows["timeline"].astype(int), rows["step"].astype(int)):
@@ -99,17 +104,43 @@ class RunState:
     good_checkpoints: dict[int, list[int]] = field(default_factory=dict)
     restarts: dict[int, list[int]] = field(default_factory=dict)
     caught_up: bool = True  # ingestion has read every file to its end (no backlog)
+    corrupt_paths: set[str] = field(default_factory=set)  # checkpoints a ``corrupt`` event named
+    _good_paths: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False)  # path -> place
 
     def observe(self, batch: TelemetryBatch) -> None:
-        """Take the checkpoints saved or verified, and the restarts, from ``batch``."""
+        """Take the checkpoints saved or verified, less those found corrupt (by path), and the restarts, from
+        ``batch``."""
         ck = batch.checkpoints
-        good = ck[ck["event"].isin(("saved", "verified"))] if len(ck) else ck
-        _add_steps(self.good_checkpoints, good)
+        for row in ck.itertuples(index=False) if len(ck) else ():
+            if row.event in ("saved", "verified"):
+                self._good(int(row.timeline), int(row.step), _path(row.path))
+            elif row.event == "corrupt" and (path := _path(row.path)) is not None:
+                self._corrupt(path)
         loaded = ck[ck["event"] == "loaded"] if len(ck) else ck
         ev = batch.events
         started = ev[(ev["kind"] == "rank_info") & (ev["step"] > 0)] if len(ev) else ev
         _add_steps(self.restarts, loaded)
         _add_steps(self.restarts, started)
+
+    def _good(self, timeline: int, step: int, path: str | None) -> None:
+        if path in self.corrupt_paths:
+            return
+        if path is not None:
+            self._good_paths[path] = (timeline, step)
+        steps = self.good_checkpoints.setdefault(timeline, [])
+        if step not in steps:
+            bisect.insort(steps, step)
+
+    def _corrupt(self, path: str) -> None:
+        """Drop the checkpoint at ``path`` from the good ones (its step stays when another good path has it).
+
+        Matched by path only: a trainer reports ``corrupt`` at the step it is at, not the checkpoint's."""
+        self.corrupt_paths.add(path)
+        place = self._good_paths.pop(path, None)
+        if place is not None and place not in self._good_paths.values():
+            self.good_checkpoints[place[0]].remove(place[1])
+            if not self.good_checkpoints[place[0]]:
+                del self.good_checkpoints[place[0]]
 
     def checkpoint_before(self, timeline: int, step: int) -> int | None:
         """The newest good checkpoint strictly before ``step`` (on ``timeline`` or, failing that, any)."""

@@ -47,8 +47,18 @@ def test_one_corrupt_checkpoint_is_a_warning_naming_it_and_why() -> None:
         "checkpoint_corrupt", Severity.WARNING, True, 25)
     assert finding.evidence["checkpoints"] == [
         {"path": "checkpoints/step-00000020-t0", "step": 20, "timeline": 0, "reason": REASON}]
-    assert finding.evidence["newest_good_checkpoint_step"] == 20  # as saved; the finding says it is not good
+    assert finding.evidence["newest_good_checkpoint_step"] == 10  # the one found corrupt no longer counts
     assert finding.suggested_action.action == "investigate"
+
+
+@pytest.mark.parametrize("parts", [1, 2, 5])
+def test_a_checkpoint_found_corrupt_is_no_longer_good_for_any_detector(parts: int) -> None:
+    """Matched by path: the corrupt events come at step 25, where the trainer was, not at the checkpoints' steps."""
+    run = RunState()
+    for piece in TelemetryBatch(checkpoints=events(RESUME_PAST_TWO)).split(parts):
+        run.observe(piece)
+    assert run.good_checkpoints == {0: [40]} and run.checkpoint_before(0, 30) is None
+    assert run.checkpoint_before(0, 41) == 40
 
 
 def test_a_second_one_makes_it_critical_and_the_next_save_clears_it() -> None:

@@ -144,6 +144,22 @@ def test_rewind_to_the_newest_good_checkpoint_before_the_onset() -> None:
     assert finding.suggested_action.action == "investigate"
 
 
+@pytest.mark.parametrize("parts", [1, 4])
+def test_a_rewind_never_goes_to_a_checkpoint_found_corrupt(parts: int) -> None:
+    """Before, the checkpoint of step 15 still counted as good after the trainer reported it corrupt (by path, at
+    the step it had reached, as it does): the suggestion rewound to it."""
+    batch = clean_run(np.random.default_rng(4), 40, 4)
+    at = batch.steps.set_index("step")["time"]
+    batch.checkpoints = checkpoint_frame([(0, at[10], 10, "saved"), (0, at[15], 15, "saved"),
+                                          (0, at[18], 18, "corrupt")])
+    batch.checkpoints["path"] = ["checkpoints/step-00000010-t0", "checkpoints/step-00000015-t0",
+                                 "checkpoints/step-00000015-t0"]
+    poison(batch, "loss", 20, np.nan)
+    found = replay(NonFiniteDetector(), batch, parts=parts, by_time=True, run=RunState(world_size=4))
+    [finding] = found.values()
+    assert finding.suggested_action.action == "rewind" and finding.suggested_action.args == {"to_step": 10}
+
+
 def test_a_metric_that_is_never_reported_stays_quiet() -> None:
     batch = clean_run(np.random.default_rng(5), 40, 4)
     batch.steps["lr"] = np.nan

@@ -1,7 +1,12 @@
--- Dashboard: the newest good checkpoint (verified, else saved) and the work since it on the live timeline.
-WITH good AS (
-    SELECT timeline, step, time FROM checkpoint_events
-    WHERE event = 'verified' OR (event = 'saved' AND NOT EXISTS (SELECT 1 FROM checkpoint_events WHERE event = 'verified'))
+-- Dashboard: the newest good checkpoint (verified, else saved; never one a `corrupt` event names by path) and
+-- the work since it on the live timeline.
+WITH corrupt AS (
+    SELECT DISTINCT path FROM checkpoint_events WHERE event = 'corrupt' AND path IS NOT NULL
+), sound AS (
+    SELECT * FROM checkpoint_events WHERE path IS NULL OR path NOT IN (SELECT path FROM corrupt)
+), good AS (
+    SELECT timeline, step, time FROM sound
+    WHERE event = 'verified' OR (event = 'saved' AND NOT EXISTS (SELECT 1 FROM sound WHERE event = 'verified'))
 ), live AS (
     SELECT * FROM step_metrics WHERE timeline = (SELECT max(timeline) FROM step_metrics)
 ), last_good AS (
