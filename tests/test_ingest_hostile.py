@@ -198,6 +198,10 @@ STRICT = [
                  "field kind is 100000 characters long, over the limit of 64", id="kind 100 KB"),
     pytest.param('{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":{"a":1}}',
                  'field param_checksum must be a string, got {"a":1}', id="param_checksum an object"),
+    pytest.param('{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":123}',
+                 "field param_checksum must be a string, got 123", id="param_checksum a number"),
+    pytest.param('{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":true}',
+                 "field param_checksum must be a string, got true", id="param_checksum a boolean"),
     pytest.param('{"kind":"step","rank":0,' + ENVELOPE + ',"metrics":{"loss":1},"shards":"s1"}',
                  'field shards must be an array, got "s1"', id="shards a string"),
     pytest.param('{"kind":"heartbeat","rank":0,"time":1700000000,"step":9007199254740993,"timeline":0,"seq":0}',
@@ -219,6 +223,15 @@ def test_an_envelope_that_is_ambiguous_or_mistyped_is_rejected_with_its_reason(
     assert rows(store, "SELECT reason FROM rejected") == [(reason,)]
     assert rows(store, "SELECT step FROM events ORDER BY step") == [(1,), (3,)]
     assert rows(store, "SELECT count(*) FROM steps") + rows(store, "SELECT count(*) FROM rank_steps") == [(0,), (0,)]
+
+
+def test_a_param_checksum_of_digits_or_braces_is_kept_as_the_string_it_is(run_dir, telemetry, ingest, record) -> None:
+    lines = [json.dumps(record("rank_step", step=i, metrics={"step_time": 1.0}, param_checksum=digest)) + "\n"
+             for i, digest in enumerate(["12345678", "{abc", "-1e5"])]
+    (telemetry / "rank-00000.jsonl").write_text("".join(lines))
+    store = ingest(run_dir)
+    assert rows(store, "SELECT param_checksum FROM rank_steps ORDER BY step") == [("12345678",), ("{abc",), ("-1e5",)]
+    assert rows(store, "SELECT count(*) FROM rejected") == [(0,)]
 
 
 def test_runs_reads_only_canonical_regular_rank_files(run_dir, telemetry, record, bedside) -> None:
