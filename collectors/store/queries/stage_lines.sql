@@ -115,9 +115,12 @@ WITH parsed AS (
                     THEN format('unknown rank {}: the run has world size {}', rec.rank::BIGINT, $world_size)
                WHEN file_rank IS NOT NULL AND rec.rank <> file_rank
                     THEN format('rank {} written in the file of rank {}', rec.rank::BIGINT, file_rank)
-               -- an object or array reads as its JSON text: only a text that starts like one needs a look
-               WHEN rec.kind = 'rank_step' AND left(rec.param_checksum, 1) IN ('{', '[')
-                    AND json_type(line, '$.param_checksum') IN ('OBJECT', 'ARRAY')
+               -- a number, boolean, object or array reads as its JSON text: only a text that reads like
+               -- one of those needs a look at the line
+               WHEN rec.kind = 'rank_step'
+                    AND (left(rec.param_checksum, 1) IN ('{', '[')
+                         OR regexp_full_match(rec.param_checksum, '-?[0-9][0-9.eE+-]*|true|false'))
+                    AND json_type(line, '$.param_checksum') <> 'VARCHAR'
                     THEN format('field param_checksum must be a string, got {}', left(rec.param_checksum, 200))
                WHEN rec.kind = 'step' AND rec.shards IS NOT NULL AND NOT starts_with(rec.shards::VARCHAR, '[')
                     THEN format('field shards must be an array, got {}', left(rec.shards::VARCHAR, 200))
