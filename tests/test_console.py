@@ -93,6 +93,8 @@ def test_reads_of_the_documented_views_work_and_see_the_live_store(owned: Store)
                                       "SELECT count(*) FROM s a JOIN step_metrics b USING (step) "
                                       "WHERE b.step > (SELECT min(step) FROM step_metrics)")
     assert int(joined.frame.iloc[0, 0]) > 0  # a view named three times is read whole, not streamed once
+    shouted = run_console_query(owned, "SELECT count(*) FROM STEP_METRICS")  # names ignore case, as in SQL
+    assert int(shouted.frame.iloc[0, 0]) == 200
     assert "outbox" not in console_views(owned) and {"incidents", "alerts", "rejected"} <= set(console_views(owned))
     with owned.transaction() as con:
         con.execute("DELETE FROM steps WHERE step > 150")  # the owner writes; the next query sees it

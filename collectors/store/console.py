@@ -149,8 +149,11 @@ def _table_name(node: dict[str, Any], views: list[str], ctes: set[str]) -> str:
     qualifier = ".".join(part for part in (node.get("catalog_name"), node.get("schema_name")) if part)
     if qualifier and qualifier.lower() not in ("main", "memory", "memory.main"):
         raise QueryError(f"{qualifier}.{name}: the console reads only the documented views, unqualified")
-    if name.lower() in ctes or name in views:
+    if name.lower() in ctes:
         return name
+    canonical = {view.lower(): view for view in views}.get(name.lower())  # SQL names ignore case
+    if canonical:
+        return canonical
     close = difflib.get_close_matches(name, views, n=1)
     hint = f' Did you mean "{close[0]}"?' if close else ""
     raise QueryError(f"no view named {name!r}.{hint} The console reads only the documented views "
