@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from enum import Enum
+from enum import StrEnum
 from importlib import resources
 from typing import Any
 
@@ -31,7 +31,7 @@ MAX_LINE_BYTES = 16 << 20
 rejected from that line's offset and not read again."""
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """Record kinds of format v1. Readers keep records of any other kind as events."""
 
     RANK_INFO = "rank_info"
@@ -44,9 +44,6 @@ class Kind(str, Enum):
     LOG = "log"
     RUN_END = "run_end"
     FAULT_INJECTED = "fault_injected"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 STEP_METRICS = ("loss", "grad_norm", "lr", "tokens", "flops")
@@ -71,8 +68,16 @@ CHECKPOINT_EVENTS = ("save_started", "saved", "save_failed", "verified", "corrup
 ACTION_STATUSES = ("requested", "applied", "rejected")
 """Values of ``status`` in an ``action`` record."""
 
-RUN_END_STATUSES = ("finished", "failed", "aborted")
-"""Values of ``status`` in a ``run_end`` record."""
+class RunEndStatus(StrEnum):
+    """Values of ``status`` in a ``run_end`` record: how a rank ended."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+
+RUN_END_STATUSES = tuple(RunEndStatus)
+"""Every ``run_end`` status (what ended runs show as their status)."""
 
 
 def encode_number(value: float) -> float | str:

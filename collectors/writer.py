@@ -21,8 +21,9 @@ from typing import Any
 
 from .appendfile import AppendFile, tail_records
 from .capture import Pending, capture, capture_field, capture_metrics, capture_shards, capture_step, resolve
-from .format import ENVELOPE_FIELDS, Kind, encode_line
+from .format import ENVELOPE_FIELDS, Kind, RunEndStatus
 from .layout import RunLayout
+from .records import build_record, to_line
 from .runinfo import RankPlacement, RunInfo, default_placement, read_run_info, write_run_info
 
 DEFAULT_FLUSH_EVERY_S = 0.2
@@ -142,7 +143,7 @@ class RunLogger:
             if not self._thread.is_alive():  # closed meanwhile: its last pass may have missed us
                 self._drain()
 
-    def close(self, status: str = "finished", message: str | None = None) -> None:
+    def close(self, status: str = RunEndStatus.FINISHED, message: str | None = None) -> None:
         """Write ``run_end``, flush and stop the writer thread. Idempotent."""
         with self._lock:
             if self._closed:
@@ -160,7 +161,8 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close("finished" if exc_type is None else "failed", None if exc is None else repr(exc))
+        self.close(RunEndStatus.FINISHED if exc_type is None else RunEndStatus.FAILED,
+                   None if exc is None else repr(exc))
 
     # -- internals --------------------------------------------------------
     def _put(
@@ -226,20 +228,12 @@ class RunLogger:
         kind, when, step, timeline, metrics, pending, fields = item
         if pending is not None:
             pending.wait()
-        record: dict[str, Any] = {
-            "kind": str(kind),
-            "time": when,
-            "rank": self.rank,
-            "step": step,
-            "timeline": timeline,
-            "seq": channel.next_seq,
-        }
-        if metrics:
-            record["metrics"] = {name: resolve(v) for name, v in metrics.items()}
-        if fields:
-            record.update((k, v if isinstance(v, (str, bool, list, dict)) else resolve(v))
-                          for k, v in fields.items() if v is not None)
-        line = encode_line(record)
+        given = {k: v if isinstance(v, (str, bool, list, dict)) else resolve(v)
+                 for k, v in fields.items() if v is not None} if fields else {}
+        record = build_record(kind, given, time=when, rank=self.rank, step=step, timeline=timeline,
+                              seq=channel.next_seq,
+                              metrics={name: resolve(v) for name, v in metrics.items()} if metrics else None)
+        line = to_line(record)
         channel.next_seq += 1
         return line
 

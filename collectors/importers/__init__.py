@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..appendfile import AppendFile
 from ..errors import ImportFormatError
-from ..format import Kind, encode_line, encode_number
+from ..format import Kind, encode_number
 from ..layout import RunLayout
+from ..records import Eval, Metrics, RankInfo, RankStep, Record, Step, to_line
 from ..runinfo import RankPlacement, RunInfo, write_run_info
 from .csv_import import read_csv
 from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
@@ -87,7 +88,7 @@ def _import(path: Path, out: Path, read: Callable[[Path], Parsed], topology: Pat
     placements = read_topology(topology) if topology else ()
     parsed = read(path)
     records = _data_records(parsed.rows) + parsed.records
-    world_size = 1 + max([0, *(r["rank"] for r in records), *(p.rank for p in placements)])
+    world_size = 1 + max([0, *(r.rank for r in records), *(p.rank for p in placements)])
     _check_placed(placements, world_size, topology)
     files = _run_files(layout, records, placements, world_size)
     write_run_info(layout, RunInfo(name=name or out.name, world_size=world_size, topology=placements,
@@ -97,17 +98,18 @@ def _import(path: Path, out: Path, read: Callable[[Path], Parsed], topology: Pat
     return _summary(out, parsed, files, world_size)
 
 
-def _data_records(rows: list[Row]) -> list[dict[str, Any]]:
-    """The step, rank_step and eval records of the data rows, grouped by (timeline, step, rank)."""
+def _data_records(rows: list[Row]) -> list[Record]:
+    """The step, rank_step and eval records of the data rows, grouped by (timeline, step, rank)
+    (``seq`` 0: a file's records are numbered as it is written)."""
     _check_times(rows)
     groups: dict[tuple[int, int, int | None], _Group] = {}
     for row in rows:
         _merge(groups.setdefault((row.timeline, row.step, row.rank), _Group(row.where)), row)
     clock = {key: float(i) for i, key in enumerate(sorted({(t, s) for t, s, _ in groups}))}
-    records = []
+    records: list[Record] = []
     for (timeline, step, rank), group in groups.items():
         time = clock[timeline, step] if group.time is None else group.time
-        envelope = {"time": time, "rank": 0 if rank is None else rank, "step": step, "timeline": timeline}
+        envelope = {"time": time, "rank": 0 if rank is None else rank, "step": step, "timeline": timeline, "seq": 0}
         records.extend(_job_records(envelope, group) if rank is None else [_rank_step_record(envelope, group)])
     return records
 
@@ -133,90 +135,87 @@ def _merge(group: _Group, row: Row) -> None:
             group.values[name] = value
 
 
-def _job_records(envelope: dict[str, Any], group: _Group) -> list[dict[str, Any]]:
+def _job_records(envelope: dict[str, Any], group: _Group) -> list[Record]:
     metrics = {n: v for n, v in group.values.items() if not n.startswith(EVAL_PREFIX)}
     scores = {n[len(EVAL_PREFIX):]: v for n, v in group.values.items() if n.startswith(EVAL_PREFIX)}
-    records = []
+    records: list[Record] = []
     if metrics or group.shards:
-        shards = {"shards": group.shards} if group.shards else {}
-        records.append({"kind": str(Kind.STEP), **envelope, "metrics": _encoded(metrics), **shards})
+        records.append(Step(**envelope, metrics=_encoded(metrics), shards=list(group.shards) or None))
     if scores:
         records.append(_eval_record(envelope, scores, group.where))
     return records
 
 
-def _eval_record(envelope: dict[str, Any], scores: dict[str, Any], where: str) -> dict[str, Any]:
+def _eval_record(envelope: dict[str, Any], scores: dict[str, Any], where: str) -> Eval:
     spent = {name: encode_number(value) for name, value in scores.items() if name in EVAL_FIELDS}
     scores = {name: value for name, value in scores.items() if name not in EVAL_FIELDS}
     if not scores:
         raise ImportFormatError(f"{where}: eval/{' and eval/'.join(spent)} without any eval score at this step")
-    return {"kind": str(Kind.EVAL), **envelope, "split": "heldout", "metrics": _encoded(scores), **spent}
+    return Eval(**envelope, metrics=_encoded(scores), cum_tokens=spent.get("cum_tokens"),
+                cum_flops=spent.get("cum_flops"))
 
 
-def _rank_step_record(envelope: dict[str, Any], group: _Group) -> dict[str, Any]:
+def _rank_step_record(envelope: dict[str, Any], group: _Group) -> RankStep:
     metrics = {n: v for n, v in group.values.items() if n != "param_checksum"}
-    checksum = {"param_checksum": group.values["param_checksum"]} if "param_checksum" in group.values else {}
-    return {"kind": str(Kind.RANK_STEP), **envelope, "metrics": _encoded(metrics), **checksum}
+    return RankStep(**envelope, metrics=_encoded(metrics), param_checksum=group.values.get("param_checksum"))
 
 
-def _encoded(metrics: dict[str, Number]) -> dict[str, Number | str]:
+def _encoded(metrics: dict[str, Number]) -> Metrics:
     return {name: value if isinstance(value, int) else encode_number(value) for name, value in metrics.items()}
 
 
-def _run_files(layout: RunLayout, records: list[dict[str, Any]], placements: tuple[RankPlacement, ...],
-               world_size: int) -> dict[Path, list[dict[str, Any]]]:
+def _run_files(layout: RunLayout, records: list[Record], placements: tuple[RankPlacement, ...],
+               world_size: int) -> dict[Path, list[Record]]:
     """The records of every file to write: telemetry per rank, fault_injected into ground_truth/."""
-    truth = [r for r in records if r["kind"] == Kind.FAULT_INJECTED]
-    telemetry = [r for r in records if r["kind"] != Kind.FAULT_INJECTED]
+    truth = [r for r in records if r.kind == Kind.FAULT_INJECTED]
+    telemetry = [r for r in records if r.kind != Kind.FAULT_INJECTED]
     files = {layout.rank_file(rank): items
              for rank, items in _telemetry_files(telemetry, placements, world_size).items()}
     return files | {layout.ground_truth_file(rank): items for rank, items in _by_rank(truth).items()}
 
 
-def _telemetry_files(records: list[dict[str, Any]], placements: tuple[RankPlacement, ...],
-                     world_size: int) -> dict[int, list[dict[str, Any]]]:
+def _telemetry_files(records: list[Record], placements: tuple[RankPlacement, ...],
+                     world_size: int) -> dict[int, list[Record]]:
     """Each rank's telemetry, led by a rank_info record (unless the input brought one)."""
-    start = min((r["time"] for r in records), default=0.0)
+    start = min((r.time for r in records), default=0.0)
     placed = {p.rank: p for p in placements}
-    reported = {r["rank"] for r in records if r["kind"] == Kind.RANK_INFO}
-    infos = [_rank_info(rank, placed.get(rank), world_size, start)
-             for rank in range(world_size) if rank not in reported]
+    reported = {r.rank for r in records if r.kind == Kind.RANK_INFO}
+    infos: list[Record] = [_rank_info(rank, placed.get(rank), world_size, start)
+                           for rank in range(world_size) if rank not in reported]
     return _by_rank(infos + records)
 
 
-def _by_rank(records: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+def _by_rank(records: list[Record]) -> dict[int, list[Record]]:
     """Records per rank: rank_info first, then by (timeline, step), input order within."""
-    files: dict[int, list[dict[str, Any]]] = {}
+    files: dict[int, list[Record]] = {}
     for record in records:
-        files.setdefault(record["rank"], []).append(record)
+        files.setdefault(record.rank, []).append(record)
     for items in files.values():
-        items.sort(key=lambda r: (r["kind"] != Kind.RANK_INFO, r["timeline"], r["step"]))
+        items.sort(key=lambda r: (r.kind != Kind.RANK_INFO, r.timeline, r.step))
     return files
 
 
-def _rank_info(rank: int, placement: RankPlacement | None, world_size: int, time: float) -> dict[str, Any]:
-    record = {"kind": str(Kind.RANK_INFO), "time": time, "rank": rank, "step": 0, "timeline": 0,
-              "host": placement.host if placement else "unknown", "world_size": world_size}
-    if placement:
-        record["local_rank"] = placement.local_rank
-        record["mesh"] = {"dp": placement.dp, "tp": placement.tp, "pp": placement.pp}
-    return record
+def _rank_info(rank: int, placement: RankPlacement | None, world_size: int, time: float) -> RankInfo:
+    if placement is None:
+        return RankInfo(time=time, rank=rank, step=0, timeline=0, seq=0, host="unknown", world_size=world_size)
+    return RankInfo(time=time, rank=rank, step=0, timeline=0, seq=0, host=placement.host, world_size=world_size,
+                    local_rank=placement.local_rank, mesh={"dp": placement.dp, "tp": placement.tp, "pp": placement.pp})
 
 
-def _write_file(path: Path, records: list[dict[str, Any]]) -> None:
+def _write_file(path: Path, records: list[Record]) -> None:
     """Append ``records`` with ``seq`` = line number (the file is new, so from 0)."""
     channel = AppendFile(path)
     try:
-        lines = [encode_line({**r, "seq": channel.next_seq + i}) for i, r in enumerate(records)]
+        lines = [to_line(replace(r, seq=channel.next_seq + i)) for i, r in enumerate(records)]
         channel.write("".join(lines).encode("utf-8", "replace"))
     finally:
         channel.close()
 
 
-def _summary(out: Path, parsed: Parsed, files: dict[Path, list[dict[str, Any]]], world_size: int) -> ImportSummary:
+def _summary(out: Path, parsed: Parsed, files: dict[Path, list[Record]], world_size: int) -> ImportSummary:
     written = [r for records in files.values() for r in records]
-    steps = {(r["timeline"], r["step"]) for r in written if r["kind"] in (Kind.STEP, Kind.RANK_STEP)}
-    return ImportSummary(out=out, format=parsed.format, records=dict(Counter(r["kind"] for r in written)),
+    steps = {(r.timeline, r.step) for r in written if r.kind in (Kind.STEP, Kind.RANK_STEP)}
+    return ImportSummary(out=out, format=parsed.format, records=dict(Counter(str(r.kind) for r in written)),
                          ranks=world_size, steps=len(steps), rows=len(parsed.rows) + len(parsed.records),
                          skipped=parsed.skipped)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ImportFormatError
-from ..format import RANK_STEP_METRICS, STEP_METRICS
+from ..format import ENVELOPE_FIELDS, RANK_STEP_METRICS, STEP_METRICS
+from ..records import Record, build_record
 
 ROW_FIELDS = ("step", "rank", "time", "timeline")
 """Fields that place a row; every other field of a wide row is a metric."""
@@ -42,7 +43,7 @@ class Parsed:
 
     format: str
     rows: list[Row] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     skipped: int = 0
 
 
@@ -74,13 +75,14 @@ def _json_object(line: str, where: str) -> dict[str, Any]:
     return obj
 
 
-def _bedside_record(obj: dict[str, Any], where: str) -> dict[str, Any]:
-    """A bedside record to copy: its envelope checked, its ``seq`` dropped (renumbered on write)."""
+def _bedside_record(obj: dict[str, Any], where: str) -> Record:
+    """A bedside record to copy: its envelope checked, its ``seq`` 0 (renumbered on write)."""
     if not isinstance(obj["kind"], str) or not obj["kind"]:
         raise ImportFormatError(f"{where}: kind must be a non-empty string")
     placed = {name: integer(obj.get(name), where, name) for name in ("rank", "step", "timeline")}
-    copied = {name: value for name, value in obj.items() if name != "seq"}
-    return {**copied, **placed, "time": time_value(obj.get("time"), where, required=True)}
+    copied = {name: value for name, value in obj.items() if name not in ENVELOPE_FIELDS and name != "metrics"}
+    return build_record(obj["kind"], copied, **placed, seq=0, metrics=obj.get("metrics"),
+                        time=time_value(obj.get("time"), where, required=True))
 
 
 def make_row(fields: dict[str, Any], values: dict[str, Any], where: str) -> Row:
