@@ -6,8 +6,10 @@ import sys
 import time
 from pathlib import Path
 
+from bedside.collectors.errors import BedsideError
+
 from .output import integer_in
-from .simulation import NOISE_FAMILIES, SimulationConfig, simulate_run
+from .simulation import NOISE_FAMILIES, SimulationConfig, SimulationError, simulate_run
 
 MAX_RANKS = 65536
 
@@ -42,12 +44,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Build the config (one error line when it is wrong), write the run, say what was written."""
-    config = SimulationConfig(ranks=args.ranks, steps=args.steps, seed=args.seed, ranks_per_host=args.ranks_per_host,
-                              pp=args.pp, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-                              checksum_every=args.checksum_every, noise=args.noise, nuisances=args.nuisances,
-                              inject=tuple(args.inject))
     started = time.perf_counter()
-    simulate_run(config, args.out)
+    try:
+        config = SimulationConfig(ranks=args.ranks, steps=args.steps, seed=args.seed,
+                                  ranks_per_host=args.ranks_per_host, pp=args.pp, eval_every=args.eval_every,
+                                  checkpoint_every=args.checkpoint_every, checksum_every=args.checksum_every,
+                                  noise=args.noise, nuisances=args.nuisances, inject=tuple(args.inject))
+        simulate_run(config, args.out)
+    except SimulationError as exc:
+        raise BedsideError(str(exc)) from None
     faults = f"{len(config.faults)} fault" + ("" if len(config.faults) == 1 else "s")
     print(f"simulated {config.ranks} ranks x {config.last_step} steps with {faults} into {args.out} "
           f"in {time.perf_counter() - started:.1f} s; next: bedside collect {args.out}", file=sys.stderr)

@@ -3,7 +3,7 @@
 Rules (docs STYLE rule 1 and DESIGN "Folders"): collectors/ and detectors/ never
 import torch or streamlit; collectors/ knows nothing of detectors, app or trainer;
 detectors/ nothing of app or trainer; trainer/ uses only the telemetry writer of
-ours and the control client's key and safe file reader; ``duckdb.connect`` is called in collectors/store/__init__.py only.
+ours, the control client's key and safe file reader, and the fault catalog; ``duckdb.connect`` is called in collectors/store/__init__.py only.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("collectors", "detectors", "app", "trainer")
 HEAVY = ("torch", "streamlit")
 CONNECT_MODULE = "bedside.collectors.store"
-TRAINER_MAY_USE = ("bedside.collectors.writer", "bedside.collectors.controlkey", "bedside.collectors.safefile")
+TRAINER_MAY_USE = ("bedside.collectors.writer", "bedside.collectors.controlkey", "bedside.collectors.safefile",
+                   "bedside.detectors.faults")
 TRAINER_MAY_TAKE_FROM_COLLECTORS = {"RunLogger"}
 
 
@@ -185,6 +186,8 @@ def test_trainer_uses_only_the_telemetry_writer_of_ours() -> None:
     (Import("bedside.collectors", (), 1), False),
     (Import("bedside.collectors.store", ("Store",), 1), False),
     (Import("bedside.detectors", (), 1), False),
+    (Import("bedside.detectors.faults", ("TRAINER_FAULTS",), 1), True),
+    (Import("bedside.detectors.finding", ("Finding",), 1), False),
 ])
 def test_trainer_rule_tells_the_writer_from_the_rest(imp: Import, allowed: bool) -> None:
     assert trainer_allows(imp) is allowed

@@ -11,10 +11,12 @@ import pytest
 
 from bedside.app.cli import main
 from bedside.app.simulation import NOISE_FAMILIES, SimulationConfig, SimulationError, simulate_run
-from bedside.app.simulation.faults import FAULT_TYPES, parse_fault
-from bedside.app.simulation.models import standard_noise
-from bedside.app.simulation.topology import Topology
 from bedside.collectors.query import run_query
+from bedside.detectors.datasets import simulate
+from bedside.detectors.datasets.faults import parse_fault
+from bedside.detectors.datasets.models import standard_noise
+from bedside.detectors.datasets.topology import Topology
+from bedside.detectors.faults import SIMULATED_FAULTS, Label
 from bedside.detectors.finding import FINDING_KINDS
 
 STEPS, RANKS = 200, 8
@@ -100,6 +102,10 @@ def test_topology_and_the_nuisances_are_in_run_json(faulty_run: Path) -> None:
 
 def test_every_fault_is_labeled_once_with_its_expected_kind(faulty_run: Path) -> None:
     labels = query(faulty_run, "SELECT step, rank, fault, target_ranks, args FROM fault_labels ORDER BY step")
+    written = [Label.from_record(*row) for row in labels[["step", "fault", "target_ranks", "args"]].itertuples(
+        index=False)]
+    generated = simulate(SimulationConfig(ranks=RANKS, steps=STEPS, ranks_per_host=4, seed=7, inject=tuple(FAULTS)))
+    assert written == generated.labels  # the dataset's ground truth is what the run directory says
     args = [json.loads(a) for a in labels["args"]]
     assert sorted((a["spec"], a["expected_kind"]) for a in args) == sorted(FAULTS.items())
     assert set(labels["rank"]) == {0}
@@ -358,8 +364,8 @@ def test_the_api_refuses_a_bad_config() -> None:
         SimulationConfig(ranks=2, steps=10, noise="cauchy")
 
 
-@pytest.mark.parametrize("name", sorted(FAULT_TYPES))
+@pytest.mark.parametrize("name", sorted(SIMULATED_FAULTS))
 def test_every_fault_is_documented_and_expects_a_finding_kind(name: str) -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "simulate.md").read_text()
     assert f"`{name}`" in doc
-    assert FAULT_TYPES[name].expected_kind in FINDING_KINDS
+    assert SIMULATED_FAULTS[name].expected_kind in FINDING_KINDS

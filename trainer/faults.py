@@ -1,7 +1,8 @@
 """Fault injection with ground truth: the faults a frontier run suffers, on demand.
 
 A plan is parsed from specs such as ``straggler:rank=1,factor=2,from=20`` (the
-language and every fault's signature are in docs/faults.md). The trainer calls the
+language and the catalog of faults are in detectors/faults.py, every fault's signature in
+docs/faults.md). The trainer calls the
 plan at fixed points of its step; each hook first checks a per-rank list that is
 empty unless a fault targets this rank, so a plan costs nothing where none applies.
 Every fault that fires writes a ``fault_injected`` record (the ground truth, routed
@@ -25,8 +26,16 @@ import torch
 from torch import Tensor
 
 from bedside.collectors.writer import RunLogger
-
-from .fault_spec import RANKS, TIMING, Spec, one_of, parse_parameters, window_of
+from bedside.detectors.faults import (
+    TRAINER_FAULTS,
+    FaultType,
+    Spec,
+    label_args,
+    one_of,
+    parse_spec,
+    target_ranks,
+    window_of,
+)
 
 CALIBRATION_STEPS = 10  # a factor straggler measures its compute over at most this many steps before onset
 MIN_CALIBRATION = 3  # ... and needs at least this many measured steps before it slows down
@@ -43,14 +52,12 @@ class Recorder:
     def record(self, fault: Fault, step: int, *, flush: bool = False, **details: Any) -> None:
         if self.log is None or self.rank != fault.targets[0]:
             return
-        if not (fault.each_firing or fault.window.every > 1):
+        if not (fault.fault_type.each_firing or fault.window.every > 1):
             if fault.announced:
                 return
             fault.announced = True
-        window = fault.window
-        args = {"spec": fault.spec.text, "first": window.first, "last": window.last, "every": window.every,
-                "expected_kind": fault.expected_kind,
-                **fault.settings, **{k: _json_number(v) for k, v in details.items()}}
+        args = label_args(fault.spec.text, fault.fault_type, fault.window,
+                          {**fault.settings, **{k: _json_number(v) for k, v in details.items()}})
         self.log.event("fault_injected", step, fault=fault.name, target_ranks=list(fault.targets), args=args)
         if flush:
             self.log.flush()
@@ -68,14 +75,11 @@ class Context:
 
 # -- parsing ------------------------------------------------------------------------
 
-def parse_spec(text: str, context: Context) -> Fault:
+def parse_fault(text: str, context: Context) -> Fault:
     """The fault ``text`` describes; ValueError naming the spec and the problem otherwise."""
     try:
-        name, _, body = text.partition(":")
-        kind = FAULTS.get(name.strip())
-        if kind is None:
-            raise ValueError(f"unknown fault {name.strip()!r} (known: {', '.join(sorted(FAULTS))})")
-        return kind(Spec(text, kind.name, parse_parameters(body, kind.name, kind.keys)), context)
+        ftype, spec = parse_spec(text, TRAINER_FAULTS)
+        return FAULTS[ftype.name](spec, context)
     except ValueError as exc:
         raise ValueError(f"bad fault spec {text!r}: {exc}") from None
 
@@ -89,26 +93,24 @@ def _json_number(value: Any) -> Any:
 
 
 class Fault:
-    """A parsed fault: which steps (``window``), which ranks (``targets``), its settings."""
+    """A parsed fault: which steps (``window``), which ranks (``targets``), its settings.
 
-    name: ClassVar[str]
-    keys: ClassVar[frozenset[str]]
-    expected_kind: ClassVar[str]  # the detector finding it should produce (docs/detectors.md), for scoring
-    job_wide: ClassVar[bool] = False  # every rank applies it; rank 0 records it
-    each_firing: ClassVar[bool] = False  # a one-step event: recorded each time it fires
+    Its ``fault_type`` (keys, targets, expected finding, how it is recorded) is in the catalog,
+    ``TRAINER_FAULTS`` of detectors/faults.py; a job-wide fault is applied by every rank.
+    """
+
+    fault_type: ClassVar[FaultType]
 
     def __init__(self, spec: Spec, context: Context) -> None:
         self.spec, self.recorder = spec, context.recorder
-        self.window = window_of(spec, self.keys)
-        if self.job_wide:
-            self.targets = tuple(range(context.world_size))
-        else:
-            first, last = one_of(spec, "rank", "ranks")
-            if last >= context.world_size:
-                raise ValueError(f"rank {last} is out of range for world size {context.world_size}")
-            self.targets = tuple(range(first, last + 1))
+        self.window = window_of(spec, self.fault_type)
+        self.targets = target_ranks(spec, self.fault_type, context.world_size)
         self.settings: dict[str, Any] = {}
         self.announced = False
+
+    @property
+    def name(self) -> str:
+        return self.fault_type.name
 
     def record(self, step: int, **details: Any) -> None:
         self.recorder.record(self, step, **details)
@@ -117,8 +119,7 @@ class Fault:
 class Straggler(Fault):
     """This rank's compute slowed by ``factor`` (measured) or by a fixed ``delay_ms``."""
 
-    name, keys = "straggler", RANKS | TIMING | {"factor", "delay_ms"}
-    expected_kind = "straggler"
+    fault_type = TRAINER_FAULTS["straggler"]
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -165,8 +166,7 @@ class Straggler(Fault):
 class Hang(Fault):
     """This rank stops stepping at ``step`` and sleeps forever; the process stays alive."""
 
-    name, keys = "hang", RANKS | {"step"}
-    expected_kind = "hang"
+    fault_type = TRAINER_FAULTS["hang"]
 
     def before_compute(self, step: int) -> None:
         if step == self.window.first:
@@ -178,8 +178,7 @@ class Hang(Fault):
 class Crash(Fault):
     """This rank's process exits at once (``os._exit``) with ``code``."""
 
-    name, keys = "crash", RANKS | {"step", "code"}
-    expected_kind = "hang"
+    fault_type = TRAINER_FAULTS["crash"]
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -197,8 +196,7 @@ class Crash(Fault):
 class BadShard(Fault):
     """Every sample of the shard(s) replaced by uniform random tokens (seeded by sample id)."""
 
-    name, keys, job_wide = "bad_shard", frozenset({"shard", "shards", "step", "from", "steps", "seed"}), True
-    expected_kind = "loss_spike"
+    fault_type = TRAINER_FAULTS["bad_shard"]
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -227,8 +225,7 @@ class BadShard(Fault):
 class RepeatBatch(Fault):
     """A data-pipeline bug: every batch is the first one this rank saw in the window."""
 
-    name, keys, job_wide = "repeat_batch", frozenset({"step", "from", "steps"}), True
-    expected_kind = "eval_stall"
+    fault_type = TRAINER_FAULTS["repeat_batch"]
     _batch: np.ndarray | None = None
 
     def corrupt(self, step: int, ids: list[int], samples: np.ndarray) -> np.ndarray:
@@ -243,8 +240,7 @@ class RepeatBatch(Fault):
 class ShuffleTargets(Fault):
     """A data-pipeline bug: each sample's tokens in a random order (seeded by step)."""
 
-    name, keys, job_wide = "shuffle_targets", frozenset({"step", "from", "steps", "seed"}), True
-    expected_kind = "eval_stall"
+    fault_type = TRAINER_FAULTS["shuffle_targets"]
 
     def corrupt(self, step: int, ids: list[int], samples: np.ndarray) -> np.ndarray:
         if not self.window.covers(step):
@@ -256,8 +252,7 @@ class ShuffleTargets(Fault):
 class LrBlip(Fault):
     """The learning rate multiplied by ``factor`` on the window's steps."""
 
-    name, keys, job_wide = "lr_blip", frozenset({"step", "from", "steps", "factor"}), True
-    expected_kind = "loss_spike"
+    fault_type = TRAINER_FAULTS["lr_blip"]
 
     def __init__(self, spec: Spec, context: Context) -> None:
         super().__init__(spec, context)
@@ -276,8 +271,7 @@ class LrBlip(Fault):
 class NonFinite(Fault):
     """This rank's loss multiplied by NaN (or Inf) on the window's steps."""
 
-    name, keys, each_firing = "nan", RANKS | TIMING, True
-    expected_kind = "nonfinite"
+    fault_type = TRAINER_FAULTS["nan"]
     value = math.nan
 
     def corrupt(self, step: int, loss: Tensor) -> Tensor:
@@ -288,14 +282,12 @@ class NonFinite(Fault):
 
 
 class Infinite(NonFinite):
-    name, value = "inf", math.inf
+    fault_type, value = TRAINER_FAULTS["inf"], math.inf
 
 
 class _Bitflip(Fault):
     """One bit of one element of a flat tensor flipped: the settings and the choice of element."""
 
-    keys, each_firing = RANKS | TIMING | {"bit", "index", "seed"}, True
-    expected_kind = "sdc"
     default_bit: ClassVar[int]
 
     def __init__(self, spec: Spec, context: Context) -> None:
@@ -318,7 +310,7 @@ class _Bitflip(Fault):
 class GradBitflip(_Bitflip):
     """One bit of one element of this rank's gradient bucket flipped before the all-reduce."""
 
-    name, default_bit = "grad_bitflip", 30
+    fault_type, default_bit = TRAINER_FAULTS["grad_bitflip"], 30
 
     @torch.no_grad()
     def corrupt(self, step: int, flat_grads: Tensor) -> None:
@@ -332,7 +324,7 @@ class ParamBitflip(_Bitflip):
     """One bit of one element of this replica's parameters flipped after the optimizer step
     (under FSDP, of this rank's own shards: ``index`` counts local elements)."""
 
-    name, default_bit = "param_bitflip", 22
+    fault_type, default_bit = TRAINER_FAULTS["param_bitflip"], 22
 
     @torch.no_grad()
     def corrupt(self, step: int, module: torch.nn.Module) -> None:
@@ -361,7 +353,7 @@ def flip_bit(flat: Tensor, index: int, bit: int) -> tuple[float, float]:
     return before, float(flat[index])
 
 
-FAULTS: dict[str, type[Fault]] = {kind.name: kind for kind in (
+FAULTS: dict[str, type[Fault]] = {kind.fault_type.name: kind for kind in (
     Straggler, Hang, Crash, BadShard, RepeatBatch, ShuffleTargets, LrBlip, NonFinite, Infinite,
     GradBitflip, ParamBitflip)}
 
@@ -395,7 +387,7 @@ class FaultPlan:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is out of range for world size {world_size}")
         context = Context(world_size, Recorder(logger, rank), samples_per_shard, vocab_size)
-        return cls([parse_spec(text, context) for text in specs], rank=rank)
+        return cls([parse_fault(text, context) for text in specs], rank=rank)
 
     def before_compute(self, step: int) -> None:
         """Before forward: stragglers sleep, hangs never return, crashes exit."""

@@ -1,7 +1,6 @@
-"""``bedside simulate``: synthetic telemetry at any scale, with labeled faults and nuisances (docs/simulate.md)."""
-from .config import NOISE_FAMILIES, ModelSettings, SimulationConfig
-from .errors import SimulationError
-from .faults import FAULT_TYPES
+"""``bedside simulate``: a simulated run (detectors/datasets) written as a run directory (docs/simulate.md)."""
+from bedside.detectors.datasets import NOISE_FAMILIES, ModelSettings, SimulationConfig, SimulationError
+
 from .run import simulate_run
 
-__all__ = ["FAULT_TYPES", "NOISE_FAMILIES", "ModelSettings", "SimulationConfig", "SimulationError", "simulate_run"]
+__all__ = ["NOISE_FAMILIES", "ModelSettings", "SimulationConfig", "SimulationError", "simulate_run"]

@@ -15,16 +15,16 @@ import numpy as np
 from bedside.collectors.format import encode_line, encode_number
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import RunInfo, write_run_info
-
-from .checksums import Checksums
-from .schedule import Event, Schedule
-from .topology import Topology
-from .traces import Timing
+from bedside.detectors.datasets.checksums import Checksums
+from bedside.detectors.datasets.schedule import Event, Schedule
+from bedside.detectors.datasets.topology import Topology
+from bedside.detectors.datasets.traces import Timing
 
 RANK_STEP = ('{"kind":"rank_step","time":%.6f,"rank":%d,"step":%d,"timeline":0,"seq":%d,"metrics":{'
              '"step_time":%.6g,"data_time":%.6g,"compute_time":%.6g,"comm_time":%.6g,"optimizer_time":%.6g,'
              '"local_grad_norm":%s}%s}\n')
 HEARTBEAT = '{"kind":"heartbeat","time":%.6f,"rank":%d,"step":%d,"timeline":0,"seq":%d}\n'
+CHECKSUM = ',"param_checksum":"%016x"'
 PID_BASE, PID_RESTART = 40000, 1000
 
 
@@ -36,7 +36,7 @@ class RunFiles:
     topology: Topology
     timing: Timing
     local_grad: np.ndarray
-    checksums: Checksums
+    checksums: ChecksumFields
     schedule: Schedule
     steps: list[dict[str, Any]]  # rank 0's step record fields, by step
     labels: list[dict[str, Any]]  # fault_injected records: step, time and fields
@@ -124,6 +124,28 @@ def rank_info(rank: int, topology: Topology, restarts: int) -> dict[str, Any]:
     return {"host": place.host, "local_rank": place.local_rank, "world_size": topology.ranks,
             "pid": PID_BASE + PID_RESTART * restarts + place.local_rank,
             "mesh": {"dp": place.dp, "tp": place.tp, "pp": place.pp}}
+
+
+class ChecksumFields:
+    """For steps 1..steps of each rank: the checksum field to append to its rank_step record, or ``""``.
+
+    The replicas of a stage that never diverged share one list.
+    """
+
+    def __init__(self, checksums: Checksums, steps: int) -> None:
+        self.checksums, self.steps = checksums, steps
+        self._replicas = [self._fields(row.tolist()) for row in checksums.base]
+
+    def fields(self, rank: int) -> list[str]:
+        if rank in self.checksums.corruptions:
+            return self._fields(self.checksums.digests(rank))
+        return self._replicas[self.checksums.stage[rank]]
+
+    def _fields(self, digests: list[int]) -> list[str]:
+        out = [""] * self.steps
+        for step, digest in zip(self.checksums.checked.tolist(), digests):
+            out[step - 1] = CHECKSUM % digest
+        return out
 
 
 def number_texts(values: np.ndarray) -> list[str]:

@@ -1,8 +1,6 @@
-"""Named exceptions of the simulator."""
+"""Named exceptions of the simulated datasets."""
 from __future__ import annotations
 
-from bedside.collectors.errors import BedsideError
 
-
-class SimulationError(BedsideError):
+class SimulationError(ValueError):
     """A simulation config or fault spec is not valid, or the output directory cannot be used."""

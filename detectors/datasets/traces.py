@@ -60,17 +60,21 @@ class Timing:
     comm: np.ndarray
 
 
-def compose_timing(traces: Traces) -> Timing:
+def compose_timing(data: np.ndarray, compute: np.ndarray, optimizer: np.ndarray, comm: np.ndarray,
+                   slowdown: np.ndarray | None = None) -> Timing:
     """A synchronous step: it lasts as long as the slowest rank's own work plus the collective.
 
-    Each rank waits in the collective for the slowest, so its ``comm_time`` is the step
-    time less its own data, compute and optimizer time. Scales the traces' matrices in place.
+    ``data``, ``compute`` and ``optimizer`` are (ranks, steps) seconds, ``comm`` (steps,) the
+    collective itself and ``slowdown`` (steps,) a job-wide factor on all of them, applied to the
+    matrices in place. Each rank waits in the collective for the slowest, so its ``comm_time``
+    is the step time less its own data, compute and optimizer time.
     """
-    slow = traces.slowdown[None, :]
-    for phase in (traces.data, traces.compute, traces.optimizer):
-        phase *= slow
-    busy = traces.data + traces.compute
-    busy += traces.optimizer
-    step_time = busy.max(axis=0) + traces.comm * traces.slowdown
+    if slowdown is not None:
+        for phase in (data, compute, optimizer):
+            phase *= slowdown[None, :]
+        comm = comm * slowdown
+    busy = data + compute
+    busy += optimizer
+    step_time = busy.max(axis=0) + comm
     np.subtract(step_time[None, :], busy, out=busy)
-    return Timing(step_time, traces.data, traces.compute, traces.optimizer, busy)
+    return Timing(step_time, data, compute, optimizer, busy)

@@ -6,12 +6,11 @@ import numpy as np
 from .config import SimulationConfig
 from .models import stream
 
-FIELD = ',"param_checksum":"%016x"'
 _MASK = (1 << 63) - 1
 
 
 class Checksums:
-    """The ``param_checksum`` of every rank's rank_step records, every ``checksum_every`` steps.
+    """The ``param_checksum`` of every rank, every ``checksum_every`` steps (``checked``).
 
     A stage's replicas report one digest per checksum step; a rank whose parameters diverged
     (``corruptions``: rank -> steps) reports another from that step on, changed again at
@@ -19,27 +18,19 @@ class Checksums:
     """
 
     def __init__(self, config: SimulationConfig, corruptions: dict[int, list[int]]) -> None:
-        self.steps = config.steps
         self.every = config.checksum_every
         self.checked = np.arange(self.every, config.steps + 1, self.every)
         self.base = stream(config.seed, "checksum").integers(0, _MASK, (config.pp, len(self.checked)), dtype=np.int64)
         self.stage = config.topology.stage()
         self.corruptions = {rank: sorted(steps) for rank, steps in corruptions.items()}
-        self._replicas = [self._fields(row.tolist()) for row in self.base]
 
-    def fields(self, rank: int) -> list[str]:
-        """For steps 1..steps: the checksum field to append to the rank_step record, or ``""``."""
-        if rank not in self.corruptions:
-            return self._replicas[self.stage[rank]]
-        hits = np.searchsorted(self.corruptions[rank], self.checked, side="right")
+    def digests(self, rank: int) -> list[int]:
+        """The rank's digest at each checked step (``checked``)."""
         row = self.base[self.stage[rank]].tolist()
-        return self._fields([value ^ _mix(rank, int(n)) if n else value for value, n in zip(row, hits)])
-
-    def _fields(self, digests: list[int]) -> list[str]:
-        out = [""] * self.steps
-        for step, digest in zip(self.checked.tolist(), digests):
-            out[step - 1] = FIELD % digest
-        return out
+        if rank not in self.corruptions:
+            return row
+        hits = np.searchsorted(self.corruptions[rank], self.checked, side="right")
+        return [value ^ _mix(rank, int(n)) if n else value for value, n in zip(row, hits)]
 
 
 def _mix(rank: int, divergences: int) -> int:

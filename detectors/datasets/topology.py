@@ -6,7 +6,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bedside.collectors.runinfo import RankPlacement
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one rank runs: the columns of the run's topology (``TOPOLOGY_COLUMNS``)."""
+
+    rank: int
+    host: str
+    local_rank: int
+    dp: int
+    tp: int
+    pp: int
 
 
 @dataclass(frozen=True)
@@ -46,10 +56,6 @@ class Topology:
     def host_name(host: int) -> str:
         return f"node-{host:04d}"
 
-    def placement(self, rank: int) -> RankPlacement:
-        return RankPlacement(rank=rank, host=self.host_name(rank // self.ranks_per_host),
-                             local_rank=rank % self.ranks_per_host, dp=rank % self.dp_size, tp=0,
-                             pp=rank // self.dp_size)
-
-    def placements(self) -> tuple[RankPlacement, ...]:
-        return tuple(self.placement(rank) for rank in range(self.ranks))
+    def placement(self, rank: int) -> Placement:
+        return Placement(rank=rank, host=self.host_name(rank // self.ranks_per_host),
+                         local_rank=rank % self.ranks_per_host, dp=rank % self.dp_size, tp=0, pp=rank // self.dp_size)

@@ -21,7 +21,7 @@ def apply_fault(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
 
 
 def _covered(fault: Fault, traces: Traces) -> np.ndarray:
-    return np.flatnonzero(fault.mask(traces.steps))
+    return np.flatnonzero(fault.window.covers(traces.steps))
 
 
 def spike(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
@@ -90,7 +90,7 @@ def bad_shard(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
     low, high = fault.settings["shards"]
     excess, dp = fault.settings["excess"], config.topology.dp()
     columns = traces.shards.shape[1]
-    bad = (traces.shards >= low) & (traces.shards <= high) & fault.mask(traces.steps)[:, None]
+    bad = (traces.shards >= low) & (traces.shards <= high) & fault.window.covers(traces.steps)[:, None]
     readers = np.bincount(dp % columns, minlength=columns) / config.topology.dp_size
     traces.loss_add += excess * (bad * readers).sum(axis=1)
     traces.local_grad[bad[:, dp % columns].T] *= 1 + BAD_SHARD_GRAD * excess
