@@ -29,6 +29,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
+from .format import RUN_END_STATUSES
 from .ingest import Collector, PassResult
 from .layout import SOURCE_DIRS, STORE_NAME
 from .store import sql
@@ -38,7 +39,6 @@ DEFAULT_RESCAN_EVERY_S = 2.0
 # Stopping an observer while an event is in flight makes watchdog's inotify
 # emitter log a spurious error; the periodic rescan covers any event it drops.
 logging.getLogger("watchdog.observers.inotify").setLevel(logging.CRITICAL)
-ENDED_STATUSES = ("finished", "failed", "aborted")
 
 
 WANTED_EVENTS = [FileModifiedEvent, FileCreatedEvent, FileMovedEvent, DirCreatedEvent]
@@ -152,7 +152,7 @@ class Follower:
     def run_ended(self) -> bool:
         """True once every rank has written run_end (or one reported failure)."""
         rows = self.collector.store.connection().execute(sql("run_status")).fetchall()
-        return bool(rows) and rows[0][0] in ENDED_STATUSES
+        return bool(rows) and rows[0][0] in RUN_END_STATUSES
 
     def _start_events(self) -> None:
         try:

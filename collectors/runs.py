@@ -1,19 +1,25 @@
-"""Summaries of the runs in a directory, read from the files (no store needed)."""
+"""Summaries of the runs in a directory, read from the files (no run's store needed).
+
+The status comes from the facts read in the files' tails by the rule the store's
+``run`` view applies: the ``run_status`` macro, evaluated in an in-memory store.
+"""
 from __future__ import annotations
 
 import stat
 import time
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TypeGuard
 
 from .appendfile import tail_records
 from .errors import RunInfoError
+from .format import Kind, RunEndStatus
 from .layout import RunLayout, is_run_dir, rank_of_file
 from .runinfo import read_run_info
+from .store import Store
 
 TAIL_BYTES = 64 << 10
-LIVE_WITHIN_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -40,10 +46,7 @@ def find_runs(root: Path) -> list[Path]:
 
 
 def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
-    """Status, last step and last record time of a run, from run.json and the files' tails.
-
-    The status follows the same rule as the store's ``run`` view.
-    """
+    """Status, last step and last record time of a run, from run.json and the files' tails."""
     layout = RunLayout(run_dir)
     try:
         info = read_run_info(layout)
@@ -53,7 +56,7 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
              if f.parent == layout.telemetry and rank_of_file(f) is not None and _is_regular(f)]
     records = [r for f in files for r in tail_records(f, TAIL_BYTES)]
     last_seen = max((r["time"] for r in records if _is_number(r.get("time"))), default=None)
-    steps = [r["step"] for r in records if r.get("kind") == "step" and _is_integer(r.get("step"))]
+    steps = [r["step"] for r in records if r.get("kind") == Kind.STEP and _is_integer(r.get("step"))]
     rank_files = {rank_of_file(f) for f in files} - {None}
     world = info.world_size if info else (len(rank_files) or None)
     return RunSummary(
@@ -61,7 +64,7 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
         name=info.name if info else run_dir.name,
         run_id=info.run_id if info else "",
         world_size=world,
-        status=_status(_ended_ranks(records), world, last_seen, time.time() if now is None else now),
+        status=_status(_ended_ranks(records), world or 0, last_seen, time.time() if now is None else now),
         last_step=max(steps, default=None),
         last_seen=last_seen,
         rank_files=len(files),
@@ -84,7 +87,7 @@ def _ended_ranks(records: list[dict]) -> dict[int, str | None]:
         if (_is_integer(rank) and _is_number(record.get("time"))
                 and (rank not in latest or _place(record) >= _place(latest[rank]))):
             latest[rank] = record
-    return {rank: r.get("status") for rank, r in latest.items() if r.get("kind") == "run_end"}
+    return {rank: r.get("status") for rank, r in latest.items() if r.get("kind") == Kind.RUN_END}
 
 
 def _place(record: dict) -> tuple[float, int]:
@@ -101,13 +104,14 @@ def _is_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _status(ends: dict[int, str | None], world: int | None, last_seen: float | None, now: float) -> str:
-    if "failed" in ends.values():
-        return "failed"
-    if "aborted" in ends.values():
-        return "aborted"
-    if ends and len(ends) >= (world or 1):
-        return "finished"
-    if last_seen is None:
-        return "empty"
-    return "live" if now - last_seen <= LIVE_WITHIN_S else "stalled"
+def _status(ends: dict[int, str | None], world: int, last_seen: float | None, now: float) -> str:
+    """The run view's status for these facts (``run_status`` of migrations/008_run_status.sql)."""
+    facts = {"any_failed": RunEndStatus.FAILED in ends.values(), "any_aborted": RunEndStatus.ABORTED in ends.values(),
+             "ranks_ended": len(ends), "world_size": world, "last_seen": last_seen, "now": now}
+    return str(_rule_store().fetch_named("status_of_facts", facts)["status"].iloc[0])
+
+
+@cache
+def _rule_store() -> Store:
+    """An empty in-memory store, for its ``run_status`` macro (one per process)."""
+    return Store.open(None)

@@ -229,7 +229,7 @@ def test_torn_last_line_is_terminated_on_reopen_and_only_that_fragment_is_reject
 
 
 RUN_HISTORIES = {
-    # rank -> its records in file order: (kind, seconds before now, run_end status)
+    # rank -> its records in file order: (kind, seconds before now, run_end status); the run's status
     "a rank restarted after failing and steps again": (
         {0: [("step", 9, None), ("run_end", 8, "failed"), ("rank_info", 5, None), ("step", 4, None)],
          1: [("step", 4, None)]}, "live"),
@@ -241,6 +241,12 @@ RUN_HISTORIES = {
         {0: [("run_end", 9, "finished"), ("step", 4, None)], 1: [("run_end", 5, "finished")]}, "live"),
     "every rank's latest record is run_end": (
         {0: [("step", 9, None), ("run_end", 5, "finished")], 1: [("run_end", 5, "finished")]}, "finished"),
+    "one rank of two has ended": ({0: [("run_end", 5, "finished")], 1: [("step", 4, None)]}, "live"),
+    "a rank aborted": ({0: [("run_end", 5, "aborted")], 1: [("step", 4, None)]}, "aborted"),
+    "failed wins over aborted": ({0: [("run_end", 5, "aborted")], 1: [("run_end", 6, "failed")]}, "failed"),
+    "nothing within 120 s": ({0: [("step", 130, None)], 1: [("heartbeat", 125, None)]}, "stalled"),
+    "a record within 120 s": ({0: [("step", 300, None)], 1: [("heartbeat", 100, None)]}, "live"),
+    "no records": ({}, "empty"),
 }
 
 
@@ -261,7 +267,9 @@ def run_status(store: Store) -> str:
 
 
 @pytest.mark.parametrize("history", sorted(RUN_HISTORIES))
-def test_a_rank_has_ended_only_while_its_run_end_is_its_latest_record(run_dir, ingest, record, history) -> None:
+def test_the_run_view_and_bedside_runs_give_one_status_for_the_same_records(run_dir, ingest, record,
+                                                                              history) -> None:
+    """One rule (the run_status macro): a rank has ended only while its run_end is its latest record."""
     ranks, expected = RUN_HISTORIES[history]
     write_history(run_dir, ranks, record)
     write_run_info(RunLayout(run_dir), RunInfo(name="restarts", world_size=2))

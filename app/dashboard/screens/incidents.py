@@ -12,6 +12,7 @@ from bedside.app.dashboard.actions import ACTION_LABELS, onset, prefilled_args, 
 from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator
 from bedside.app.dashboard.registry import desk
 from bedside.collectors.errors import BedsideError
+from bedside.collectors.format import RUN_END_STATUSES
 
 WINDOW_MARGIN = 30
 
@@ -184,7 +185,7 @@ def requests_and_audit_trail() -> None:
         st.subheader("Requests for this incident")
         statuses = data.frame("actions")
         run = data.frame("run")
-        ended = not run.empty and run["status"].iloc[0] in ("finished", "failed", "aborted")
+        ended = not run.empty and run["status"].iloc[0] in RUN_END_STATUSES
         for entry in filed.itertuples():
             st.markdown(f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
                         f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}")
