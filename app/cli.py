@@ -14,6 +14,7 @@ from bedside.collectors.query import run_query
 from bedside.collectors.runs import find_runs, summarize_run
 from bedside.collectors.store import DatabaseError, Store, move_aside
 from bedside.collectors.store.console import ConsoleLimits
+from bedside.detectors.errors import DetectorError
 
 from . import action, alert, audit, demo, detect, serve, simulate, train, watch
 from .detect import LiveDetection
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (BedsideError, OSError) as exc:
+    except (BedsideError, DetectorError, OSError) as exc:
         print(f"bedside: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except DatabaseError as exc:  # damage found after the store opened, a full disk: the store said no

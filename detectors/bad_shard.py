@@ -18,8 +18,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .detector import Detector, register
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import COUNT, POSITIVE, ranges
 from .telemetry import TelemetryBatch
 from .trend import RobustTrend
 
@@ -62,11 +64,13 @@ class _Shard:
     normal_since_high: int = 0
 
 
-@register
 class BadShardDetector(Detector):
     """Shards whose batches are consistently worse than the trend."""
 
     name = "bad_shard"
+    kinds = (FindingKind("bad_shard", Family.TRAINING, tolerance=500, cause="data: a bad shard", precedence=20),)
+    limits = ranges(t_alarm=POSITIVE, min_batches=COUNT, high_z=POSITIVE, clip=POSITIVE, horizon=COUNT,
+                    clear_after=COUNT)
 
     def __init__(self, *, t_alarm: float = 5.0, min_batches: int = 3, high_z: float = 3.0, clip: float = 8.0,
                  horizon: int = 500, clear_after: int = 10) -> None:

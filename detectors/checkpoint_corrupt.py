@@ -16,23 +16,25 @@ from typing import Any
 
 import pandas as pd
 
-from .detector import Detector, register
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import COUNT, ranges
 from .telemetry import TelemetryBatch
 
 _NAME = re.compile(r"step-(\d+)-t(\d+)$")
 
 
-@register
 class CheckpointCorruptDetector(Detector):
     """Checkpoints the trainer found corrupt, until a new one is saved."""
 
     name = "checkpoint_corrupt"
+    kinds = (FindingKind("checkpoint_corrupt", Family.CHECKPOINTS, tolerance=0,
+                         cause="storage: checkpoints fail verification", precedence=60),)
+    limits = ranges(critical_count=COUNT)
 
     def __init__(self, *, critical_count: int = 2) -> None:
         super().__init__()
-        if critical_count < 1:
-            raise ValueError(f"critical_count must be >= 1, got {critical_count}")
         self.critical_count = critical_count
         self._open: Finding | None = None
 

@@ -1,27 +1,57 @@
-"""The detector interface and the registry of detectors by name."""
+"""The detector interface: what every detector declares (name, kinds, settings' ranges) and does."""
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from typing import ClassVar, TypeVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
 
 from .errors import DetectorConfigError
 from .finding import Finding
+from .kinds import FindingKind
+from .limits import Range
 from .telemetry import RunState, TelemetryBatch
 
 
 class Detector(ABC):
     """A streaming detector: settings in ``__init__``, state between ``update`` calls.
 
-    ``update`` takes the rows that arrived since the last call and returns the findings
-    it opened or changed (a changed finding keeps its ``finding_id``). Feeding a run in
-    one batch or in many gives the same findings. ``finish`` closes what the end of the
-    data settles (a run that ended); ``tick`` lets time pass without data (a live hang).
+    A concrete detector declares its ``name`` (a detector that emits one kind is named
+    after it), the ``kinds`` of finding it emits and the ``limits`` of every keyword
+    setting of its ``__init__``; the settings are checked against them before
+    ``__init__`` runs (``DetectorConfigError`` otherwise). ``update`` takes the rows that
+    arrived since the last call and returns the findings it opened or changed (a changed
+    finding keeps its ``finding_id``). Feeding a run in one batch or in many gives the
+    same findings. ``finish`` closes what the end of the data settles (a run that ended);
+    ``tick`` lets time pass without data (a live hang).
     """
 
     name: ClassVar[str]
+    kinds: ClassVar[tuple[FindingKind, ...]]
+    limits: ClassVar[Mapping[str, Range]]
+
+    def __new__(cls, *args: Any, **settings: Any) -> Self:
+        for setting, value in cls.settings(*args, **settings).items():
+            cls.limits[setting].check(cls.name, setting, value)
+        return super().__new__(cls)
 
     def __init__(self) -> None:
         self.run = RunState()
+
+    @classmethod
+    def settings(cls, *args: Any, **settings: Any) -> dict[str, Any]:
+        """Every setting the constructor would take from these arguments, defaults filled in."""
+        try:
+            bound = inspect.signature(cls.__init__).bind(None, *args, **settings)
+        except TypeError as exc:
+            raise DetectorConfigError(f"bad settings for detector {cls.name!r}: {exc}") from exc
+        bound.apply_defaults()
+        return dict(list(bound.arguments.items())[1:])  # less ``self``
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each setting's default value."""
+        return cls.settings()
 
     def bind(self, run: RunState) -> None:
         """Share the runner's knowledge of the run (topology, checkpoints)."""
@@ -38,36 +68,3 @@ class Detector(ABC):
     def tick(self, now: float) -> list[Finding]:
         """Wall-clock time ``now`` passed with no new rows (live runs only)."""
         return []
-
-
-D = TypeVar("D", bound=type[Detector])
-REGISTRY: dict[str, type[Detector]] = {}
-
-
-def register(cls: D) -> D:
-    """Class decorator: make a detector available by its ``name``."""
-    if cls.name in REGISTRY:
-        raise DetectorConfigError(f"two detectors are named {cls.name!r}")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def build_detectors(settings: dict[str, dict] | None = None,
-                    only: list[str] | None = None) -> list[Detector]:
-    """One instance of every registered detector (or those in ``only``), with ``settings`` by name."""
-    settings = settings or {}
-    unknown = sorted((set(settings) | set(only or ())) - set(REGISTRY))
-    if unknown:
-        raise DetectorConfigError(f"unknown detector {', '.join(unknown)} (known: {', '.join(sorted(REGISTRY))})")
-    built = []
-    for name in sorted(REGISTRY):
-        if only is None or name in only:
-            built.append(_construct(REGISTRY[name], settings.get(name, {})))
-    return built
-
-
-def _construct(cls: type[Detector], options: dict) -> Detector:
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise DetectorConfigError(f"bad settings for detector {cls.name!r}: {exc}") from exc

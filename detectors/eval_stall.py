@@ -22,8 +22,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy import optimize, stats
 
-from .detector import Detector, register
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import COUNT, POSITIVE, Range, ranges
 from .robust import mad_sigma
 from .telemetry import TelemetryBatch
 
@@ -39,11 +41,14 @@ class _Series:
     finding: Finding | None = None
 
 
-@register
 class EvalStallDetector(Detector):
     """Held-out eval that stopped improving against the compute spent."""
 
     name = "eval_stall"
+    kinds = (FindingKind("eval_stall", Family.LEARNING, tolerance=400,
+                         cause="the job computes but the model stopped improving", precedence=50),)
+    limits = ranges(min_evals=Range(3, integer=True), band_z=POSITIVE, min_rel_sigma=POSITIVE, patience=COUNT,
+                    trend_evals=Range(2, integer=True), train_drop=Range(0, 1, high_open=True))
 
     def __init__(self, *, min_evals: int = 6, band_z: float = 3.0, min_rel_sigma: float = 0.001,
                  patience: int = 2, trend_evals: int = 5, train_drop: float = 0.02) -> None:

@@ -4,30 +4,38 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
+from functools import cache
 from typing import Any
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     """How loudly a finding should be raised: info is logged, warning notifies, critical pages."""
 
     INFO = "info"
     WARNING = "warning"
     CRITICAL = "critical"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def level(self) -> int:
         return ("info", "warning", "critical").index(self.value)
 
 
-FINDING_KINDS = (
-    "loss_spike", "grad_spike", "nonfinite", "straggler", "sdc",
-    "eval_stall", "hang", "bad_shard", "throughput_drop", "checkpoint_corrupt",
-)
-"""Every kind a finding can have (``bedside detect --json`` prints only these)."""
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``FINDING_KINDS``: every kind a finding can have, as the registered detectors declare them (read from
+    the registry on first use, since the detectors themselves import this module)."""
+    if name == "FINDING_KINDS":
+        return declared_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@cache
+def declared_kinds() -> tuple[str, ...]:
+    """Every kind a finding can have (``bedside detect --json`` prints only these)."""
+    from .registry import finding_kinds  # the registry imports every detector, and they import this module
+
+    return tuple(finding_kinds())
+
 
 ACTION_NAMES = ("rewind", "skip", "quarantine", "evict", "investigate", "none")
 """What a finding can suggest; rewind, skip and quarantine map onto control requests."""
@@ -79,8 +87,8 @@ class Finding:
     detector: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind not in FINDING_KINDS:
-            raise ValueError(f"unknown finding kind {self.kind!r}: expected one of {', '.join(FINDING_KINDS)}")
+        if self.kind not in (kinds := declared_kinds()):
+            raise ValueError(f"unknown finding kind {self.kind!r}: expected one of {', '.join(kinds)}")
         if self.end_step < self.start_step:
             raise ValueError(f"end_step {self.end_step} is before start_step {self.start_step}")
         object.__setattr__(self, "severity", Severity(self.severity))

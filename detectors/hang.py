@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from .detector import Detector, register
-from .errors import DetectorConfigError
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import FRACTION, POSITIVE, ranges
 from .telemetry import TelemetryBatch
 
 EDGES = np.logspace(-4, 6, 201)
@@ -126,17 +127,17 @@ class _Hang:
 Columns = dict[str, np.ndarray]
 
 
-@register
 class HangDetector(Detector):
     """Ranks that stop stepping, or go silent, while others go on; silent jobs on ``tick``."""
 
     name = "hang"
+    kinds = (FindingKind("hang", Family.PERFORMANCE, tolerance=50, cause="a rank stopped stepping", precedence=30),)
+    limits = ranges(min_seconds=POSITIVE, factor=POSITIVE, quantile=FRACTION, pause_factor=POSITIVE,
+                    first_pause_s=POSITIVE)
 
     def __init__(self, *, min_seconds: float = 60.0, factor: float = 5.0, quantile: float = 0.99,
                  pause_factor: float = 2.0, first_pause_s: float = 600.0) -> None:
         super().__init__()
-        if min(min_seconds, factor, pause_factor, first_pause_s) <= 0 or not 0 < quantile < 1:
-            raise DetectorConfigError("hang settings must be positive, and quantile in (0, 1)")
         self.timing = _Timing(min_seconds, factor, quantile, pause_factor, first_pause_s)
         self._state: Columns = {name: np.zeros(0, dtype) for name, dtype in STATE.items()}
         self._newest = {"any": -np.inf, "step": -np.inf}

@@ -13,17 +13,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .finding import Finding, Severity, SuggestedAction
-
-FAMILIES = {
-    "loss_spike": "training", "grad_spike": "training", "nonfinite": "training", "sdc": "training",
-    "bad_shard": "training", "straggler": "performance", "hang": "performance",
-    "throughput_drop": "performance", "eval_stall": "learning", "checkpoint_corrupt": "checkpoints",
-}
-"""Which findings can share a cause: numerics and data, speed, learning itself, and the way back."""
+from .kinds import Family, FindingKind
+from .registry import finding_kinds
 
 ACTIONABLE = ("rewind", "quarantine", "evict", "skip")
-TITLES = {"training": "Training instability", "performance": "Slow or stuck ranks", "learning": "Not learning",
-          "checkpoints": "Checkpoints lost"}
+UNEXPLAINED = "unexplained by data or hardware signals so far"
+
+
+def __getattr__(name: str) -> dict[str, Family]:
+    """``FAMILIES``: each finding kind's family, as its detector declares it."""
+    if name == "FAMILIES":
+        return {kind.name: kind.family for kind in finding_kinds().values()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def family_of(kind: str) -> Family:
+    """The family of findings of ``kind``: which findings can share a cause."""
+    return finding_kinds()[kind].family
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,12 @@ class IncidentBook:
         return self._incident_of[finding.finding_id]
 
     def _place(self, finding: Finding) -> str:
-        family = FAMILIES[finding.kind]
+        family = family_of(finding.kind)
         for incident_id, members in self._members.items():
             if incident_id in self._closed:
                 continue
             first = next(iter(members.values()))
-            if FAMILIES[first.kind] != family or first.timeline != finding.timeline:
+            if family_of(first.kind) != family or first.timeline != finding.timeline:
                 continue
             start = min(f.start_step for f in members.values())
             end = max(f.end_step for f in members.values())
@@ -100,10 +106,10 @@ class IncidentBook:
         members = sorted(self._members[incident_id].values(), key=lambda f: (f.start_step, f.kind))
         worst = worst_of(members)
         kinds = tuple(dict.fromkeys(f.kind for f in members))
-        family = FAMILIES[members[0].kind]
+        family = family_of(members[0].kind)
         extra = len(members) - 1
         return Incident(
-            incident_id=incident_id, title=f"{TITLES[family]}: {', '.join(kinds)}",
+            incident_id=incident_id, title=f"{family.heading}: {', '.join(kinds)}",
             severity=worst.severity, resolved=not any(f.active for f in members), cause=_cause(members),
             timeline=members[0].timeline, start_step=min(f.start_step for f in members),
             end_step=max(f.end_step for f in members), kinds=kinds,
@@ -118,27 +124,20 @@ def worst_of(findings: Iterable[Finding]) -> Finding:
 
 
 def _cause(members: list[Finding]) -> str:
-    """The likeliest cause the findings point to, in words."""
-    kinds = {f.kind for f in members}
-    first = {kind: min(f.start_step for f in members if f.kind == kind) for kind in kinds}
-    if "sdc" in kinds:
-        ranks = sorted({r for f in members if f.kind == "sdc" for r in f.ranks})
-        return f"hardware-suspect: silent data corruption on rank {', '.join(map(str, ranks))}"
-    if "bad_shard" in kinds:
-        return "data: a bad shard"
-    if {"loss_spike", "grad_spike"} <= kinds and first["grad_spike"] < first["loss_spike"]:
+    """The likeliest cause the findings point to, in words: the cause their kinds declare (the lowest
+    precedence first), else a gradient-norm spike that led a loss spike, else unexplained."""
+    declared = {kind.name: kind for f in members if (kind := finding_kinds()[f.kind]).cause}
+    if declared:
+        best = min(declared.values(), key=lambda kind: kind.precedence)
+        return best.cause.format(ranks=", ".join(map(str, _ranks_of(members, best))))
+    first = {kind: min(f.start_step for f in members if f.kind == kind) for kind in {f.kind for f in members}}
+    if {"loss_spike", "grad_spike"} <= set(first) and first["grad_spike"] < first["loss_spike"]:
         return f"optimisation: the gradient norm led the loss by {first['loss_spike'] - first['grad_spike']} steps"
-    if "hang" in kinds:
-        return "a rank stopped stepping"
-    if "straggler" in kinds:
-        return "slow worker(s)"
-    if "eval_stall" in kinds:
-        return "the job computes but the model stopped improving"
-    if "checkpoint_corrupt" in kinds:
-        return "storage: checkpoints fail verification"
-    if kinds & {"loss_spike", "grad_spike", "nonfinite"}:
-        return "unexplained by data or hardware signals so far"
-    return "throughput"
+    return UNEXPLAINED
+
+
+def _ranks_of(members: list[Finding], kind: FindingKind) -> list[int]:
+    return sorted({r for f in members if f.kind == kind.name for r in f.ranks})
 
 
 def _action(members: list[Finding], worst: Finding) -> SuggestedAction:

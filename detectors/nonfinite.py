@@ -13,8 +13,10 @@ import numpy as np
 import pandas as pd
 
 from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector, register
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction, json_number
+from .kinds import Family, FindingKind
+from .limits import COUNT, ranges
 from .telemetry import TelemetryBatch, numbers
 
 JOB_METRICS = ("loss", "grad_norm", "lr")
@@ -109,11 +111,12 @@ class _Stream:
         return cls(metrics, _LastFinite(metrics), np.zeros(len(metrics), bool))
 
 
-@register
 class NonFiniteDetector(Detector):
     """NaN or Inf in ``loss``, ``grad_norm``, ``lr`` or any rank's timings and local gradient norm."""
 
     name = "nonfinite"
+    kinds = (FindingKind("nonfinite", Family.TRAINING, tolerance=2),)
+    limits = ranges(lag=COUNT)
 
     def __init__(self, *, lag: int = 20) -> None:
         super().__init__()

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import catalog  # noqa: F401  (every detector registered)
-from .detector import Detector, build_detectors
+from .detector import Detector
 from .finding import Finding
+from .registry import build_detectors
 from .telemetry import RunState, TelemetryBatch
 
 

@@ -23,8 +23,10 @@ import numpy as np
 import pandas as pd
 
 from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector, register
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import COUNT, FRACTION, NON_NEGATIVE, OPTIONAL_COUNT, POSITIVE, ranges
 from .robust import MAD_TO_SIGMA, row_median
 from .telemetry import TelemetryBatch
 
@@ -153,11 +155,14 @@ class _Case:
         return self.gradient["hits"] if self.gradient else 0
 
 
-@register
 class SdcDetector(Detector):
     """Silent data corruption: replica checksum mismatches and one-rank local gradient norm outliers."""
 
     name = "sdc"
+    kinds = (FindingKind("sdc", Family.TRAINING, tolerance=10,
+                         cause="hardware-suspect: silent data corruption on rank {ranks}", precedence=10),)
+    limits = ranges(false_alarms_per_step=FRACTION, half_life=POSITIVE, warmup=OPTIONAL_COUNT,
+                    min_ratio_log2=NON_NEGATIVE, gap=OPTIONAL_COUNT, lag=COUNT)
 
     def __init__(self, *, false_alarms_per_step: float = 1e-5, half_life: int = 1000, warmup: int = 400,
                  min_ratio_log2: float = 1.0, gap: int = 100, lag: int = 20) -> None:

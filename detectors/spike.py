@@ -17,8 +17,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .detector import Detector, register
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import COUNT, OPTIONAL_COUNT, POSITIVE, Range, ranges
 from .telemetry import TelemetryBatch
 from .trend import RobustTrend, Score
 
@@ -48,6 +50,9 @@ class SpikeDetector(Detector):
     kind: str
     metric: str
     label: str
+    limits = ranges(z_alarm=POSITIVE, z_recover=POSITIVE, recover_steps=COUNT, diverge_steps=COUNT,
+                    critical_ratio=POSITIVE, window=Range(2, integer=True), min_points=Range(2, integer=True),
+                    settle_steps=OPTIONAL_COUNT, settle_factor=POSITIVE)
 
     def __init__(self, *, z_alarm: float = 4.0, z_recover: float = 2.5, recover_steps: int = 2,
                  diverge_steps: int = 50, critical_ratio: float = 4.0, window: int = 100,
@@ -170,19 +175,19 @@ class SpikeDetector(Detector):
         return SuggestedAction("rewind", {"to_step": target}, f"the newest good checkpoint before step {start}")
 
 
-@register
 class LossSpikeDetector(SpikeDetector):
     """Spikes and divergence of the training loss."""
 
     name = kind = "loss_spike"
+    kinds = (FindingKind("loss_spike", Family.TRAINING, tolerance=5),)
     metric = "loss"
     label = "loss"
 
 
-@register
 class GradSpikeDetector(SpikeDetector):
     """Spikes of the global gradient norm (often a few steps ahead of the loss)."""
 
     name = kind = "grad_spike"
+    kinds = (FindingKind("grad_spike", Family.TRAINING, tolerance=5),)
     metric = "grad_norm"
     label = "gradient norm"

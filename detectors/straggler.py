@@ -32,9 +32,10 @@ import pandas as pd
 from scipy.special import ndtr, ndtri
 
 from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector, register
-from .errors import DetectorConfigError
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import COUNT, NON_NEGATIVE, POSITIVE, Range, ranges
 from .robust import Cusum, mad_sigma, row_median
 from .telemetry import TelemetryBatch
 
@@ -115,22 +116,21 @@ class _Reference:
         self.middle = max(float(q[2] - q[1]), 1e-12)
 
 
-@register
 class StragglerDetector(Detector):
     """Persistently slow ranks and nodes from per-rank phase times (see the module docstring)."""
 
     name = "straggler"
+    kinds = (FindingKind("straggler", Family.PERFORMANCE, tolerance=1000, cause="slow worker(s)", precedence=40,
+                         lead=100),)
+    limits = ranges(k=POSITIVE, false_alarm_steps=Range(1), clear_h=POSITIVE, warmup_steps=COUNT,
+                    horizon_steps=COUNT, reference_size=Range(8, integer=True), outlier_sigmas=POSITIVE,
+                    group_fraction=Range(0, 1, low_open=True), structural_min=NON_NEGATIVE, lag=COUNT)
 
     def __init__(self, *, k: float = 0.25, false_alarm_steps: float = 1e6, clear_h: float = 8.0,
                  warmup_steps: int = 100,
                  horizon_steps: int = 2000, reference_size: int = 8192, outlier_sigmas: float = 20.0,
                  group_fraction: float = 0.5, structural_min: float = 0.05, lag: int = 20) -> None:
         super().__init__()
-        if min(k, clear_h, outlier_sigmas, group_fraction) <= 0 or min(warmup_steps, horizon_steps) < 1 \
-                or false_alarm_steps < 1:
-            raise DetectorConfigError("straggler settings must be positive")
-        if reference_size < 8:
-            raise DetectorConfigError(f"straggler reference_size must be >= 8, got {reference_size}")
         self.k, self.false_alarm_steps, self.clear_h = k, false_alarm_steps, clear_h
         self.warmup_steps, self.horizon_steps = warmup_steps, horizon_steps
         self.group_fraction, self.structural_min = group_fraction, structural_min

@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector, register
-from .errors import DetectorConfigError
+from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
+from .kinds import Family, FindingKind
+from .limits import COUNT, FRACTION, OPTIONAL_COUNT, POSITIVE, ranges
 from .robust import mad_sigma, row_median
 from .telemetry import TelemetryBatch, numbers
 
@@ -46,18 +47,18 @@ class _Drop:
     active: bool = True
 
 
-@register
 class ThroughputDetector(Detector):
     """Sustained drops of tokens per second against a rolling robust baseline (see the module docstring)."""
 
-    name = "throughput"
+    name = "throughput_drop"
+    kinds = (FindingKind("throughput_drop", Family.PERFORMANCE, tolerance=200, cause="throughput", precedence=90,
+                         lead=50),)
+    limits = ranges(window=COUNT, baseline_steps=COUNT, min_drop=FRACTION, z=POSITIVE,
+                    warmup_steps=OPTIONAL_COUNT, lag=COUNT)
 
     def __init__(self, *, window: int = 50, baseline_steps: int = 500, min_drop: float = 0.10, z: float = 4.0,
                  warmup_steps: int = 100, lag: int = 20) -> None:
         super().__init__()
-        if min(window, baseline_steps, lag) < 1 or not 0 < min_drop < 1 or z <= 0 or warmup_steps < 0:
-            raise DetectorConfigError("throughput settings: window, baseline_steps, lag >= 1; "
-                                      "0 < min_drop < 1; z > 0; warmup_steps >= 0")
         self.window, self.baseline_steps, self.min_drop, self.z = window, baseline_steps, min_drop, z
         self.warmup_steps, self.lag = warmup_steps, lag
         self._assembler = StepAssembler(("step_time",), lag=lag)

@@ -9,8 +9,10 @@ Tests apply their faults to the work matrices (``compute[t, r] *= 1.1``) before
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
+from functools import cache
 
 import numpy as np
 import pandas as pd
@@ -30,6 +32,8 @@ from bedside.detectors.telemetry import (
 
 NOISES = ("gaussian", "student_t3", "lognormal")
 T0 = 1_796_000_000.0
+FAULTY_RANKS, FAULTY_STEPS, FAULTY_SHARDS = 8, 1200, 16
+"""The shape of ``faulty_run``."""
 
 
 def noise(rng: np.random.Generator, kind: str, shape: tuple[int, ...], scale: float) -> np.ndarray:
@@ -192,3 +196,73 @@ def replay(detector: Detector, batch: TelemetryBatch, *, parts: int = 1, by_time
 def as_json(findings: dict[str, Finding]) -> dict[str, dict]:
     """Findings by id as ``bedside detect --json`` prints them, plus ``active``: to compare two replays."""
     return {key: {**f.to_json(), "active": f.active} for key, f in sorted(findings.items())}
+
+
+@cache
+def faulty_run(*, seed: int = 3, rewind_at: int | None = None, faults: bool = True) -> TelemetryBatch:
+    """A synchronous 8-rank job of 1,200 steps with one fault for each detector: a loss and gradient spike at
+    600, a bad shard from 300, a NaN loss at 900, rank 5 slower from 400 (the whole job with it), rank 6's
+    gradient 2^12 too large at 700, rank 3 stopped after step 1050, evals that stall from 800, a corrupt
+    checkpoint at 1000. With ``rewind_at``, the job goes back to the checkpoint before that step on timeline 1
+    and runs 300 more steps; ``faults`` False leaves the faults out."""
+    rng = np.random.default_rng(seed)
+    first = _faulty_segment(rng, np.arange(1, FAULTY_STEPS + 1), timeline=0, t0=T0, faults=faults)
+    if rewind_at is None:
+        return first
+    back = rewind_at - rewind_at % 100
+    keep = TelemetryBatch(*(f[(f["step"] <= rewind_at)] for f in first.frames()))
+    restart = float(keep.steps["time"].max()) + 30.0
+    loaded = checkpoint_frame([(0, restart, back, "loaded")], timeline=1)
+    second = _faulty_segment(rng, np.arange(back + 1, back + 301), timeline=1, t0=restart, faults=faults)
+    steps, rank_steps, evals, checkpoints, events = (in_time_order(pd.concat(pair, ignore_index=True))
+                                                     for pair in zip(keep.frames(), second.frames()))
+    return TelemetryBatch(steps, rank_steps, evals, in_time_order(pd.concat([checkpoints, loaded])), events)
+
+
+def _faulty_segment(rng: np.random.Generator, steps: np.ndarray, *, timeline: int, t0: float,
+                    faults: bool) -> TelemetryBatch:
+    """One timeline's frames over ``steps``, the faults in place unless ``faults`` is False."""
+    compute = work(rng, len(steps), FAULTY_RANKS, 0.5)
+    compute[(steps >= 400) & faults, 5] *= 1.3
+    timing = synchronous(compute)
+    end = t0 + timing["end"] - timing["end"][0] + 1.0
+    ranks = rank_step_frame({**timing, "end": end}, first_step=int(steps[0]), timeline=timeline)
+    ranks["local_grad_norm"] = np.exp(0.05 * rng.standard_normal(len(ranks)))
+    if faults:
+        ranks.loc[(ranks["step"] == 700) & (ranks["rank"] == 6), "local_grad_norm"] *= 2.0 ** 12
+        ranks = ranks[~((ranks["rank"] == 3) & (ranks["step"] > 1050))]
+    job = _faulty_job(rng, steps_frame(end, first_step=int(steps[0]), timeline=timeline), faults)
+    return TelemetryBatch(steps=job, rank_steps=ranks, evals=_faulty_evals(rng, steps, end, timeline, faults),
+                          checkpoints=_faulty_checkpoints(steps, end, timeline, faults))
+
+
+def _faulty_job(rng: np.random.Generator, job: pd.DataFrame, faults: bool) -> pd.DataFrame:
+    """Loss, gradient norm and the two shards each step read."""
+    steps = job["step"].to_numpy()
+    reads = np.array([rng.choice(FAULTY_SHARDS, 2, replace=False) for _ in steps])
+    bad = (reads == 7).any(axis=1) & (steps >= 300) & faults
+    loss = 3.0 * steps ** -0.1 * np.exp(0.01 * rng.standard_normal(len(steps)) + 0.05 * bad)
+    grad = np.exp(0.05 * rng.standard_normal(len(steps)))
+    if faults:
+        loss[steps == 600] *= 3.0
+        loss[steps == 900] = np.nan
+        grad[steps == 599] *= 20.0
+    return job.assign(loss=loss, grad_norm=grad, shards=[json.dumps(r.tolist()) for r in reads])
+
+
+def _faulty_evals(rng: np.random.Generator, steps: np.ndarray, end: np.ndarray, timeline: int,
+                  faults: bool) -> pd.DataFrame:
+    """A held-out loss every 50 steps on a power law in compute (flat from step 800 with ``faults``)."""
+    every = steps[steps % 50 == 0]
+    value = 2.0 + 40.0 * (np.minimum(every, 750) if faults else every) ** -0.5
+    evals = eval_frame([(float(end[steps == s][0]), int(s)) for s in every], timeline=timeline)
+    return evals.assign(value=value * np.exp(0.002 * rng.standard_normal(len(every))), cum_flops=every * 1e15)
+
+
+def _faulty_checkpoints(steps: np.ndarray, end: np.ndarray, timeline: int, faults: bool) -> pd.DataFrame:
+    """A checkpoint saved every 100 steps (and, with ``faults``, one found corrupt at step 1000)."""
+    rows = [(0, float(end[steps == s][0]), int(s), "saved") for s in steps[steps % 100 == 0]]
+    rows += [(0, float(end[steps == s][0]) + 0.5, int(s), "corrupt") for s in steps[(steps == 1000) & faults]]
+    frame = checkpoint_frame(rows, timeline=timeline)
+    frame["path"] = [f"checkpoints/step-{s:08d}-t{timeline}" for _, _, s, _ in rows]
+    return in_time_order(frame)

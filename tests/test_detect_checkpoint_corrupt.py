@@ -7,6 +7,7 @@ import pytest
 from telemetry_frames import T0, checkpoint_frame
 
 from bedside.detectors.checkpoint_corrupt import CheckpointCorruptDetector
+from bedside.detectors.errors import DetectorConfigError
 from bedside.detectors.finding import Severity
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 
@@ -80,5 +81,5 @@ def test_streaming_equals_one_batch(parts: int) -> None:
 
 
 def test_critical_count_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="critical_count must be >= 1, got 0"):
+    with pytest.raises(DetectorConfigError, match="critical_count = 0 is out of range"):
         CheckpointCorruptDetector(critical_count=0)

@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 import telemetry_frames as tf
 
-from bedside.detectors.detector import build_detectors
 from bedside.detectors.errors import DetectorConfigError
 from bedside.detectors.finding import Finding
 from bedside.detectors.hang import HangDetector
+from bedside.detectors.registry import build_detectors
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 
 RANKS = 8

@@ -16,10 +16,9 @@ import pytest
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
-from bedside.detectors.catalog import DETECTOR_NAMES
-from bedside.detectors.detector import build_detectors
 from bedside.detectors.finding import FINDING_KINDS, JSON_KEYS, Finding, Severity
 from bedside.detectors.incidents import IncidentBook
+from bedside.detectors.registry import build_detectors, detector_names
 from bedside.detectors.runner import DetectorRunner
 from bedside.detectors.session import StoreDetection
 from bedside.detectors.telemetry import STEP_COLUMNS, RunState, TelemetryBatch
@@ -143,7 +142,7 @@ def test_an_acknowledged_incident_stays_acknowledged_after_a_rerun(sample: Path)
 
 
 def test_streaming_equals_batch_for_the_job_level_detectors(tmp_path: Path) -> None:
-    names = [n for n in DETECTOR_NAMES if n in JOB_LEVEL]
+    names = [n for n in detector_names() if n in JOB_LEVEL]
     assert len(names) == len(JOB_LEVEL)
     streamed = shutil.copytree(SAMPLE_RUN, tmp_path / "streamed")
     batched = shutil.copytree(SAMPLE_RUN, tmp_path / "batched")

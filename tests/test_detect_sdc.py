@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from telemetry_frames import T0, as_json, checkpoint_frame, noise, rank_step_frame, replay, synchronous
 
-from bedside.detectors.detector import build_detectors
 from bedside.detectors.errors import DetectorConfigError
 from bedside.detectors.finding import Severity
+from bedside.detectors.registry import build_detectors
 from bedside.detectors.sdc import SdcDetector
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import telemetry_frames as tf
 
-from bedside.detectors.detector import build_detectors
 from bedside.detectors.errors import DetectorConfigError
 from bedside.detectors.finding import Finding
+from bedside.detectors.registry import build_detectors
 from bedside.detectors.straggler import StragglerDetector, cusum_threshold
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 

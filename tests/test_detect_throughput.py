@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import telemetry_frames as tf
 
-from bedside.detectors.detector import build_detectors
 from bedside.detectors.errors import DetectorConfigError
 from bedside.detectors.finding import Finding
+from bedside.detectors.registry import build_detectors
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 from bedside.detectors.throughput import ThroughputDetector
 
@@ -92,4 +92,10 @@ def test_one_batch_or_many_give_the_same_findings() -> None:
 @pytest.mark.parametrize("settings", [{"window": 0}, {"min_drop": 1.5}, {"z": 0}, {"bogus": 1}])
 def test_bad_settings_are_refused(settings: dict) -> None:
     with pytest.raises(DetectorConfigError):
-        build_detectors({"throughput": settings}, only=["throughput"])
+        build_detectors({"throughput_drop": settings}, only=["throughput_drop"])
+
+
+def test_the_old_name_is_taken_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match="'throughput' is now named 'throughput_drop'"):
+        [detector] = build_detectors({"throughput": {"window": 20}}, only=["throughput"])
+    assert isinstance(detector, ThroughputDetector) and detector.window == 20

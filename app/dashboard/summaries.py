@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 
 from bedside.detectors.checkpointing import CheckpointAdvice, advise
-from bedside.detectors.eval_stall import forecast_evals
+from bedside.detectors.eval_stall import EvalStallDetector, forecast_evals
 
-BAND_Z = 3.0
-MIN_EVALS_FOR_BAND = 6
+BAND_Z = float(EvalStallDetector.defaults()["band_z"])
+MIN_EVALS_FOR_BAND = int(EvalStallDetector.defaults()["min_evals"])
+"""The eval_stall detector's band and the evals it needs before it forecasts: the dashboard draws the same."""
 PREFERRED_METRICS = ("excess_loss", "loss", "perplexity")
 
 

@@ -1,0 +1,97 @@
+"""``bedside.detectors.detect``: the detectors over plain DataFrames, as docs/detectors.md shows them."""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import telemetry_frames as tf
+
+from bedside.detectors import detect
+from bedside.detectors.errors import DetectorConfigError, DetectorInputError
+from bedside.detectors.incidents import IncidentBook
+from bedside.detectors.registry import build_detectors
+from bedside.detectors.runner import DetectorRunner
+from bedside.detectors.telemetry import RunState
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "detectors.md"
+
+
+def notebook_example() -> str:
+    """The python block of docs/detectors.md's "Detectors as a library" section."""
+    section = DOC.read_text().split("## Detectors as a library", 1)[1].split("\n## ", 1)[0]
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
+    return code
+
+
+def test_the_documented_notebook_example_finds_its_spike() -> None:
+    out = io.StringIO()
+    namespace: dict = {}
+    with contextlib.redirect_stdout(out):
+        exec(notebook_example(), namespace)
+    found = namespace["found"]
+    assert [(f.kind, f.start_step) for f in found.findings] == [("loss_spike", 401)]
+    assert "('loss_spike', 401, 'loss spiked from step 401" in out.getvalue()
+    assert [i.kinds for i in found.incidents] == [("loss_spike",)]
+
+
+def test_detect_gives_what_the_runner_and_the_incident_book_give() -> None:
+    batch = tf.faulty_run()
+    found = detect(**{name: getattr(batch, name) for name in ("steps", "rank_steps", "evals", "checkpoints")},
+                   world_size=tf.FAULTY_RANKS)
+    runner = DetectorRunner(build_detectors(), RunState(world_size=tf.FAULTY_RANKS))
+    book = IncidentBook()
+    book.add(runner.update(batch))
+    book.add(runner.finish())
+    assert found.findings == runner.ordered()
+    assert [i.incident_id for i in found.incidents] == list(dict.fromkeys(book.incident_of(f) for f in found.findings))
+    assert {f.kind for f in found.findings} >= {"straggler", "sdc", "hang", "nonfinite", "checkpoint_corrupt"}
+
+
+def test_frames_without_their_optional_columns_are_completed() -> None:
+    batch = tf.faulty_run()
+    bare = detect(steps=batch.steps[["step", "loss"]], evals=batch.evals[["step", "name", "value", "cum_flops"]],
+                  only=["loss_spike", "eval_stall"])
+    assert {f.kind for f in bare.findings} == {"loss_spike", "eval_stall"}
+
+
+def test_settings_and_only_reach_the_detectors() -> None:
+    steps = tf.faulty_run().steps
+    assert detect(steps=steps, only=["loss_spike"], settings={"loss_spike": {"z_alarm": 1e6}}).findings == []
+    with pytest.raises(DetectorConfigError, match="setting z_alarm = 0 is out of range"):
+        detect(steps=steps, settings={"loss_spike": {"z_alarm": 0}})
+
+
+def test_no_telemetry_finds_nothing() -> None:
+    assert detect().findings == [] and detect(steps=pd.DataFrame()).incidents == []
+
+
+@pytest.mark.parametrize(("frames", "message"), [
+    ({"steps": pd.DataFrame({"loss": [1.0, 2.0]})}, "steps: column step is missing"),
+    ({"steps": pd.DataFrame({"step": [1, None], "loss": [1.0, 2.0]})}, "steps: column step .* has missing values"),
+    ({"rank_steps": pd.DataFrame({"step": [1, 2], "step_time": 1.0})}, "rank_steps: column rank is missing"),
+    ({"steps": pd.DataFrame({"step": [1.5, 2.0], "loss": [1.0, 2.0]})}, "steps: column step must hold whole numbers"),
+    ({"topology": pd.DataFrame({"host": ["a"]})}, "topology: column rank is missing"),
+])
+def test_a_frame_without_what_the_detectors_need_is_refused(frames: dict, message: str) -> None:
+    with pytest.raises(DetectorInputError, match=message):
+        detect(**frames)
+
+
+def test_importing_the_package_loads_no_detector_until_it_is_used() -> None:
+    code = ("import sys, bedside.detectors as d\n"
+            "assert 'scipy' not in sys.modules and 'bedside.detectors.registry' not in sys.modules\n"
+            "assert 'loss_spike' in d.detector_names()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_step_with_nan_in_a_whole_number_column_names_the_column() -> None:
+    steps = pd.DataFrame({"step": np.arange(1, 4), "timeline": [0, np.nan, 0], "loss": 1.0})
+    with pytest.raises(DetectorInputError, match="timeline"):
+        detect(steps=steps)
