@@ -68,7 +68,7 @@ class Checkpointing:
             trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer))
         timeline, step = self._where_the_run_left_off()
         if step > trainer.step or timeline > trainer.timeline:
-            trainer.timeline = trainer.log.timeline = max(timeline, trainer.timeline) + 1
+            trainer.timeline = max(timeline, trainer.timeline) + 1
         if choice.checkpoint is None:
             return False
         if trainer.rank == 0:
@@ -92,7 +92,7 @@ class Checkpointing:
         if choice.checkpoint is None:
             return None
         trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer))
-        trainer.timeline = trainer.log.timeline = max(highest, trainer.timeline) + 1
+        trainer.timeline = max(highest, trainer.timeline) + 1
         if trainer.rank == 0:
             trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path),
                                    message=f"rewind: continuing on timeline {trainer.timeline}")

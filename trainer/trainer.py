@@ -71,11 +71,19 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr,
                                            weight_decay=config.optim.weight_decay)
         self.step = 0
-        self.timeline = logger.timeline
         self.control_state = ControlState()
         self.flops_per_step = flops_per_token(config.model) * config.tokens_per_step
         self.spent_tokens = 0
         self.spent_flops = 0.0
+
+    @property
+    def timeline(self) -> int:
+        """The timeline being trained: the logger's, which every record it writes carries."""
+        return self.log.timeline
+
+    @timeline.setter
+    def timeline(self, timeline: int) -> None:
+        self.log.timeline = timeline
 
     # -- the loop ---------------------------------------------------------------
     def train(self, *, resume: bool = False) -> None:
@@ -108,7 +116,6 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.timeline = state["step"], state["timeline"]
-        self.log.timeline = self.timeline
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.spent_tokens, self.spent_flops = state["spent_tokens"], state["spent_flops"]
