@@ -8,7 +8,6 @@ import inspect
 import pkgutil
 import warnings
 from functools import cache
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -16,6 +15,7 @@ from .detector import Detector
 from .errors import DetectorConfigError
 from .kinds import FindingKind
 
+PACKAGE = __name__.rpartition(".")[0]
 RENAMED = MappingProxyType({"throughput": "throughput_drop"})
 """Old detector names still accepted in settings and ``only`` (with a warning), and their names now."""
 
@@ -24,10 +24,11 @@ RENAMED = MappingProxyType({"throughput": "throughput_drop"})
 def detector_classes() -> MappingProxyType[str, type[Detector]]:
     """Every detector class by name, sorted by name."""
     found: dict[str, type[Detector]] = {}
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+    package = importlib.import_module(PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
         if info.ispkg:
             continue
-        module = importlib.import_module(f"{__package__}.{info.name}")
+        module = importlib.import_module(f"{PACKAGE}.{info.name}")
         for cls in vars(module).values():
             if not _is_detector(cls) or cls.__module__ != module.__name__:
                 continue
