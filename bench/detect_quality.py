@@ -31,14 +31,14 @@ from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 from bedside.detectors.feed import StoreFeed
 from bedside.detectors.finding import Finding
+from bedside.detectors.registry import finding_kinds
 from bedside.detectors.runner import DetectorRunner
 from bedside.detectors.session import StoreDetection
 
 ROOT = Path(__file__).resolve().parents[1]
-TOLERANCE = {"loss_spike": 5, "grad_spike": 5, "nonfinite": 2, "straggler": 1000, "sdc": 10, "eval_stall": 400,
-             "hang": 50, "bad_shard": 500, "throughput_drop": 200}
-"""Steps after a fault's window within which a finding still counts as finding it."""
-LEAD = {"straggler": 100, "throughput_drop": 50}
+TOLERANCE = {name: kind.tolerance for name, kind in finding_kinds().items()}
+"""Steps after a fault's window within which a finding still counts as finding it, as each detector declares."""
+LEAD = {name: kind.lead for name, kind in finding_kinds().items()}
 """Steps before a fault's onset where a finding may start: change-point detectors date the onset back."""
 
 STEPS = 1500
