@@ -7,14 +7,12 @@ import sys
 import time
 from pathlib import Path
 
+from bedside.app.service.alerts.config import CONFIG_NAME, find_config, load_settings
+from bedside.app.service.alerts.delivery import deliver
+from bedside.app.service.alerts.payload import RunRef, probe_payload
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import read_run_info
-from bedside.detectors.alerts.config import CONFIG_NAME, AlertSettings, NotifierConfig, find_config, load_settings
-from bedside.detectors.alerts.delivery import deliver
-from bedside.detectors.alerts.payload import RunRef, probe_payload
-
-DEFAULT_LOG_NOTIFIER = NotifierConfig(name="log", type="log")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -31,14 +29,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                                                                 f"else ./{CONFIG_NAME})")
     t.add_argument("--notifier", metavar="NAME", help="only this notifier")
     t.set_defaults(handler=cmd_alert_test)
-
-
-def alert_settings(config: Path | None, run_dir: Path | None, *, default_log: bool = False) -> AlertSettings:
-    """Settings from ``config``, else the run's ``bedside.toml``; without either, the log notifier or none."""
-    path = config or find_config(run_dir)
-    if path is not None:
-        return load_settings(path, os.environ)
-    return AlertSettings(notifiers=(DEFAULT_LOG_NOTIFIER,) if default_log else ())
 
 
 def cmd_alert_test(args: argparse.Namespace) -> int:

@@ -17,9 +17,9 @@ from bedside.collectors.store.console import ConsoleLimits
 from bedside.detectors.errors import DetectorError
 
 from . import action, alert, audit, demo, detect, serve, simulate, train, watch
-from .detect import LiveDetection
 from .output import FORMATS, Progress, integer_in, positive_seconds, print_frame, warn
-from .watch import follow_until_stopped
+from .service.owner import OwnerSettings, RunOwner
+from .service.schema import SCHEMAS
 
 MAX_BATCH_MB = 1024
 
@@ -109,15 +109,19 @@ def cmd_collect(args: argparse.Namespace) -> int:
     progress = Progress(quiet=args.quiet)
     if args.rebuild and (aside := move_aside(layout.store)):
         warn(f"moved the store aside to {aside.name}; rebuilding it from the telemetry")
-    with Store.open(layout.store) as store:
-        collector = Collector(layout.root, store, batch_bytes=args.batch_mb << 20, warn=warn)
-        if args.follow:
-            live = LiveDetection(store, quiet=args.quiet) if args.detect else None
-            follow_until_stopped(collector, progress, live, rescan_every_s=args.rescan_every,
-                                 until_finished=args.until_finished)
-        else:
-            collector.ingest_available(on_pass=progress.update)
-            progress.report("done:")
+    if args.follow:
+        settings = OwnerSettings(rescan_every_s=args.rescan_every, batch_bytes=args.batch_mb << 20,
+                                 detect=args.detect, quiet=args.quiet, restart=False)
+        owner = RunOwner(layout.root, settings, warn=warn, on_pass=progress.update)
+        try:
+            owner.follow_until_signalled(until_finished=args.until_finished)
+        finally:
+            owner.close()
+    else:
+        with Store.open(layout.store, schemas=SCHEMAS) as store:
+            Collector(layout.root, store, batch_bytes=args.batch_mb << 20, warn=warn).ingest_available(
+                on_pass=progress.update)
+    progress.report("done:")
     return 0
 
 
@@ -129,7 +133,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     print(f"imported {summary.rows} rows of {args.file} ({summary.format}) into {args.out}: {kinds} records, "
           f"{summary.ranks} ranks, {summary.steps} steps", file=sys.stderr)
     progress = Progress(quiet=args.quiet)
-    with Store.open(RunLayout(args.out).store) as store:
+    with Store.open(RunLayout(args.out).store, schemas=SCHEMAS) as store:
         result = Collector(args.out, store, warn=warn).ingest_available(on_pass=progress.update)
     progress.report("done:")
     if result.rejected:
@@ -142,7 +146,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     """``bedside query``: one read-only SELECT over the run's views, printed in the chosen format."""
     limits = ConsoleLimits(timeout_s=args.timeout, max_rows=args.max_rows)
-    result, view = run_query(args.run, args.sql, limits)
+    result, view = run_query(args.run, args.sql, limits, schemas=SCHEMAS)
     if view.note:
         warn(view.note)
     print_frame(result.frame, args.format)

@@ -15,20 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from bedside.collectors.errors import BedsideError
-from bedside.collectors.follow import Follower
-from bedside.collectors.ingest import Collector, PassResult
-from bedside.collectors.layout import RunLayout
-from bedside.collectors.store import Store
-from bedside.detectors.alerts.config import AlertSettings
 
 from . import train
-from .alert import alert_settings
-from .dashboard.registry import TOKEN_ENV
-from .detect import LiveDetection
+from .dashboard.auth import TOKEN_ENV
+from .dashboard.server import DEFAULT_PORT, serve_dashboard
 from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
-from .owner import alerting_detection
-from .serve import DEFAULT_PORT, serve_dashboard
+from .service.alerts.config import AlertSettings, settings_for
+from .service.owner import OwnerSettings, RunOwner
 
 DEFAULT_STEPS = 200
 SERVE_STEPS = 3000
@@ -70,7 +64,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     steps = args.steps or (SERVE_STEPS if args.serve else DEFAULT_STEPS)
     faults = DemoFaults(steps, crash_rank=args.crash_rank)
     run_dir = args.out / time.strftime("run-%Y%m%d-%H%M%S")
-    settings = alert_settings(args.config, run_dir)
+    settings = settings_for(args.config, run_dir)
     run_dir.mkdir(parents=True)
     print(f"training tiny_cpu on {args.nproc} ranks for {steps} steps into {run_dir}; injecting:\n  "
           + "\n  ".join(faults.specs()), file=sys.stderr)
@@ -78,14 +72,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return _serve_live(run_dir, args, steps, faults)
     with _start_training(run_dir, args.nproc, steps, faults.specs()) as training:
         os.nice(FOLLOWER_NICENESS)  # the ranks started at normal priority; on a small machine they come first
-        with Store.open(RunLayout(run_dir).store) as store:
-            follow_until_exit(Collector(run_dir, store, warn=warn), training, settings)
+        owner = follow_until_exit(run_dir, training, settings)
+        try:
             if training.returncode:
                 raise BedsideError(f"training exited with code {training.returncode}; what the run wrote is in "
                                    f'its store, see: {_command_name()} query {run_dir} "SELECT * FROM run"')
             for title, name, params in summary_queries(faults, alerts=bool(settings.notifiers)):
                 print(f"\n== {title}")
-                print_frame(store.fetch_named(name, params), "table")
+                print_frame(owner.store.fetch_named(name, params), "table")
+        finally:
+            owner.close()
     print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
     print(f"explore: {_command_name()} serve {run_dir}   (the dashboard, at http://127.0.0.1:8501)")
     return 0
@@ -95,7 +91,7 @@ def _serve_live(run_dir: Path, args: argparse.Namespace, steps: int, faults: Dem
     """Train in the background while ``bedside serve`` owns the run; the training stops with the server."""
     importlib.import_module("streamlit.web.bootstrap")  # the server's heavy imports, before the ranks start:
     importlib.import_module("plotly.graph_objects")    # on a small machine they would slow one rank down
-    token = os.environ.setdefault(TOKEN_ENV, secrets.token_hex(8))
+    token = os.environ.get(TOKEN_ENV) or secrets.token_hex(8)
     print(f"dashboard: http://127.0.0.1:{args.port}  (operator token for actions: {token}); Ctrl-C stops it all",
           file=sys.stderr)
     keep_every_checkpoint = ("--keep-checkpoints", str(steps))  # a rewind may go back to any of them
@@ -103,7 +99,8 @@ def _serve_live(run_dir: Path, args: argparse.Namespace, steps: int, faults: Dem
         threading.Thread(target=training.communicate, name="training-output", daemon=True).start()
         os.nice(FOLLOWER_NICENESS)
         try:
-            serve_dashboard(run_dir, host="127.0.0.1", port=args.port, config=args.config, refresh_s=2.0)
+            serve_dashboard(run_dir, host="127.0.0.1", port=args.port, config=args.config, refresh_s=2.0,
+                            token=token)
         finally:
             if training.poll() is None:
                 training.terminate()
@@ -146,44 +143,36 @@ def _start_training(run_dir: Path, nproc: int, steps: int, specs: list[str], ext
                             stderr=subprocess.PIPE, text=True)
 
 
-def follow_until_exit(collector: Collector, training: subprocess.Popen, settings: AlertSettings) -> None:
-    """Follow the run, detecting and alerting as it goes, until it ends or the training process exits;
-    then ingest the rest and give the alerts time to be delivered."""
+def follow_until_exit(run_dir: Path, training: subprocess.Popen, alerts: AlertSettings) -> RunOwner:
+    """Own the run, detecting and alerting as it goes, until it ends or the training process exits; then
+    ingest the rest and give the alerts time to be delivered. The owner, its store open for the summary."""
     progress = Progress()
-    live, sender = alerting_detection(collector.store, settings, warn=warn)
-    sender.start()
+    settings = OwnerSettings(alerts=alerts, rescan_every_s=0.5, quiet=False, restart=False)
+    owner = RunOwner(run_dir, settings, warn=warn, on_pass=progress.update)
     try:
-        _follow(collector, training, live, progress)
-    finally:
-        left = sender.close(drain_s=ALERT_DRAIN_S)
+        stop = threading.Event()
+        watcher = threading.Thread(target=_stop_when_exited, args=(training, stop, owner), name="training-watcher",
+                                   daemon=True)
+        watcher.start()
+        owner.follow(stop, until_finished=True)
+        watcher.join()
+        owner.finish()
+        progress.report("done:")
+        left = owner.drain(ALERT_DRAIN_S)
+    except BaseException:
+        owner.close()
+        raise
     if left:
         warn(f"{left} alert message{'s' if left > 1 else ''} not delivered; see: {_command_name()} query "
-             f"{collector.layout.root} \"SELECT * FROM alerts\"")
+             f"{run_dir} \"SELECT * FROM alerts\"")
+    return owner
 
 
-def _follow(collector: Collector, training: subprocess.Popen, live: LiveDetection, progress: Progress) -> None:
-    stop = threading.Event()
-
-    def on_pass(result: PassResult) -> None:
-        progress.update(result)
-        live.update(result)
-
-    follower = Follower(collector, rescan_every_s=0.5, on_pass=on_pass, on_idle=live.tick, warn=warn)
-    watcher = threading.Thread(target=_stop_when_exited, args=(training, stop, follower), name="training-watcher",
-                               daemon=True)
-    watcher.start()
-    follower.run(stop, until_finished=True)
-    watcher.join()
-    collector.ingest_available(on_pass=on_pass)
-    live.finish()
-    progress.report("done:")
-
-
-def _stop_when_exited(training: subprocess.Popen, stop: threading.Event, follower: Follower) -> None:
-    """Wait for the training process (draining its stderr), then stop the follower."""
+def _stop_when_exited(training: subprocess.Popen, stop: threading.Event, owner: RunOwner) -> None:
+    """Wait for the training process (draining its stderr), then stop the owner's follower."""
     training.communicate()
     stop.set()
-    follower.wake()
+    owner.wake()
 
 
 def _command_name() -> str:

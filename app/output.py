@@ -14,12 +14,10 @@ import pandas as pd
 from bedside.collectors.format import encode_number
 from bedside.collectors.ingest import PassResult
 
+from .service.log import warn
+
 FORMATS = ("table", "csv", "json")
-
-
-def warn(message: str) -> None:
-    """Print a one-line warning on stderr."""
-    print(f"bedside: warning: {message}", file=sys.stderr)
+__all__ = ["FORMATS", "Progress", "integer_in", "positive_seconds", "print_frame", "warn"]
 
 
 def integer_in(low: int, high: int | None = None) -> Callable[[str], int]:

@@ -1,21 +1,15 @@
-"""``bedside watch``: the headless owner of a run's store (collector, detectors and notifiers), and the
-follow loop of ``bedside collect --follow`` (which stops with an error on a failure, where watch starts again)."""
+"""``bedside watch``: the headless owner of a run's store (collector, detectors and notifiers)."""
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
-from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
-from bedside.collectors.ingest import Collector, PassResult
+from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S
 from bedside.collectors.layout import RunLayout, require_run_dir
 
-from .alert import alert_settings
-from .detect import LiveDetection
 from .output import Progress, positive_seconds, warn
-from .owner import RunOwner
+from .service.alerts.config import settings_for
+from .service.owner import OwnerSettings, RunOwner
 
 DEFAULT_DRAIN_S = 10.0
 
@@ -47,14 +41,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
     by a restart with backoff (``RunOwner``): watch keeps going until it is stopped.
     """
     layout = RunLayout(require_run_dir(args.run))
-    settings = alert_settings(args.config, layout.root, default_log=True)
+    settings = OwnerSettings(alerts=settings_for(args.config, layout.root, default_log=True),
+                             rescan_every_s=args.rescan_every, quiet=args.quiet)
     progress = Progress(quiet=args.quiet)
-    owner = RunOwner(layout.root, settings, warn=warn, rescan_every_s=args.rescan_every, quiet=args.quiet,
-                     on_pass=progress.update)
-    stop = threading.Event()
-    stop_on_signals(stop, owner.wake)
+    owner = RunOwner(layout.root, settings, warn=warn, on_pass=progress.update)
     try:
-        owner.follow(stop, until_finished=args.until_finished)
+        owner.follow_until_signalled(until_finished=args.until_finished)
     finally:
         left = owner.close(drain_s=args.drain)
     progress.report("done:")
@@ -62,32 +54,3 @@ def cmd_watch(args: argparse.Namespace) -> int:
         warn(f"{left} alert message{'s are' if left > 1 else ' is'} still pending: delivered when bedside "
              f"watch or serve next runs on {layout.root}")
     return 0
-
-
-def stop_on_signals(stop: threading.Event, wake: Callable[[], None]) -> None:
-    """SIGINT and SIGTERM set ``stop`` and ``wake`` the follower."""
-    def request_stop(signum: int, frame: object) -> None:
-        stop.set()
-        wake()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-
-
-def follow_until_stopped(collector: Collector, progress: Progress, live: LiveDetection | None, *,
-                         rescan_every_s: float, until_finished: bool) -> None:
-    """Follow the run, detecting as it goes, until SIGINT or SIGTERM (or, when asked, the run's end)."""
-    stop = threading.Event()
-
-    def on_pass(result: PassResult) -> None:
-        progress.update(result)
-        if live:
-            live.update(result)
-
-    follower = Follower(collector, rescan_every_s=rescan_every_s, on_pass=on_pass, warn=warn,
-                        **({"on_idle": live.tick} if live else {}))
-    stop_on_signals(stop, follower.wake)
-    follower.run(stop, until_finished=until_finished)
-    if live and follower.run_ended():
-        live.finish()
-    progress.report("done:")

@@ -373,7 +373,7 @@ def main() -> None:
     describe(run)
 
     from bedside.app.dashboard import registry
-    os.environ[registry.TARGET_ENV] = str(run)
+    registry.install(registry.Desk.for_target(run))
     started = time.perf_counter()
     registry.desk().data(run)
     print(f"desk().data(run), the owner's catch_up() of the ingested store: {time.perf_counter() - started:.2f} s "

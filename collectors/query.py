@@ -7,13 +7,14 @@ the same on a live run and in a post-mortem.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import StoreCorruptError, StoreLockedError
 from .ingest import Collector
 from .layout import RunLayout, require_run_dir
-from .store import Store
+from .store import Schema, Store
 from .store.console import ConsoleLimits, ConsoleResult, run_console_query
 
 
@@ -26,8 +27,9 @@ class ReadView:
     note: str = ""
 
 
-def open_for_reading(run_dir: Path, *, verify: bool = False) -> ReadView:
-    """The run's store read-only, or an in-memory copy built from its telemetry files.
+def open_for_reading(run_dir: Path, *, verify: bool = False, schemas: Sequence[Schema] = ()) -> ReadView:
+    """The run's store read-only, or an in-memory copy built from its telemetry files, with ``schemas`` beside
+    the telemetry's (an in-memory copy has their tables, empty).
 
     ``verify`` reads the whole store first (``Store.verify``), and falls back to the telemetry if it is damaged.
     """
@@ -35,7 +37,7 @@ def open_for_reading(run_dir: Path, *, verify: bool = False) -> ReadView:
     note = "no store yet"
     if layout.store.exists():
         try:
-            store = Store.open(layout.store, read_only=True)
+            store = Store.open(layout.store, read_only=True, schemas=schemas)
             if verify:
                 store.verify()
             return ReadView(store, "store")
@@ -43,14 +45,15 @@ def open_for_reading(run_dir: Path, *, verify: bool = False) -> ReadView:
             note = "the store is held by another process"
         except StoreCorruptError:
             note = "the store is damaged"
-    memory = Store.open(None)
+    memory = Store.open(None, schemas=schemas)
     result = Collector(layout.root, memory).ingest_available()
     return ReadView(memory, "raw telemetry", f"{note}; read {result.lines} lines from the raw telemetry")
 
 
-def run_query(run_dir: Path, query: str, limits: ConsoleLimits | None = None) -> tuple[ConsoleResult, ReadView]:
+def run_query(run_dir: Path, query: str, limits: ConsoleLimits | None = None, *,
+              schemas: Sequence[Schema] = ()) -> tuple[ConsoleResult, ReadView]:
     """Run a user's read-only SQL against a run's views (in a sandbox: ``store.console``)."""
-    view = open_for_reading(run_dir)
+    view = open_for_reading(run_dir, schemas=schemas)
     try:
         return run_console_query(view.store, query, limits), view
     finally:

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pytest
 from streamlit.testing.v1 import AppTest
 
 import bedside.app.dashboard as dashboard
@@ -22,7 +21,6 @@ SCREENS = "screens"
 """Where main.py's pages are, relative to it (their file names are their url paths)."""
 PAGES = ("overview", "ranks", "incidents", "checkpoints", "runs", "sql")
 RUN_TIMEOUT_S = 60
-DASHBOARD_ENV = (registry.TARGET_ENV, registry.CONFIG_ENV, registry.LIVE_ENV, registry.TOKEN_ENV, registry.REFRESH_ENV)
 
 
 def copy_run(name: str, into: Path, as_name: str | None = None) -> Path:
@@ -33,13 +31,10 @@ def copy_run(name: str, into: Path, as_name: str | None = None) -> Path:
     return run
 
 
-def serve(monkeypatch: pytest.MonkeyPatch, target: Path, *, token: str = "") -> None:
-    """Point the dashboard at ``target`` as ``bedside serve`` would (not live), with ``token`` for operators."""
-    for name in DASHBOARD_ENV:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(registry.TARGET_ENV, str(target))
-    if token:
-        monkeypatch.setenv(registry.TOKEN_ENV, token)
+def serve(target: Path, *, token: str = "", live: bool = False, config: Path | None = None) -> registry.Desk:
+    """Point the dashboard at ``target`` as ``bedside serve`` would (not live unless asked), with ``token`` for
+    operators and alerts from ``config`` (else the run's bedside.toml)."""
+    return registry.install(registry.Desk.for_target(target, config=config, live=live, token=token))
 
 
 def open_page(page: str, **query: str) -> AppTest:

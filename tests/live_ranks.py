@@ -18,7 +18,8 @@ from pathlib import Path
 
 import duckdb
 
-from bedside.app.detect import LiveDetection
+from bedside.app.service.detection import LiveDetection
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.follow import Follower
 from bedside.collectors.format import RANK_STEP_METRICS, STEP_METRICS, encode_line
 from bedside.collectors.ingest import Collector, PassResult
@@ -88,7 +89,7 @@ def follow_live_ranks(run: Path, ranks: int, seconds: int) -> LiveFigures:
     figures, stop = LiveFigures(), threading.Event()
     while not RunLayout(run).run_info.exists():
         time.sleep(0.05)
-    with Store.open(RunLayout(run).store) as store:
+    with Store.open(RunLayout(run).store, schemas=SCHEMAS) as store:
         live = LiveDetection(store, quiet=True)
 
         def on_pass(result: PassResult) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bedside.detectors.alerts.config import (
+from bedside.app.service.alerts.config import (
     MASK,
     AlertConfigError,
     AlertSettings,

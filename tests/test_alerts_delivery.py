@@ -18,15 +18,16 @@ import pandas as pd
 import pytest
 from receiver import HANG, Receiver, free_port
 
+from bedside.app.service.alerts.config import AlertSettings, NotifierConfig, parse_settings
+from bedside.app.service.alerts.delivery import MAX_RETRY_AFTER_S, deliver, retry_after
+from bedside.app.service.alerts.payload import RunRef, probe_payload, schema
+from bedside.app.service.alerts.router import AlertRouter
+from bedside.app.service.alerts.sender import OutboxSender
+from bedside.app.service.detection import StoreDetection
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
-from bedside.detectors.alerts.config import AlertSettings, NotifierConfig, parse_settings
-from bedside.detectors.alerts.delivery import MAX_RETRY_AFTER_S, deliver, retry_after
-from bedside.detectors.alerts.payload import RunRef, probe_payload, schema
-from bedside.detectors.alerts.router import AlertRouter
-from bedside.detectors.alerts.sender import OutboxSender
-from bedside.detectors.session import StoreDetection
 
 VALIDATOR = jsonschema.Draft202012Validator(schema())
 TOKEN = "tok-9f8e7d-secret"
@@ -78,7 +79,7 @@ class Owner:
 @contextmanager
 def owning(run: Path, settings: AlertSettings) -> Iterator[Owner]:
     """Ingest and detect ``run`` with the sender running; the sender is closed (no drain) on exit."""
-    with Store.open(RunLayout(run).store) as store:
+    with Store.open(RunLayout(run).store, schemas=SCHEMAS) as store:
         owner = Owner(store, settings)
         owner.sender.start()
         try:
@@ -290,7 +291,7 @@ def test_retry_after_reads_seconds_or_an_http_date_and_is_capped() -> None:
 
 def test_backoff_doubles_from_the_base_up_to_the_cap_with_jitter() -> None:
     settings = AlertSettings(retry_base_s=1.0, retry_max_s=10.0)
-    with Store.open(None) as store:
+    with Store.open(None, schemas=SCHEMAS) as store:
         sender = OutboxSender(store, settings, rng=random.Random(5))
         for attempts, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 10.0), (30, 10.0)]:
             waits = [sender.backoff_s(attempts) for _ in range(50)]

@@ -12,9 +12,9 @@ import jsonschema
 import pytest
 from receiver import Receiver
 
-from bedside.detectors.alerts.config import NotifierConfig, parse_settings
-from bedside.detectors.alerts.delivery import deliver
-from bedside.detectors.alerts.payload import (
+from bedside.app.service.alerts.config import NotifierConfig, parse_settings
+from bedside.app.service.alerts.delivery import deliver
+from bedside.app.service.alerts.payload import (
     Acknowledgement,
     RunRef,
     digest_payload,
@@ -22,7 +22,7 @@ from bedside.detectors.alerts.payload import (
     probe_payload,
     schema,
 )
-from bedside.detectors.alerts.render import discord_message, slack_message
+from bedside.app.service.alerts.render import discord_message, slack_message
 from bedside.detectors.finding import Finding, SuggestedAction
 from bedside.detectors.incidents import Incident, IncidentBook
 

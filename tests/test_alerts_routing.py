@@ -14,16 +14,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bedside.app.service.alerts.config import AlertSettings, parse_settings
+from bedside.app.service.alerts.payload import schema
+from bedside.app.service.alerts.router import AlertRouter
+from bedside.app.service.detection import StoreDetection
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
-from bedside.detectors.alerts.config import AlertSettings, parse_settings
-from bedside.detectors.alerts.payload import schema
-from bedside.detectors.alerts.router import AlertRouter
 from bedside.detectors.detector import Detector
 from bedside.detectors.finding import Finding
-from bedside.detectors.session import StoreDetection
 from bedside.detectors.telemetry import TelemetryBatch
 
 VALIDATOR = jsonschema.Draft202012Validator(schema())
@@ -69,7 +70,7 @@ class Desk:
     """A store file with a detection session and its alert router, as the store's owner runs them."""
 
     def __init__(self, path: Path, settings: AlertSettings) -> None:
-        self.store = Store.open(path)
+        self.store = Store.open(path, schemas=SCHEMAS)
         self.detector = Scripted()
         self.router = AlertRouter(self.store, settings)
         self.detection = StoreDetection(self.store, [self.detector], alerts=self.router)
@@ -322,7 +323,7 @@ def detect_run(run: Path, settings: AlertSettings | None, *, batch_bytes: int | 
                ack: str | None = None) -> pd.DataFrame:
     """Ingest and detect ``run`` (streaming with ``batch_bytes``) in a new store session with alerts per
     ``settings`` (none when None); acknowledge ``ack``; the outbox after it."""
-    with Store.open(RunLayout(run).store) as store:
+    with Store.open(RunLayout(run).store, schemas=SCHEMAS) as store:
         router = AlertRouter(store, settings) if settings else None
         detection = StoreDetection(store, alerts=router)
         collector = Collector(run, store, **({"batch_bytes": batch_bytes} if batch_bytes else {}))
@@ -346,7 +347,7 @@ def test_a_restarted_owner_replays_the_run_and_sends_nothing_twice(tiny_faults: 
 
 def test_incidents_closed_before_alerts_were_configured_are_history_and_open_ones_are_sent(tiny_faults: Path) -> None:
     assert detect_run(tiny_faults, None).empty
-    with Store.open(RunLayout(tiny_faults).store, read_only=True) as store:
+    with Store.open(RunLayout(tiny_faults).store, read_only=True, schemas=SCHEMAS) as store:
         statuses = dict(store.cursor().execute("SELECT incident_id, status FROM incidents").fetchall())
     assert "resolved" in statuses.values() and "open" in statuses.values()
     rows = detect_run(tiny_faults, alert_settings(ops={"burst": 100}))
@@ -368,7 +369,7 @@ class SettledAtTheEnd(Detector):
 
 
 def detect_settled(run: Path, settings: AlertSettings | None) -> pd.DataFrame:
-    with Store.open(RunLayout(run).store) as store:
+    with Store.open(RunLayout(run).store, schemas=SCHEMAS) as store:
         Collector(run, store).ingest_available()
         router = AlertRouter(store, settings) if settings else None
         detection = StoreDetection(store, [SettledAtTheEnd()], alerts=router)
@@ -408,6 +409,6 @@ def test_after_a_restart_the_replay_is_silent_but_news_is_still_sent(open_desk) 
 
 def test_alerts_need_the_store_s_owner(tiny_faults: Path) -> None:
     detect_run(tiny_faults, None)
-    with Store.open(RunLayout(tiny_faults).store, read_only=True) as store:
+    with Store.open(RunLayout(tiny_faults).store, read_only=True, schemas=SCHEMAS) as store:
         with pytest.raises(BedsideError, match="owner"):
             StoreDetection(store, alerts=AlertRouter(store, alert_settings(ops={})))

@@ -19,13 +19,14 @@ from typing import IO
 import pandas as pd
 from receiver import HANG, Receiver
 
+from bedside.app.service.alerts.config import load_settings
+from bedside.app.service.alerts.router import AlertRouter
+from bedside.app.service.alerts.sender import OutboxSender
+from bedside.app.service.detection import StoreDetection
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
-from bedside.detectors.alerts.config import load_settings
-from bedside.detectors.alerts.router import AlertRouter
-from bedside.detectors.alerts.sender import OutboxSender
-from bedside.detectors.session import StoreDetection
 
 TOKEN = "tok-5a4b3c-secret"
 SECRET = "watch-signing-secret"
@@ -117,7 +118,7 @@ def stop(watch: subprocess.Popen, how: int = signal.SIGTERM) -> int:
 
 
 def read_store(run: Path, sql: str) -> pd.DataFrame:
-    with Store.open(RunLayout(run).store, read_only=True) as store:
+    with Store.open(RunLayout(run).store, read_only=True, schemas=SCHEMAS) as store:
         return store.cursor().execute(sql).df()
 
 
@@ -186,7 +187,7 @@ def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
     append_rest = split_run(tiny_faults)
     settings = load_settings(write_config(tmp_path, receiver), ENVIRON)
     receiver.script, receiver.default, receiver.hang_s = list(OUTAGE), 503, 1.5
-    with Store.open(RunLayout(tiny_faults).store) as store:
+    with Store.open(RunLayout(tiny_faults).store, schemas=SCHEMAS) as store:
         sender = OutboxSender(store, settings)
         detection = StoreDetection(store, alerts=AlertRouter(store, settings, on_commit=sender.wake))
         collector = Collector(tiny_faults, store)

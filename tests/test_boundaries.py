@@ -1,9 +1,13 @@
 """Boundaries you can test: walk the imports of every package and fail on a crossing.
 
-Rules (docs STYLE rule 1 and DESIGN "Folders"): collectors/ and detectors/ never
-import torch or streamlit; collectors/ knows nothing of detectors, app or trainer;
-detectors/ nothing of app or trainer; trainer/ uses only the telemetry writer of
-ours, the control client's key and safe file reader, and the fault catalog; ``duckdb.connect`` is called in collectors/store/__init__.py only.
+Rules (docs/architecture.md "Packages", DESIGN "Folders"): dependencies point one way,
+``collectors`` <- ``detectors`` <- the service (``app/service``) <- the dashboard and the CLI.
+collectors/ knows nothing of detectors, app or trainer; detectors/ imports only the standard
+library (no threads, processes, files or network), numpy, pandas, scipy and itself; the service
+never imports the dashboard or a CLI module; the dashboard never imports a CLI module (every
+module of app/ outside service/ and dashboard/); trainer/ uses only the telemetry writer of ours,
+the control client's key and safe file reader, and the fault catalog; ``duckdb.connect`` is called in
+collectors/store/__init__.py only; importing the CLI loads no subsystem it does not need.
 """
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("collectors", "detectors", "app", "trainer")
 HEAVY = ("torch", "streamlit")
+DETECTORS_MAY_USE = ("numpy", "pandas", "scipy")
+NO_THREADS_OR_IO = ("threading", "_thread", "multiprocessing", "concurrent", "subprocess", "socket", "ssl", "http",
+                    "urllib", "asyncio", "selectors", "shutil", "tempfile", "sqlite3", "pathlib", "os", "io", "glob",
+                    "pickle", "signal")
+SERVICE = "bedside.app.service"
+DASHBOARD = "bedside.app.dashboard"
 CONNECT_MODULE = "bedside.collectors.store"
 TRAINER_MAY_USE = ("bedside.collectors.writer", "bedside.collectors.controlkey", "bedside.collectors.safefile",
                    "bedside.detectors.faults")
@@ -108,6 +118,31 @@ def crossings(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ]
 
 
+def detectors_allow(imp: Import) -> bool:
+    """Whether a module of detectors/ may import ``imp``: its own modules, numpy, pandas, scipy, and the standard
+    library without threads, processes, files or the network."""
+    top = imp.module.split(".")[0]
+    if within(imp.module, "bedside.detectors") or top in DETECTORS_MAY_USE or top in ("__future__", "_typeshed"):
+        return True
+    return top in sys.stdlib_module_names and top not in NO_THREADS_OR_IO
+
+
+def is_cli_module(name: str) -> bool:
+    """A module of app/ that is the CLI's: anything in app/ but the service and the dashboard."""
+    return within(name, "bedside.app") and name != "bedside.app" and not (within(name, SERVICE)
+                                                                        or within(name, DASHBOARD))
+
+
+def app_crossings(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    """Imports of a part of app/ (``package``, dotted) that reach a CLI module or one of ``forbidden``."""
+    return [
+        f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
+        for m in modules_of("app") if within(m.name, package)
+        for imp in imports_of(m)
+        if any(is_cli_module(name) or any(within(name, f) for f in forbidden) for name in imported_names(imp))
+    ]
+
+
 def trainer_allows(imp: Import) -> bool:
     if not within(imp.module, "bedside") or within(imp.module, "bedside.trainer"):
         return True
@@ -165,10 +200,47 @@ def test_walker_finds_our_sources() -> None:
 
 @pytest.mark.parametrize(("package", "forbidden"), [
     ("collectors", HEAVY + ("bedside.detectors", "bedside.app", "bedside.trainer")),
-    ("detectors", HEAVY + ("bedside.app", "bedside.trainer")),
+    ("detectors", HEAVY + ("bedside.collectors", "bedside.app", "bedside.trainer")),
 ])
 def test_package_does_not_cross_its_boundary(package: str, forbidden: tuple[str, ...]) -> None:
     assert crossings(package, forbidden) == []
+
+
+def test_detectors_are_pure_statistics() -> None:
+    bad = [f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
+           for m in modules_of("detectors") for imp in imports_of(m) if not detectors_allow(imp)]
+    assert bad == []
+
+
+@pytest.mark.parametrize(("imp", "allowed"), [
+    (Import("numpy", (), 1), True),
+    (Import("scipy.stats", ("norm",), 1), True),
+    (Import("bedside.detectors.finding", ("Finding",), 1), True),
+    (Import("math", (), 1), True),
+    (Import("threading", (), 1), False),
+    (Import("pathlib", ("Path",), 1), False),
+    (Import("pyarrow", (), 1), False),
+    (Import("duckdb", (), 1), False),
+    (Import("bedside.collectors.errors", ("BedsideError",), 1), False),
+])
+def test_detectors_rule_tells_statistics_from_the_rest(imp: Import, allowed: bool) -> None:
+    assert detectors_allow(imp) is allowed
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    (SERVICE, HEAVY + (DASHBOARD, "bedside.trainer")),
+    (DASHBOARD, ("torch", "bedside.trainer")),
+])
+def test_service_and_dashboard_never_reach_up_into_the_cli(package: str, forbidden: tuple[str, ...]) -> None:
+    assert app_crossings(package, forbidden) == []
+
+
+@pytest.mark.parametrize(("name", "cli"), [
+    ("bedside.app.cli", True), ("bedside.app.output", True), ("bedside.app.simulation.write", True),
+    ("bedside.app.service.owner", False), ("bedside.app.dashboard.registry", False), ("bedside.app", False),
+])
+def test_cli_modules_are_app_outside_the_service_and_dashboard(name: str, cli: bool) -> None:
+    assert is_cli_module(name) is cli
 
 
 def test_trainer_uses_only_the_telemetry_writer_of_ours() -> None:

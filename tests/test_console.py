@@ -14,7 +14,8 @@ import duckdb
 import pytest
 from sql_attacks import ATTACKS
 
-from bedside.app.detect import detect_run
+from bedside.app.service.detection import detect_run
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.errors import QueryError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.query import run_query
@@ -28,7 +29,7 @@ SECRET = "root:x:0:0:the secret line"
 def owned(tiny_faults: Path) -> Store:
     """tiny-faults ingested and detected, its store open for writing as ``bedside serve`` holds it."""
     detect_run(tiny_faults)
-    store = Store.open(RunLayout(tiny_faults).store)
+    store = Store.open(RunLayout(tiny_faults).store, schemas=SCHEMAS)
     yield store
     store.close()
 

@@ -11,6 +11,7 @@ import pytest
 from dashboard_app import PAGES, assert_rendered, open_page, serve
 
 from bedside.app.dashboard import registry
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
@@ -22,7 +23,7 @@ COMMANDS = [("collect",), ("detect",), ("watch", "--until-finished"), ("query", 
 
 def rank_steps_block(store_path: Path) -> int:
     """Where in the file the first block of the rank_steps table's data starts."""
-    with Store.open(store_path, read_only=True) as store:
+    with Store.open(store_path, read_only=True, schemas=SCHEMAS) as store:
         [[block]] = store.cursor().execute(
             "SELECT min(block_id) FROM pragma_storage_info('rank_steps') WHERE block_id >= 0").fetchall()
     return HEADER_SIZE + int(block) * BLOCK_SIZE
@@ -62,7 +63,7 @@ def test_every_command_says_the_store_is_damaged_in_one_line(damaged: Path, beds
 
 def test_the_dashboard_shows_the_damage_on_every_page_and_the_way_out(damaged: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    serve(monkeypatch, damaged)
+    serve(damaged)
     try:
         assert registry.desk().owner(damaged) is None  # bedside serve tries every store before it serves
         for page in PAGES:
@@ -79,7 +80,7 @@ def test_rebuild_moves_the_damaged_store_aside_and_recovers_every_row(damaged: P
     assert done.returncode == 0, done.stderr
     assert "moved the store aside" in done.stderr
     [aside] = damaged.glob("bedside.duckdb.damaged-*[0-9Z]")
-    with Store.open(RunLayout(damaged).store, read_only=True) as store:
+    with Store.open(RunLayout(damaged).store, read_only=True, schemas=SCHEMAS) as store:
         counts = store.cursor().execute(
             "SELECT (SELECT count(*) FROM rank_steps), (SELECT count(DISTINCT (source_id, line_offset)) "
             "FROM rank_steps), (SELECT count(*) FROM steps), (SELECT count(*) FROM evals)").fetchone()

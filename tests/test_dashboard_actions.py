@@ -54,7 +54,7 @@ def run(tiny_faults: Path) -> Path:
 @pytest.fixture
 def critical(run: Path, monkeypatch) -> pd.Series:
     """The run's critical incident (the dashboard serves the run with the operator token)."""
-    serve(monkeypatch, run, token=TOKEN)
+    serve(run, token=TOKEN)
     found = from_store(run, "SELECT * FROM incidents WHERE list_contains(kinds, 'nonfinite')")
     assert len(found) == 1
     return found.iloc[0]
@@ -97,7 +97,7 @@ def review(app: AppTest, reason: str = REASON) -> AppTest:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_without_an_operator_token_no_page_offers_an_action(run: Path, monkeypatch, page: str) -> None:
-    serve(monkeypatch, run)
+    serve(run)
     app = open_page(page)
     assert_rendered(app)
     assert not buttons(app) & (ACTION_BUTTONS | {"Unlock actions"})
@@ -106,7 +106,7 @@ def test_without_an_operator_token_no_page_offers_an_action(run: Path, monkeypat
 
 
 def test_without_an_operator_token_the_incidents_page_says_it_is_read_only(run: Path, monkeypatch) -> None:
-    serve(monkeypatch, run)
+    serve(run)
     app = open_page("incidents")
     assert [i.value for i in app.info] == [
         "Read-only: no operator token is configured, so no action can be taken from this page."]
@@ -291,7 +291,7 @@ def test_a_review_does_not_carry_over_to_another_run(tmp_path: Path, monkeypatch
     runs = tmp_path / "runs"
     for name in ("a", "b"):
         ensure_control_key(RunLayout(without_run_end(copy_run("tiny-faults", runs, as_name=name))))
-    serve(monkeypatch, runs, token=TOKEN)
+    serve(runs, token=TOKEN)
     app = unlock(open_page("incidents", run="a"), OPERATOR, TOKEN)
     review(app)
     assert "Confirm rewind" in buttons(app)
@@ -393,7 +393,7 @@ def test_no_request_is_reviewed_or_filed_for_a_resolved_incident(operator: AppTe
 
 
 def test_no_request_is_reviewed_or_filed_for_a_run_that_has_ended(tiny_faults: Path, monkeypatch) -> None:
-    serve(monkeypatch, tiny_faults, token=TOKEN)
+    serve(tiny_faults, token=TOKEN)
     app = unlock(open_page("incidents"), OPERATOR, TOKEN)
     assert_rendered(app)
     refused = "the run has finished: no trainer is left to apply a request"
@@ -444,7 +444,7 @@ def test_a_run_whose_store_another_process_holds_is_shown_read_only(
         collector = start_bedside("collect", run, "--follow", stderr=err)
     wait_for(lambda: "ingested" in log.read_text() or collector.poll() is not None)
     assert collector.poll() is None, log.read_text()
-    serve(monkeypatch, run, token=TOKEN)
+    serve(run, token=TOKEN)
 
     app = open_page("overview")
     for page in PAGES:

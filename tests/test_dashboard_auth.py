@@ -10,7 +10,7 @@ import pytest
 from dashboard_app import assert_rendered, open_page, serve, unlock
 
 from bedside.app.dashboard import registry
-from bedside.app.dashboard.auth import FIRST_WAIT_S, FREE_TRIES, MAX_WAIT_S, Lockout, TokenHash
+from bedside.app.dashboard.auth import FIRST_WAIT_S, FREE_TRIES, MAX_WAIT_S, Lockout, TokenFormatError, TokenHash
 
 TOKEN = "correct horse battery"
 LOCKED = "Too many wrong tokens: try again in"
@@ -27,10 +27,10 @@ def sidebar_errors(app) -> list[str]:
 
 
 def test_the_process_keeps_only_a_salted_hash_of_the_token(tiny_faults: Path, monkeypatch) -> None:
-    serve(monkeypatch, tiny_faults, token=TOKEN)
+    serve(tiny_faults, token=TOKEN)
     served = registry.desk()
     assert isinstance(served.operator_token, TokenHash)
-    assert TOKEN not in repr(served) and TOKEN not in repr(list(registry._DESKS))
+    assert TOKEN not in repr(served) and TOKEN not in repr(registry._INSTALLED)
     assert served.can_act(TOKEN) and not served.can_act(TOKEN + " ")
     assert TokenHash.of(TOKEN).salt != TokenHash.of(TOKEN).salt  # salted: the same token never hashes the same
 
@@ -38,7 +38,7 @@ def test_the_process_keeps_only_a_salted_hash_of_the_token(tiny_faults: Path, mo
 def test_the_token_may_be_configured_as_its_hash(tiny_faults: Path, monkeypatch) -> None:
     hashed = TokenHash.of(TOKEN).encoded()
     assert hashed.startswith("scrypt$16384$8$1$") and TOKEN not in hashed
-    serve(monkeypatch, tiny_faults, token=hashed)
+    serve(tiny_faults, token=hashed)
     app = unlock(open_page("incidents"), "alice", hashed)  # the hash itself is no token
     assert sidebar_errors(app) == ["Wrong token."]
     app = unlock(open_page("incidents"), "alice", TOKEN)
@@ -46,15 +46,14 @@ def test_the_token_may_be_configured_as_its_hash(tiny_faults: Path, monkeypatch)
     assert app.session_state["operator"] == "alice"
 
 
-def test_a_malformed_token_hash_is_one_clear_error(tiny_faults: Path, monkeypatch) -> None:
-    serve(monkeypatch, tiny_faults, token="scrypt$16384$8$zz")
-    app = open_page("overview")
-    assert [e.value for e in app.error] == [
-        "the operator token hash must read scrypt$N$r$p$<salt hex>$<hash hex> (4 fields given)"]
+def test_a_malformed_token_hash_is_one_clear_error_before_anything_is_served(tiny_faults: Path) -> None:
+    with pytest.raises(TokenFormatError) as raised:
+        serve(tiny_faults, token="scrypt$16384$8$zz")
+    assert str(raised.value) == "the operator token hash must read scrypt$N$r$p$<salt hex>$<hash hex> (4 fields given)"
 
 
 def test_repeated_wrong_tokens_lock_the_session_out_even_for_the_right_token(tiny_faults: Path, monkeypatch) -> None:
-    serve(monkeypatch, tiny_faults, token=TOKEN)
+    serve(tiny_faults, token=TOKEN)
     app = open_page("incidents")
     for _ in range(FREE_TRIES):
         unlock(app, "mallory", "guess")
@@ -65,7 +64,7 @@ def test_repeated_wrong_tokens_lock_the_session_out_even_for_the_right_token(tin
 
 
 def test_wrong_tokens_from_many_sessions_lock_the_process_out(tiny_faults: Path, monkeypatch) -> None:
-    serve(monkeypatch, tiny_faults, token=TOKEN)
+    serve(tiny_faults, token=TOKEN)
     for _ in range(FREE_TRIES):  # each guess from a new session, as a script would
         assert sidebar_errors(unlock(open_page("incidents"), "mallory", "guess")) == ["Wrong token."]
     app = unlock(open_page("incidents"), "alice", TOKEN)
@@ -97,7 +96,7 @@ def test_the_lockout_doubles_up_to_its_cap_and_a_right_token_clears_it() -> None
 ])
 def test_an_operator_name_that_could_mislead_the_audit_trail_is_refused(tiny_faults: Path, monkeypatch, name: str,
                                                                         error: str) -> None:
-    serve(monkeypatch, tiny_faults, token=TOKEN)
+    serve(tiny_faults, token=TOKEN)
     app = unlock(open_page("incidents"), name, TOKEN)
     assert_rendered(app)
     assert sidebar_errors(app) == [error] and "operator" not in app.session_state

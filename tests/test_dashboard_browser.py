@@ -28,6 +28,7 @@ import pytest
 from sql_attacks import ATTACKS
 
 from bedside.app.cli import build_parser
+from bedside.app.service.schema import SCHEMAS
 from bedside.app.train import torchrun_command
 from bedside.collectors.control import request_action
 from bedside.collectors.errors import QueryError
@@ -362,7 +363,7 @@ def assert_store_intact(run: Path, reference: Path) -> None:
     """The served store holds what a plain ``bedside collect`` of the same run holds: same tables, views,
     row counts and committed offsets, and no forged alert."""
     def facts(path: Path) -> dict[str, object]:
-        with Store.open(RunLayout(path).store, read_only=True) as store:
+        with Store.open(RunLayout(path).store, read_only=True, schemas=SCHEMAS) as store:
             cur = store.cursor()
             tables = [t for (t,) in cur.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
             counts = {t: cur.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0] for t in tables

@@ -49,7 +49,7 @@ def runs(tmp_path_factory) -> Iterator[Path]:
 @pytest.fixture
 def served(runs: Path, monkeypatch) -> Path:
     """The dashboard pointed at the directory of runs, without an operator token."""
-    serve(monkeypatch, runs)
+    serve(runs)
     return runs
 
 
@@ -196,7 +196,7 @@ def test_the_ranks_page_orders_ranks_by_place_and_shows_their_slowdown(served: P
 
 
 def test_the_ranks_page_puts_a_rank_twice_as_slow_first(straggling: Path, monkeypatch) -> None:
-    serve(monkeypatch, straggling)
+    serve(straggling)
     app = open_page("ranks")
     assert_rendered(app)
     heat = chart(app, "rank_heatmap")["data"][0]
@@ -330,7 +330,7 @@ def test_an_alert_link_naming_the_run_as_run_json_does_finds_a_renamed_folder(ti
 
 def test_a_runs_directory_s_bedside_toml_configures_the_dashboard_s_alerts(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "bedside.toml").write_text('[notifiers.ops]\ntype = "log"\n')
-    monkeypatch.setenv(registry.TARGET_ENV, str(tmp_path))
+    serve(tmp_path)
     try:
         assert [n.name for n in registry.desk().settings.notifiers] == ["ops"]
     finally:

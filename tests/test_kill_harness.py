@@ -23,6 +23,7 @@ import pytest
 from receiver import Receiver, free_port
 from test_alerts_watch import ENVIRON, assert_each_message_delivered_once, write_config
 
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
@@ -80,7 +81,7 @@ def facts(run: Path) -> dict[str, object]:
     Hangs are left out: while the files stop growing between pieces, a live owner rightly sees
     ranks that stopped writing long after their records' times, which a replay cannot see.
     """
-    with Store.open(RunLayout(run).store, read_only=True) as store:
+    with Store.open(RunLayout(run).store, read_only=True, schemas=SCHEMAS) as store:
         cur = store.cursor()
         counts = {t: cur.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0] for t in DATA_TABLES}
         offsets = cur.execute("SELECT path, committed_offset, state FROM sources ORDER BY path").fetchall()
@@ -195,7 +196,7 @@ def test_a_trainer_rank_killed_at_random_resumes_with_each_step_recorded_once_pe
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert subprocess.run(cli("collect", run, "--quiet"), timeout=FINISH_S).returncode == 0
-    with Store.open(RunLayout(run).store, read_only=True) as store:
+    with Store.open(RunLayout(run).store, read_only=True, schemas=SCHEMAS) as store:
         cur = store.cursor()
         [[twice]] = cur.execute("SELECT count(*) FROM (SELECT rank, timeline, step FROM rank_steps "
                                 "GROUP BY ALL HAVING count(*) > 1)").fetchall()

@@ -15,8 +15,8 @@ from receiver import Receiver
 from test_alerts_watch import ENVIRON, eventually, signed, split_run, write_config
 
 from bedside.app.dashboard import registry
-from bedside.app.owner import RunOwner
-from bedside.detectors.alerts.payload import schema
+from bedside.app.service.alerts.payload import schema
+from bedside.app.service.owner import RunOwner
 
 VALIDATOR = jsonschema.Draft202012Validator(schema())
 STOPPED = "ingestion and detection stopped"
@@ -29,11 +29,9 @@ def live_owner(tiny_faults: Path, tmp_path: Path, receiver: Receiver,
     signed webhook on ``receiver``: the owner once it has caught up, and what appends the rest of the run."""
     append_rest = split_run(tiny_faults)
     config = write_config(tmp_path, receiver)
-    serve(monkeypatch, tiny_faults)
-    monkeypatch.setenv(registry.LIVE_ENV, "1")
-    monkeypatch.setenv(registry.CONFIG_ENV, str(config))
     for name, value in ENVIRON.items():
         monkeypatch.setenv(name, value)
+    serve(tiny_faults, live=True, config=config)
     owner = registry.desk().owner(tiny_faults)
     assert owner is not None
     eventually(lambda: owner.detected_at is not None, "the owner caught up")

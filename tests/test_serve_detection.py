@@ -22,7 +22,7 @@ def collected(tiny_faults: Path, bedside: Callable) -> Path:
 
 
 def test_serve_detects_the_rows_bedside_collect_ingested(collected: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    serve(monkeypatch, collected)
+    serve(collected)
     try:
         app = open_page("incidents", run=collected.name)
         assert_rendered(app)

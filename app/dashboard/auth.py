@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from bedside.collectors.errors import BedsideError
 
+TOKEN_ENV = "BEDSIDE_OPERATOR_TOKEN"
+"""The environment variable ``bedside serve`` reads the token (or its hash) from, once, at start."""
 SCHEME = "scrypt"
 _COST = {"n": 2**14, "r": 8, "p": 1}
 _HASH_BYTES = 32

@@ -22,7 +22,8 @@ from bedside.collectors.query import ReadView, open_for_reading
 from bedside.collectors.store import Store
 from bedside.collectors.store.console import ConsoleLimits, ConsoleResult, run_console_query
 
-from ..owner import RunOwner
+from ..service.owner import RunOwner
+from ..service.schema import SCHEMAS
 
 CACHED_VERSIONS = 1
 ENDED = ("finished", "failed", "aborted")
@@ -71,7 +72,7 @@ class RunData:
         if self._view is None or self._view[0] != version:
             if self._view:
                 self._view[1].store.close()
-            self._view = (version, open_for_reading(self.run_dir, verify=True))  # a damaged store: the telemetry
+            self._view = (version, open_for_reading(self.run_dir, verify=True, schemas=SCHEMAS))  # a damaged store: the telemetry
         return self._view[1].store
 
     def frame(self, query: str, /, **params: Any) -> pd.DataFrame:

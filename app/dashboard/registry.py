@@ -1,14 +1,12 @@
 """What the dashboard serves: the runs, their owners in this process, and who may act.
 
-``bedside serve`` sets the environment (the target, the configuration, live mode)
-before Streamlit starts; the dashboard reads it once per process. A run whose store
-another process holds (``bedside watch``) is shown read-only from its raw telemetry.
+``bedside serve`` builds one ``Desk`` (the target, the alert settings, live mode, the operator
+token's hash) and installs it before Streamlit starts, in the same process; every page reads it
+with ``desk()``. A run whose store another process holds (``bedside watch``) is shown read-only
+from its raw telemetry.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,20 +14,14 @@ from pathlib import Path
 
 from bedside.collectors.errors import BedsideError, StoreCorruptError, StoreError
 from bedside.collectors.runs import find_runs
-from bedside.detectors.alerts.config import AlertSettings
 
-from ..alert import alert_settings
-from ..output import warn
-from ..owner import RunOwner
-from ..owner_health import OwnerHealth
+from ..service.alerts.config import AlertSettings, settings_for
+from ..service.log import warn
+from ..service.owner import OwnerSettings, RunOwner
+from ..service.owner_health import OwnerHealth
 from .auth import Lockout, TokenHash
 from .data import RunData
 
-TARGET_ENV = "BEDSIDE_DASHBOARD_TARGET"
-CONFIG_ENV = "BEDSIDE_DASHBOARD_CONFIG"
-LIVE_ENV = "BEDSIDE_DASHBOARD_LIVE"
-TOKEN_ENV = "BEDSIDE_OPERATOR_TOKEN"
-REFRESH_ENV = "BEDSIDE_DASHBOARD_REFRESH_S"
 DEFAULT_REFRESH_S = 5.0
 ADOPT_EVERY_S = 2.0
 RETAKE_AFTER_S = 10.0
@@ -52,7 +44,17 @@ class Desk:
     lockout: Lockout = field(default_factory=Lockout)  # wrong tokens from any session
 
     def __post_init__(self) -> None:
+        if not self.refresh_s > 0:
+            raise BedsideError(f"the dashboard's refresh period must be > 0 seconds, not {self.refresh_s!r}")
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_target(cls, target: Path, *, config: Path | None = None, live: bool = False, token: str = "",
+                   refresh_s: float = DEFAULT_REFRESH_S) -> Desk:
+        """The desk of ``target``: alerts from ``config``, else a run's bedside.toml, else its parent's (for a
+        runs directory, the directory's own); ``token`` unlocks actions (only its salted hash is kept)."""
+        return cls(target=target, settings=settings_for(config, target), live=live,
+                   operator_token=TokenHash.configured(token) if token else None, refresh_s=refresh_s)
 
     def runs(self) -> list[Path]:
         """The run directories served: the target itself, or the runs in it, newest first."""
@@ -81,7 +83,7 @@ class Desk:
                 return None
             self._release_view(run_dir)  # a read-only view of ours would keep the store from us
             try:
-                owner = RunOwner(run_dir, self.settings, warn=warn)
+                owner = RunOwner(run_dir, OwnerSettings(alerts=self.settings), warn=warn)
             except StoreError as exc:  # held by another process, or damaged: shown read-only, taken when it can be
                 self.refused[run_dir] = (time.monotonic(), str(exc))
                 self.damaged.pop(run_dir, None)
@@ -139,37 +141,40 @@ def owner_trouble(health: OwnerHealth) -> str:
             f"(restarts so far: {health.restarts}{retry})")
 
 
-_DESKS: dict[tuple[str, ...], Desk] = {}
-_DESKS_LOCK = threading.Lock()
+_INSTALLED: list[Desk] = []  # at most one: the desk this process serves
+_INSTALLED_LOCK = threading.Lock()
+
+
+def install(desk: Desk) -> Desk:
+    """Make ``desk`` the one this process serves (``bedside serve`` before Streamlit starts; tests before AppTest).
+
+    A desk with the same settings as the installed one keeps the installed one (its owners and caches); another
+    closes it and takes its place."""
+    with _INSTALLED_LOCK:
+        if _INSTALLED and _same(_INSTALLED[0], desk):
+            return _INSTALLED[0]
+        for old in _INSTALLED:
+            old.close()
+        _INSTALLED[:] = [desk]
+        return desk
 
 
 def desk() -> Desk:
-    """This process's desk, from the environment ``bedside serve`` (or a test) set."""
-    target, config, live, token, refresh = (os.environ.get(name, "")
-                                            for name in (TARGET_ENV, CONFIG_ENV, LIVE_ENV, TOKEN_ENV, REFRESH_ENV))
-    key = (target, config, live, _fingerprint(token), refresh)  # no plain token kept, not even as a key
-    with _DESKS_LOCK:
-        if key not in _DESKS:
-            if not target:
-                raise BedsideError(f"no run to show: start the dashboard with bedside serve RUN (or set {TARGET_ENV})")
-            path = Path(target)
-            # a run's bedside.toml, else its parent's: for a runs directory, the directory's own
-            _DESKS[key] = Desk(target=path, settings=alert_settings(Path(config) if config else None, path),
-                               live=live == "1", operator_token=TokenHash.configured(token) if token else None,
-                               refresh_s=float(refresh) if refresh else DEFAULT_REFRESH_S)
-        return _DESKS[key]
+    """The desk this process serves."""
+    with _INSTALLED_LOCK:
+        if not _INSTALLED:
+            raise BedsideError("no run to show: start the dashboard with bedside serve RUN")
+        return _INSTALLED[0]
 
 
-_FINGERPRINT_SALT = secrets.token_bytes(16)
-
-
-def _fingerprint(token: str) -> str:
-    return hashlib.blake2b(token.encode(), key=_FINGERPRINT_SALT).hexdigest() if token else ""
+def _same(one: Desk, other: Desk) -> bool:
+    return (one.target, one.settings, one.live, one.operator_token, one.refresh_s) == \
+        (other.target, other.settings, other.live, other.operator_token, other.refresh_s)
 
 
 def close_all() -> None:
-    """Close every owner (at server shutdown)."""
-    with _DESKS_LOCK:
-        for each in _DESKS.values():
+    """Close every owner (at server shutdown) and forget the installed desk."""
+    with _INSTALLED_LOCK:
+        for each in _INSTALLED:
             each.close()
-        _DESKS.clear()
+        _INSTALLED.clear()

@@ -1,16 +1,19 @@
 """The DuckDB store of one run: the only module that opens a database connection.
 
-Schema and migrations are numbered ``.sql`` files in ``migrations/``; named
-queries live in ``queries/``. One process writes a store (the collector);
-others open it read-only, or, while it is held, rebuild it in memory from the
-raw telemetry through the same schema (see ``collectors.query``).
+A store holds the parts of its owners, each a ``Schema`` (as datasette keeps its internal
+tables apart): a namespace with numbered ``.sql`` migrations in its package's ``migrations/``
+folder and named queries in its ``queries/`` folder. The telemetry's own (this package) is
+always there; the service adds the findings, incidents and outbox (``bedside.app.service.schema``).
+One process writes a store; others open it read-only, or, while it is held, rebuild it in
+memory from the raw telemetry through the same schemas (see ``collectors.query``).
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -36,10 +39,44 @@ DAMAGED_SUFFIX = ".damaged-"
 """A damaged store moved aside by ``move_aside`` is named ``bedside.duckdb.damaged-<UTC time>``."""
 
 
+@dataclass(frozen=True)
+class Schema:
+    """One owner's part of a store: its migrations (versions count per namespace) and its named queries."""
+
+    namespace: str
+    package: str
+    """The package whose ``migrations/`` and ``queries/`` folders hold the ``.sql`` files."""
+
+    def migrations(self) -> list[tuple[int, str, str]]:
+        """(version, name, sql) of every migration file, in order."""
+        folder = resources.files(self.package).joinpath("migrations")
+        found = []
+        for entry in folder.iterdir() if folder.is_dir() else ():
+            if entry.name.endswith(".sql"):
+                found.append((int(entry.name.split("_", 1)[0]), entry.name, entry.read_text()))
+        return sorted(found)
+
+    def query(self, name: str) -> str | None:
+        """The text of ``queries/<name>.sql``, None when this schema has no such query."""
+        return _query_text(self.package, name)
+
+
 @cache
+def _query_text(package: str, name: str) -> str | None:
+    entry = resources.files(package).joinpath("queries", f"{name}.sql")
+    return entry.read_text() if entry.is_file() else None
+
+
+TELEMETRY = Schema("telemetry", __package__)
+"""The telemetry's tables and views, every store has them (versions 3 to 5 moved to the service's namespace)."""
+
+
 def sql(name: str) -> str:
-    """The text of the named query ``queries/<name>.sql``."""
-    return resources.files(__package__).joinpath("queries", f"{name}.sql").read_text()
+    """The text of the telemetry's named query ``queries/<name>.sql``."""
+    text = TELEMETRY.query(name)
+    if text is None:
+        raise StoreError(f"no query named {name!r}")
+    return text
 
 
 def open_sandbox() -> duckdb.DuckDBPyConnection:
@@ -47,29 +84,21 @@ def open_sandbox() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(":memory:", config=SANDBOX_CONFIG)
 
 
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every migration file, in order."""
-    folder = resources.files(__package__).joinpath("migrations")
-    found = []
-    for entry in folder.iterdir():
-        if entry.name.endswith(".sql"):
-            version = int(entry.name.split("_", 1)[0])
-            found.append((version, entry.name, entry.read_text()))
-    return sorted(found)
-
-
 class Store:
     """One DuckDB database (a run's ``bedside.duckdb``, or in memory)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path | None, read_only: bool) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path | None, read_only: bool,
+                 schemas: Sequence[Schema] = ()) -> None:
         self._con = con
         self.path = path
         self.read_only = read_only
+        self.schemas = (TELEMETRY, *(s for s in schemas if s != TELEMETRY))
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: Path | None = None, *, read_only: bool = False) -> Store:
-        """Open (and, when writable, migrate) the store at ``path``; None means in memory."""
+    def open(cls, path: Path | None = None, *, read_only: bool = False, schemas: Sequence[Schema] = ()) -> Store:
+        """Open (and, when writable, migrate) the store at ``path``, with the telemetry's schema and ``schemas``;
+        None means in memory."""
         if read_only and (path is None or not path.exists()):
             raise StoreError(f"no store at {path}")
         existed = path is not None and path.exists()
@@ -79,7 +108,7 @@ class Store:
             if isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower():
                 raise StoreLockedError(f"{path} is held by another process ({exc})") from exc
             raise _damaged(path, exc) if _is_damage(exc) else StoreError(f"cannot open {path}: {exc}") from exc
-        store = cls(con, path, read_only)
+        store = cls(con, path, read_only, schemas)
         if not read_only:
             if existed:
                 store.verify()  # never append to a damaged store: the damage would spread to new rows
@@ -126,27 +155,42 @@ class Store:
         """The writer's own connection (temp tables live here); one thread uses it."""
         return self._con
 
-    def schema_version(self) -> int:
-        """The newest migration applied, 0 for an empty database."""
+    def schema_version(self, schema: Schema = TELEMETRY) -> int:
+        """The newest migration of ``schema`` applied, 0 for none."""
         if not self._has_table("schema_migrations"):
             return 0
-        return int(self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0])
+        rows = self._con.execute(sql("schema_version"), {"namespace": schema.namespace}).fetchall()
+        return int(rows[0][0])
 
     def migrate(self) -> None:
-        """Apply every migration newer than the store, each in its own transaction."""
-        self._con.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations "
-            "(version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)"
-        )
-        current = self.schema_version()
-        for version, name, text in migrations():
-            if version > current:
-                with self.transaction() as con:
-                    con.execute(text)
-                    con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
+        """Apply every migration of each schema newer than the store, each in its own transaction."""
+        with self.transaction() as con:
+            if self._has_table("schema_migrations") and not self._has_column("schema_migrations", "namespace"):
+                con.execute(sql("adopt_namespaces"))  # a store from before namespaces
+            con.execute(sql("create_schema_migrations"))
+        for schema in self.schemas:
+            current = self.schema_version(schema)
+            for version, name, text in schema.migrations():
+                if version > current:
+                    with self.transaction() as con:
+                        con.execute(text)
+                        con.execute(sql("record_migration"),
+                                    {"namespace": schema.namespace, "version": version, "name": name})
+
+    def _has_column(self, table: str, column: str) -> bool:
+        rows = self._con.execute(sql("has_column"), {"table": table, "column": column}).fetchall()
+        return bool(rows[0][0])
+
+    def query_text(self, name: str) -> str:
+        """The named query of this store's schemas (StoreError naming it when none has it)."""
+        for schema in self.schemas:
+            text = schema.query(name)
+            if text is not None:
+                return text
+        raise StoreError(f"no query named {name!r} in the schemas {', '.join(s.namespace for s in self.schemas)}")
 
     def _has_table(self, name: str) -> bool:
-        rows = self._con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()
+        rows = self._con.execute(sql("has_table"), {"name": name}).fetchall()
         return bool(rows[0][0])
 
     def fetch_named(self, name: str, params: dict[str, Any] | None = None,
@@ -158,7 +202,7 @@ class Store:
         cur = self.cursor()
         for table_name, table in (tables or {}).items():
             cur.register(table_name, table)
-        return cur.execute(sql(name), params or {}).df()
+        return cur.execute(self.query_text(name), params or {}).df()
 
     def write_named(self, writes: list[tuple[str, dict[str, pa.Table]]]) -> None:
         """Run named write queries, each reading its Arrow tables by name, in one transaction."""
@@ -167,7 +211,7 @@ class Store:
                 for table_name, table in tables.items():
                     con.register(table_name, table)
                 try:
-                    con.execute(sql(name))
+                    con.execute(self.query_text(name))
                 finally:
                     for table_name in tables:
                         con.unregister(table_name)
@@ -177,7 +221,7 @@ class Store:
 
         For threads other than the writer's (the alert sender), which touch rows the writer does not.
         """
-        self.cursor().execute(sql(name), params)
+        self.cursor().execute(self.query_text(name), params)
 
 
 def move_aside(path: Path) -> Path | None:

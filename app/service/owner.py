@@ -1,46 +1,80 @@
-"""The owner of a run's store inside a long-running process: collector, detectors and alerts.
+"""The one composition of bedside's service: follow -> ingest -> detect -> persist -> route -> deliver.
 
-DuckDB lets one process write a store (docs/architecture.md, "One owner per store").
-``bedside serve`` keeps one ``RunOwner`` per run, following it in a thread, and the
-dashboard reads through the owner's store and asks it to acknowledge incidents;
-``bedside watch`` follows with one in its main thread.
+DuckDB lets one process write a store (docs/architecture.md, "One owner per store"). A ``RunOwner`` holds one
+run's store for writing and keeps it caught up: ``bedside serve`` keeps one per run, following it in a thread
+(the dashboard reads through the owner's store and asks it to acknowledge incidents); ``bedside watch``,
+``bedside collect --follow`` and ``bedside demo`` follow with one in their main thread. What differs between them
+is an ``OwnerSettings`` value, never a second loop.
 
-An owner never stops silently: any failure while following (a full disk, a damaged
-block, a dropped table) is logged, announced to the notifiers (``owner_health``) and
-shown in ``health``; the owner then starts again from the store after a capped
-exponential backoff, with a new store connection, collector and detection, which
-resume exactly where the store's committed offsets and findings say.
+An owner that restarts never stops silently: any failure while following (a full disk, a damaged block, a dropped
+table) is logged, announced to the notifiers (``owner_health``) and shown in ``health``; the owner then starts again
+from the store after a capped exponential backoff, with a new store connection, collector and detection, which
+resume exactly where the store's committed offsets and findings say. An owner that does not restart
+(``collect --follow``, the demo) raises the failure to its caller instead.
 """
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bedside.collectors.audit import AuditKeeper
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S, Follower
-from bedside.collectors.ingest import Collector, PassResult
+from bedside.collectors.ingest import DEFAULT_BATCH_BYTES, Collector, PassResult
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
-from bedside.detectors.alerts.config import AlertSettings
-from bedside.detectors.alerts.router import AlertRouter
-from bedside.detectors.alerts.sender import OutboxSender
 
-from .detect import LiveDetection
+from .alerts.config import AlertSettings
+from .alerts.router import AlertRouter
+from .alerts.sender import OutboxSender
+from .detection import LiveDetection
+from .log import warn as log_warning
 from .owner_health import HealthNotices, OwnerHealth, describe
+from .schema import SCHEMAS
 
 OWNER_DRAIN_S = 5.0
 
 
-def alerting_detection(store: Store, settings: AlertSettings, *, quiet: bool = False,
-                       warn: Callable[[str], None]) -> tuple[LiveDetection, OutboxSender]:
-    """Live detection whose incident changes go to the notifiers of ``settings``, and the sender (not started)."""
-    sender = OutboxSender(store, settings, warn=warn)
-    router = AlertRouter(store, settings, on_commit=sender.wake) if settings.notifiers else None
-    return LiveDetection(store, quiet=quiet, alerts=router), sender
+@dataclass(frozen=True, kw_only=True)
+class OwnerSettings:
+    """How one owner follows its run: the only thing ``serve``, ``watch``, ``collect --follow`` and ``demo`` vary."""
+
+    alerts: AlertSettings = field(default_factory=AlertSettings)
+    """The notifiers incident changes go to (none: detection without alerts)."""
+    rescan_every_s: float = DEFAULT_RESCAN_EVERY_S
+    """Seconds between the follower's safety-net rescans."""
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    """Most telemetry bytes one ingest transaction takes."""
+    detect: bool = True
+    """Run the detectors after each pass (``collect --follow --no-detect``: ingestion only)."""
+    quiet: bool = True
+    """No line on stderr when a finding opens, clears or changes severity."""
+    restart: bool = True
+    """Start again after a failure (``serve``, ``watch``); False raises it to the caller."""
+
+    def __post_init__(self) -> None:
+        if not self.rescan_every_s > 0:
+            raise BedsideError(f"rescan_every_s must be > 0 seconds, not {self.rescan_every_s!r}")
+        if self.batch_bytes < 1:
+            raise BedsideError(f"batch_bytes must be at least 1, not {self.batch_bytes!r}")
+
+
+def alerting_detection(store: Store, settings: OwnerSettings, *, warn: Callable[[str], None]
+                       ) -> tuple[LiveDetection | None, OutboxSender | None]:
+    """Live detection whose incident changes go to the notifiers of ``settings``, and the sender (not started);
+    neither when the settings say not to detect."""
+    if not settings.detect:
+        return None, None
+    sender = OutboxSender(store, settings.alerts, warn=warn)
+    router = AlertRouter(store, settings.alerts, on_commit=sender.wake) if settings.alerts.notifiers else None
+    return LiveDetection(store, quiet=settings.quiet, alerts=router), sender
+
+
 
 
 class RunOwner:
@@ -51,18 +85,16 @@ class RunOwner:
     readers can cache what they computed for a version.
     """
 
-    def __init__(self, run_dir: Path, settings: AlertSettings, *, warn: Callable[[str], None],
-                 rescan_every_s: float = DEFAULT_RESCAN_EVERY_S, quiet: bool = True,
+    def __init__(self, run_dir: Path, settings: OwnerSettings | None = None, *,
+                 warn: Callable[[str], None] = log_warning,
                  on_pass: Callable[[PassResult], None] = lambda result: None,
                  health: OwnerHealth | None = None) -> None:
         self.layout = RunLayout(run_dir)
-        self.settings = settings
+        self.settings = settings or OwnerSettings()
         self.warn = warn
-        self.quiet = quiet
-        self.rescan_every_s = rescan_every_s
         self.on_pass = on_pass
         self.health = health or OwnerHealth()
-        self.notices = HealthNotices(self.layout, settings, warn=warn)
+        self.notices = HealthNotices(self.layout, self.settings.alerts, warn=warn)
         self.audit = AuditKeeper(self.layout)
         self.version = 0
         self.finished = False
@@ -70,13 +102,16 @@ class RunOwner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sending = False
+        self._drained: int | None = None
         self.live: LiveDetection | None = None
         self.sender: OutboxSender | None = None
         self._follower: Follower | None = None
-        self.store = Store.open(self.layout.store)
+        self.store = Store.open(self.layout.store, schemas=SCHEMAS)
         try:
             self._build()
         except Exception as exc:  # the store opened but cannot be followed: a failure like any later one
+            if not self.settings.restart:
+                self.store.close()
             self._failed(exc)
 
     @property
@@ -94,6 +129,15 @@ class RunOwner:
         except Exception as exc:
             self._failed(exc)
 
+    def finish(self) -> None:
+        """The run's data is complete (its training process exited): ingest the rest, and let detection settle."""
+        self.collector.ingest_available(on_pass=self._on_pass)
+        with self._lock:
+            if self.live is not None and not self.finished:
+                self.live.finish()
+            self.finished = True
+            self.version += 1
+
     def start(self) -> None:
         """Follow the run in a background thread, and deliver alerts, until ``close``."""
         self._thread = threading.Thread(target=self.follow, args=(self._stop,),
@@ -102,7 +146,7 @@ class RunOwner:
 
     def follow(self, stop: threading.Event, *, until_finished: bool = False) -> None:
         """Follow the run and deliver alerts until ``stop`` (or, when asked, the run's end), starting again
-        after each failure once its backoff has passed."""
+        after each failure once its backoff has passed (or raising it, when the settings say not to restart)."""
         self._sending = True
         if self.sender and not self.health.failing:
             self.sender.start()
@@ -116,6 +160,18 @@ class RunOwner:
                 return
             except Exception as exc:
                 stop.wait(self._failed(exc))
+
+    def follow_until_signalled(self, *, until_finished: bool = False) -> None:
+        """``follow`` in the main thread until SIGINT or SIGTERM (or, when asked, the run's end)."""
+        stop = threading.Event()
+
+        def request_stop(signum: int, frame: object) -> None:
+            stop.set()
+            self.wake()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        self.follow(stop, until_finished=until_finished)
 
     def wake(self) -> None:
         """Ask for a pass now (stop handlers)."""
@@ -140,24 +196,34 @@ class RunOwner:
             self._working().detection.resolve(incident_id, by, note)
             self.version += 1
 
+    def drain(self, drain_s: float | None = None) -> int:
+        """Stop following and give pending alerts ``drain_s`` seconds (default: a few when following); the
+        number of alert messages left pending. The store stays open for reading until ``close``."""
+        if self._drained is None:
+            self._stop.set()
+            self.wake()
+            if self._thread:
+                self._thread.join()
+            wait = OWNER_DRAIN_S if self._thread and drain_s is None else drain_s or 0.0
+            self._drained = self._close_sender(wait)
+            self.notices.join()
+        return self._drained
+
     def close(self, drain_s: float | None = None) -> int:
-        """Stop following, give pending alerts ``drain_s`` seconds (default: a few when following), close the
-        store; the number of alert messages left pending."""
-        self._stop.set()
-        self.wake()
-        if self._thread:
-            self._thread.join()
-        left = self._close_pieces(OWNER_DRAIN_S if self._thread and drain_s is None else drain_s or 0.0)
-        self.notices.join()
+        """``drain``, then close the store; the number of alert messages left pending."""
+        left = self.drain(drain_s)
+        with contextlib.suppress(Exception):
+            self.store.close()
         return left
 
     def _build(self) -> None:
         """Detection, alerts and the collector over the open store (detection replays what the store holds)."""
         self.live, self._follower = None, None
-        live, self.sender = alerting_detection(self.store, self.settings, quiet=self.quiet, warn=self.warn)
-        self.collector = Collector(self.layout.root, self.store, warn=self.warn)
-        self._follower = Follower(self.collector, rescan_every_s=self.rescan_every_s, on_pass=self._on_pass,
-                                  on_idle=self._on_idle, warn=self.warn)
+        live, self.sender = alerting_detection(self.store, self.settings, warn=self.warn)
+        self.collector = Collector(self.layout.root, self.store, batch_bytes=self.settings.batch_bytes,
+                                   warn=self.warn)
+        self._follower = Follower(self.collector, rescan_every_s=self.settings.rescan_every_s,
+                                  on_pass=self._on_pass, on_idle=self._on_idle, warn=self.warn)
         self.live = live
         self.finished = False
 
@@ -165,30 +231,32 @@ class RunOwner:
         """A new store connection, collector and detection, after a failure."""
         with self._lock:
             self.health.restarts += 1
-            self._close_pieces(0.0)
-            self.store = Store.open(self.layout.store)
+            self._close_sender(0.0)
+            with contextlib.suppress(Exception):
+                self.store.close()
+            self.store = Store.open(self.layout.store, schemas=SCHEMAS)
             self._build()
         if self._sending and self.sender:
             self.sender.start()
 
-    def _close_pieces(self, drain_s: float) -> int:
-        """Close the sender and the store, whatever state a failure left them in; messages left pending."""
+    def _close_sender(self, drain_s: float) -> int:
+        """Close the sender, whatever state a failure left it in; messages left pending."""
         left = 0
         if self.sender is not None:
             with contextlib.suppress(Exception):  # a broken store cannot count what is pending
                 left = self.sender.close(drain_s=drain_s if self._sending else 0.0)
-        with contextlib.suppress(Exception):
-            self.store.close()
         return left
 
     def _working(self) -> LiveDetection:
         if self.live is None or self.health.failing:
-            raise BedsideError(f"the run's owner is starting again after a failure ({self.health.error}): "
-                               "try again once it has caught up")
+            why = f"starting again after a failure ({self.health.error})" if self.health.failing else "not detecting"
+            raise BedsideError(f"the run's owner is {why}: try again once it has caught up")
         return self.live
 
     def _failed(self, exc: Exception) -> float:
         """Log and announce a failure, and show it; the seconds to wait before starting again."""
+        if not self.settings.restart:
+            raise exc
         delay = self.health.failed(describe(exc), time.time())
         self.warn(f"{self.layout.root.name}: following the run failed ({self.health.error}); starting again "
                   f"in {delay:g} s (restarts so far: {self.health.restarts})")
@@ -205,8 +273,8 @@ class RunOwner:
 
     def _on_pass(self, result: PassResult) -> None:
         with self._lock:
-            assert self.live is not None
-            self.live.update(result)
+            if self.live is not None:
+                self.live.update(result)
             self.version += 1
         self.on_pass(result)
         self._worked()
@@ -219,10 +287,10 @@ class RunOwner:
     def _on_idle(self) -> None:
         """A quiet wake-up: let time pass for the detectors, and settle the run once it has ended."""
         with self._lock:
-            assert self.live is not None and self._follower is not None
-            changed = self.live.tick()
+            assert self._follower is not None
+            changed = self.live.tick() if self.live else []
             if not self.finished and self._follower.run_ended():
-                changed += self.live.finish()
+                changed += self.live.finish() if self.live else []
                 self.finished = True
             if self._keep_audit_head() or changed:
                 self.version += 1

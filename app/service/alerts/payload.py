@@ -12,8 +12,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from ..finding import Finding, json_safe
-from ..incidents import Incident, worst_of
+from bedside.detectors.finding import Finding, json_safe
+from bedside.detectors.incidents import Incident, worst_of
 
 PAYLOAD_SCHEMA = "bedside.alert/1"
 EVENT_WORDS = {

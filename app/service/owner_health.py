@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bedside.app.service.alerts.config import AlertSettings, NotifierConfig
+from bedside.app.service.alerts.delivery import deliver
+from bedside.app.service.alerts.payload import RunRef, owner_payload
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import read_run_info
-from bedside.detectors.alerts.config import AlertSettings, NotifierConfig
-from bedside.detectors.alerts.delivery import deliver
-from bedside.detectors.alerts.payload import RunRef, owner_payload
 
 RETRY_BASE_S = 1.0
 RETRY_MAX_S = 60.0

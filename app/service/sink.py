@@ -8,10 +8,10 @@ import time
 import pyarrow as pa
 
 from bedside.collectors.store import Store
+from bedside.detectors.finding import Finding, json_safe
+from bedside.detectors.incidents import Incident, IncidentBook
 
 from .alerts.router import OutboxWrite
-from .finding import Finding, json_safe
-from .incidents import Incident, IncidentBook
 
 
 def load_book(store: Store) -> IncidentBook:

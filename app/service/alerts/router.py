@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 
 from bedside.collectors.store import Store
+from bedside.detectors.finding import Severity
+from bedside.detectors.incidents import Incident
 
-from ..finding import Severity
-from ..incidents import Incident
 from .config import AlertSettings, NotifierConfig
 from .payload import Acknowledgement, RunRef, digest_payload, incident_payload
 
@@ -126,8 +126,6 @@ class AlertRouter:
         self._told: dict[tuple[str, str], _Told] = {}
         incidents = store.fetch_named("incident_acks")
         self._history = {i for i, resolved in zip(incidents["incident_id"], incidents["resolved"]) if resolved}
-        self._acks = {i: Acknowledgement(by, note or "") for i, by, note in
-                      zip(incidents["incident_id"], incidents["acknowledged_by"], incidents["ack_note"]) if by}
         stored = store.fetch_named("finding_incidents")
         self._stored_findings = {f: (int(end), bool(active)) for f, end, active in
                                  zip(stored["finding_id"], stored["end_step"], stored["active"])}
@@ -166,11 +164,11 @@ class AlertRouter:
 
     def acknowledge(self, incident: Incident, by: str, note: str, now: float) -> OutboxWrite:
         """Announce an acknowledgement to every notifier that was told of the incident (never held back)."""
-        self._acks[incident.incident_id] = Acknowledgement(by, note)
+        ack = Acknowledgement(by, note)
         out = OutboxWrite()
         for notifier in self._notifiers:
             if self._told_of(notifier, incident).level >= 0 and not incident.resolved:
-                out.messages.append(self._message(notifier, incident, "acknowledged", now, held=False))
+                out.messages.append(self._message(notifier, incident, "acknowledged", now, held=False, ack=ack))
         return out
 
     def resolve_by_hand(self, incident: Incident, by: str, note: str, now: float) -> OutboxWrite:
@@ -233,7 +231,8 @@ class AlertRouter:
         return self._message(notifier, incident, event, now, held=held)
 
     def _message(self, notifier: NotifierConfig, incident: Incident, event: str, now: float, *, held: bool,
-                 resolution: Acknowledgement | None = None) -> OutboxMessage:
+                 resolution: Acknowledgement | None = None, ack: Acknowledgement | None = None) -> OutboxMessage:
+        """The message of ``event``; ``ack`` is one being recorded now, else the store's (if any) is shown."""
         told = self._told_of(notifier, incident)
         told.events[event] += 1
         told.level = max(told.level, incident.severity.level)
@@ -241,7 +240,7 @@ class AlertRouter:
         run = self._run()
         message_id = f"{run.run_id or run.name}/{notifier.name}/{incident.incident_id}/{event}/{told.events[event]}"
         payload = incident_payload(message_id, event, run, incident, notifier=notifier.name,
-                                   ack=self._acks.get(incident.incident_id),
+                                   ack=ack or self._stored_ack(incident.incident_id),
                                    dashboard_url=self.settings.dashboard_url, now=now, resolution=resolution)
         message = OutboxMessage(message_id, notifier.name, incident.incident_id, event, incident.severity.value,
                                 payload["incident"]["status"], payload, now, "held" if held else "pending")
@@ -269,6 +268,10 @@ class AlertRouter:
                                  dashboard_url=self.settings.dashboard_url, now=now)
         message = OutboxMessage(digest_id, notifier.name, None, "digest", severity, None, payload, now, "pending")
         return OutboxWrite([message], [(m.message_id, digest_id) for m in window.held])
+
+    def _stored_ack(self, incident_id: str) -> Acknowledgement | None:
+        rows = self.store.fetch_named("incident_ack", {"incident_id": incident_id})
+        return Acknowledgement(rows["acknowledged_by"][0], rows["ack_note"][0]) if len(rows) else None
 
     def _told_of(self, notifier: NotifierConfig, incident: Incident) -> _Told:
         return self._told.setdefault((notifier.name, incident.incident_id), _Told())

@@ -5,8 +5,7 @@ import pandas as pd
 import pyarrow as pa
 
 from bedside.collectors.store import Store
-
-from .telemetry import TelemetryBatch
+from bedside.detectors.telemetry import TelemetryBatch
 
 _WINDOW_SCHEMA = pa.schema([("source_id", pa.int32()), ("from_offset", pa.int64()), ("to_offset", pa.int64())])
 DEFAULT_BATCH_BYTES = 256 << 20

@@ -9,17 +9,24 @@ the messages each change calls for are written in the same transaction.
 """
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
-from bedside.collectors.errors import BedsideError
+from bedside.collectors.errors import BedsideError, StoreLockedError
+from bedside.collectors.ingest import Collector, PassResult
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.query import open_for_reading
 from bedside.collectors.store import Store
+from bedside.detectors.detector import Detector
+from bedside.detectors.finding import Finding
+from bedside.detectors.incidents import Incident
+from bedside.detectors.runner import DetectorRunner
 
 from .alerts.router import AlertRouter, OutboxWrite
-from .detector import Detector
 from .feed import StoreFeed
-from .finding import Finding
-from .incidents import Incident
-from .runner import DetectorRunner
+from .log import warn
+from .schema import SCHEMAS
 from .sink import load_book, save, save_acknowledgement, save_resolution
 
 
@@ -116,3 +123,63 @@ class StoreDetection:
         if outbox:
             self.store.write_named(outbox.writes())
             alerts.committed()
+
+
+def detect_run(run_dir: Path) -> list[Finding]:
+    """Batch detection (``bedside detect``): ingest what the run holds, run every detector over it, keep the
+    findings and incidents in its store (unless another process holds the store); every finding."""
+    layout = RunLayout(run_dir)
+    try:
+        store = Store.open(layout.store, schemas=SCHEMAS)
+    except StoreLockedError:
+        warn("the store is held by another process: detecting over the raw telemetry, findings not saved")
+        with open_for_reading(run_dir, schemas=SCHEMAS).store as memory:
+            return _detect_all(memory, persist=False)
+    with store:
+        Collector(layout.root, store, warn=warn).ingest_available()
+        return _detect_all(store, persist=True)
+
+
+def _detect_all(store: Store, *, persist: bool) -> list[Finding]:
+    detection = StoreDetection(store, persist=persist)
+    detection.update()
+    detection.finish()
+    return detection.runner.ordered()
+
+
+class LiveDetection:
+    """Detection inside a following collector: after each batch, and on quiet wake-ups; prints what changes.
+
+    The first quiet wake-up replays what the store already holds, whoever ingested it (``bedside collect``
+    before ``serve``), so a store with nothing new to ingest is still covered. With an alert router, each
+    change's messages go to the outbox with it. ``ran_at`` is when detection last went over the store.
+    """
+
+    def __init__(self, store: Store, *, quiet: bool = False, alerts: AlertRouter | None = None) -> None:
+        self.detection = StoreDetection(store, alerts=alerts)
+        self.quiet = quiet
+        self.ran_at: float | None = None
+        self._said: dict[str, tuple[bool, str]] = {}
+
+    def update(self, result: PassResult) -> list[Finding]:
+        """After an ingest pass (whose backlog says whether ranks' files are level yet); the findings changed."""
+        return self._say(self.detection.update(caught_up=not result.backlog))
+
+    def tick(self) -> list[Finding]:
+        """A quiet wake-up: the store's rows not fed yet (the first time, all of them), then time passing."""
+        replayed = self.detection.update() if self.ran_at is None else []
+        return self._say(replayed + self.detection.tick())
+
+    def finish(self) -> list[Finding]:
+        return self._say(self.detection.finish())
+
+    def _say(self, changed: list[Finding]) -> list[Finding]:
+        """One line when a finding opens, clears or changes severity (not each time it grows)."""
+        self.ran_at = time.time()
+        for finding in [] if self.quiet else changed:
+            now = (finding.active, finding.severity.value)
+            if self._said.get(finding.finding_id) != now:
+                self._said[finding.finding_id] = now
+                state = "open" if finding.active else "cleared"
+                print(f"[{finding.severity.value}] {finding.kind} ({state}): {finding.summary}", file=sys.stderr)
+        return changed

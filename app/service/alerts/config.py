@@ -7,6 +7,7 @@ a notifier reports passes through ``NotifierConfig.scrub``.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import tomllib
@@ -17,8 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bedside.collectors.errors import BedsideError
-
-from ..finding import FINDING_KINDS, Severity
+from bedside.detectors.finding import FINDING_KINDS, Severity
 
 CONFIG_NAME = "bedside.toml"
 NOTIFIER_TYPES = ("slack", "discord", "webhook", "command", "log")
@@ -107,6 +107,18 @@ def find_config(run_dir: Path | None) -> Path | None:
         if (folder / CONFIG_NAME).is_file():
             return folder / CONFIG_NAME
     return None
+
+
+DEFAULT_LOG_NOTIFIER = NotifierConfig(name="log", type="log")
+"""Where incidents go when nothing is configured and a log is wanted (``bedside watch``)."""
+
+
+def settings_for(config: Path | None, run_dir: Path | None, *, default_log: bool = False) -> AlertSettings:
+    """Settings from ``config``, else the run's ``bedside.toml``; without either, the log notifier or none."""
+    path = config or find_config(run_dir)
+    if path is not None:
+        return load_settings(path, os.environ)
+    return AlertSettings(notifiers=(DEFAULT_LOG_NOTIFIER,) if default_log else ())
 
 
 def load_settings(path: Path, environ: Mapping[str, str]) -> AlertSettings:
