@@ -2,7 +2,7 @@
 
 Timing follows a synchronous data-parallel job: every rank loads data and computes, then
 all ranks meet in the gradient all-reduce, so each step lasts as long as the slowest
-rank's work. A slow rank shows a longer ``compute_time`` (or ``data_time``), its peers
+rank's work (the simulator's ``compose_timing``). A slow rank shows a longer ``compute_time`` (or ``data_time``), its peers
 show the wait as a longer ``comm_time``, and ``step_time`` is the same on every rank.
 Tests apply their faults to the work matrices (``compute[t, r] *= 1.1``) before
 ``rank_step_frame`` turns them into rows, so the ground truth is the test's own edit.
@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import signal
 
+from bedside.detectors.datasets.traces import compose_timing
 from bedside.detectors.detector import Detector
 from bedside.detectors.finding import Finding
 from bedside.detectors.telemetry import (
@@ -82,13 +83,11 @@ def synchronous(compute: np.ndarray, data: np.ndarray | None = None, *, comm_s: 
     data = np.full_like(compute, 0.02 * np.nanmedian(compute)) if data is None else data
     comm_s = 0.1 * float(np.nanmedian(compute)) if comm_s is None else comm_s
     optimizer_s = 0.05 * float(np.nanmedian(compute)) if optimizer_s is None else optimizer_s
-    busy = data + compute
-    slowest = busy.max(axis=1, keepdims=True)
-    step_time = np.broadcast_to(slowest + comm_s + optimizer_s, busy.shape)
-    pause = np.zeros(len(busy)) if pause_s is None else pause_s
-    return {"data_time": data, "compute_time": compute, "comm_time": comm_s + slowest - busy,
-            "optimizer_time": np.full_like(busy, optimizer_s), "step_time": step_time.copy(),
-            "end": T0 + np.cumsum(step_time[:, 0] + pause)}
+    timing = compose_timing(data.T, compute.T, np.full_like(compute.T, optimizer_s), np.full(len(compute), comm_s))
+    pause = np.zeros(len(compute)) if pause_s is None else pause_s
+    return {"data_time": data, "compute_time": compute, "comm_time": timing.comm.T,
+            "optimizer_time": timing.optimizer.T, "step_time": np.repeat(timing.step_time[:, None], compute.shape[1], 1),
+            "end": T0 + np.cumsum(timing.step_time + pause)}
 
 
 def asynchronous(compute: np.ndarray, *, pause_s: np.ndarray | None = None) -> dict[str, np.ndarray]:

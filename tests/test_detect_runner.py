@@ -13,36 +13,43 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bedside.app.service.detection import StoreDetection
+from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
+from bedside.detectors.faults import Label
 from bedside.detectors.finding import FINDING_KINDS, JSON_KEYS, Finding, Severity
 from bedside.detectors.incidents import IncidentBook
 from bedside.detectors.registry import build_detectors, detector_names
 from bedside.detectors.runner import DetectorRunner
-from bedside.detectors.session import StoreDetection
+from bedside.detectors.scoring import FINDING_COLUMNS, Margin, match
 from bedside.detectors.telemetry import STEP_COLUMNS, RunState, TelemetryBatch
 
 SAMPLE_RUN = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
 JOB_LEVEL = ("bad_shard", "eval_stall", "grad_spike", "loss_spike", "nonfinite")
 """Detectors of job-level series (nonfinite also per rank), as opposed to those comparing ranks step by step."""
-FAULT_KINDS = {"bad_shard": "loss_spike", "nan": "nonfinite", "grad_bitflip": "nonfinite"}
-"""What the sample run's faults must give, whatever else is found: the bad shards' loss spike (the run reads
-15 of 16 shards per step, so not the shard itself), the NaN loss, and the bit flip's infinite gradient norm."""
+SCORED_FAULTS = ("bad_shard", "nan", "grad_bitflip")
+"""The sample run's faults that must be found within their own steps, whatever else is found: the bad shards'
+loss spike (the run reads 15 of 16 shards per step, so not the shard itself), the NaN loss, and the bit flip's
+outlier gradient norm on its rank."""
 
 
-def labelled_faults() -> list[tuple[str, int, int]]:
-    """(expected finding kind, first step, last step) of each fault in the sample run's ground truth."""
+def labelled_faults() -> list[Label]:
+    """The ground truth of the sample run's ``SCORED_FAULTS``, read from its files."""
     records = [json.loads(line) for path in sorted((SAMPLE_RUN / "ground_truth").glob("*.jsonl"))
                for line in path.read_text().splitlines()]
-    return [(FAULT_KINDS[r["fault"]], r["args"]["first"], r["args"]["last"]) for r in records
-            if r["kind"] == "fault_injected" and r["fault"] in FAULT_KINDS]
+    return [Label.from_record(r["step"], r["fault"], r["target_ranks"], r["args"]) for r in records
+            if r["kind"] == "fault_injected" and r["fault"] in SCORED_FAULTS]
 
 
-def missed_faults(found: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
-    """The labelled faults with no finding of their kind starting within their steps (``found``: kind, start)."""
-    return [(kind, first, last) for kind, first, last in labelled_faults()
-            if not any(k == kind and first <= start <= last for k, start in found)]
+def missed_faults(found: list[tuple[str, int]], kinds: tuple[str, ...] = FINDING_KINDS) -> list[Label]:
+    """The labelled faults of an expected kind in ``kinds`` that no finding (``found``: kind, start) matches
+    within their own steps."""
+    findings = pd.DataFrame([(f"{kind}-{i}", kind, 0, start, ()) for i, (kind, start) in enumerate(found)],
+                            columns=list(FINDING_COLUMNS))
+    labels = [label for label in labelled_faults() if label.expected_kind in kinds]
+    return [label for label, hit in zip(labels, match(findings, labels, Margin(0, 0))["found"]) if not hit]
 
 
 @pytest.fixture
@@ -55,7 +62,7 @@ def detect_in_store(run: Path, *, detectors: list[str] | None = None, batch_byte
                     store: Store | None = None) -> list[Finding]:
     """Ingest ``run`` into its store and detect; with ``batch_bytes``, update after every ingest pass."""
     own = store is None
-    store = store or Store.open(RunLayout(run).store)
+    store = store or Store.open(RunLayout(run).store, schemas=SCHEMAS)
     try:
         detection = StoreDetection(store, None if detectors is None else build_detectors(only=detectors))
         if batch_bytes is None:
@@ -74,7 +81,7 @@ def detect_in_store(run: Path, *, detectors: list[str] | None = None, batch_byte
 
 
 def query(run: Path, sql: str) -> pd.DataFrame:
-    with Store.open(RunLayout(run).store, read_only=True) as store:
+    with Store.open(RunLayout(run).store, read_only=True, schemas=SCHEMAS) as store:
         return store.cursor().execute(sql).df()
 
 
@@ -82,9 +89,9 @@ def query(run: Path, sql: str) -> pd.DataFrame:
 
 def test_detection_fills_the_findings_and_incidents_views(sample: Path) -> None:
     found = detect_in_store(sample)
-    assert len(labelled_faults()) >= 3 and not missed_faults([(f.kind, f.start_step) for f in found])
+    assert len(labelled_faults()) == len(SCORED_FAULTS) and not missed_faults([(f.kind, f.start_step) for f in found])
     assert all(f.kind in FINDING_KINDS for f in found)
-    assert set(query(sample, "SELECT fault FROM fault_labels")["fault"]) >= set(FAULT_KINDS)
+    assert set(query(sample, "SELECT fault FROM fault_labels")["fault"]) >= set(SCORED_FAULTS)
 
     rows = query(sample, "SELECT * FROM findings ORDER BY finding_id")
     assert sorted(rows["finding_id"]) == sorted(f.finding_id for f in found)
@@ -126,7 +133,7 @@ def test_a_replay_in_a_new_object_keeps_first_seen_and_incident_ids(sample: Path
 
 def test_an_acknowledged_incident_stays_acknowledged_after_a_rerun(sample: Path) -> None:
     detect_in_store(sample)
-    with Store.open(RunLayout(sample).store) as store:
+    with Store.open(RunLayout(sample).store, schemas=SCHEMAS) as store:
         [[incident_id]] = store.connection().execute(
             "SELECT incident_id FROM incident_rows ORDER BY start_step LIMIT 1").fetchall()
         store.connection().execute(
@@ -148,7 +155,7 @@ def test_streaming_equals_batch_for_the_job_level_detectors(tmp_path: Path) -> N
     batched = shutil.copytree(SAMPLE_RUN, tmp_path / "batched")
     stream = detect_in_store(streamed, detectors=names, batch_bytes=4096)
     batch = detect_in_store(batched, detectors=names)
-    assert not missed_faults([(f.kind, f.start_step) for f in batch])
+    assert not missed_faults([(f.kind, f.start_step) for f in batch], kinds=JOB_LEVEL)
     assert [f.to_json() for f in stream] == [f.to_json() for f in batch]
     assert [f.active for f in stream] == [f.active for f in batch]
     columns = "finding_id, incident_id, kind, severity, start_step, end_step, ranks, score, evidence, active"
@@ -172,7 +179,7 @@ def test_a_replay_fed_in_small_slices_equals_one_batch(tmp_path: Path) -> None:
     """A restarted owner replays the whole store; in slices of a few KiB per file it finds the same."""
     sliced = shutil.copytree(SAMPLE_RUN, tmp_path / "sliced")
     batched = shutil.copytree(SAMPLE_RUN, tmp_path / "batched")
-    with Store.open(RunLayout(sliced).store) as store:
+    with Store.open(RunLayout(sliced).store, schemas=SCHEMAS) as store:
         Collector(sliced, store).ingest_available()
         detection = StoreDetection(store)
         detection.feed.batch_bytes = 8192  # a few KiB of each file per slice: dozens of slices
@@ -327,7 +334,7 @@ def test_detect_on_a_path_that_is_not_a_run_is_one_error_line(tmp_path: Path, be
 
 
 def test_detect_on_a_held_store_prints_findings_and_saves_nothing(sample: Path, bedside) -> None:
-    with Store.open(RunLayout(sample).store) as held:
+    with Store.open(RunLayout(sample).store, schemas=SCHEMAS) as held:
         result = bedside("detect", sample, "--json")
         saved = held.cursor().execute("SELECT count(*) FROM finding_rows").fetchall()[0][0]
     assert result.returncode == 0, result.stderr
@@ -340,8 +347,8 @@ def test_collect_follow_detects_as_it_ingests(sample: Path, detected, bedside) -
     result = bedside("collect", sample, "--follow", "--until-finished", "--rescan-every", "0.2")
     assert result.returncode == 0, result.stderr
     printed = [line for line in result.stderr.splitlines() if line.startswith("[")]
-    for kind, _first, _ in labelled_faults():
-        assert any(f"] {kind} (" in line for line in printed), kind
+    for label in labelled_faults():
+        assert any(f"] {label.expected_kind} (" in line for line in printed), label
     assert all(" (open): " in line or " (cleared): " in line for line in printed)
     columns = "finding_id, incident_id, severity, start_step, end_step, active"
     followed = query(sample, f"SELECT {columns} FROM findings ORDER BY finding_id")

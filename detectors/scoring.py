@@ -1,0 +1,164 @@
+"""Findings scored against ground truth with a step margin (ruptures' ``metrics/precisionrecall.py``).
+
+A finding **matches** a label when its kind is the label's expected kind (detectors/faults.py),
+it starts within the label's steps widened by the margin (``before`` the first step: change-point
+detectors date an onset back; ``after`` the last), and it blames ranks the label covers or
+names none. A label is found when a finding matches it; its **delay** is from its first step to
+the start of the earliest matching finding, and its **culprit** is right when that finding names
+only ranks of the label. A finding is a **false alarm** when it is neither of a label's kind
+within the label's margin (whatever ranks it names: a straggler's peers wait too) nor the known
+consequence of a fault nearby (``CONSEQUENCES``: a NaN also moves the gradient norm).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .faults import Label
+from .finding import Finding
+
+CONSEQUENCES = {"loss_spike": {"grad_spike", "nonfinite", "bad_shard"}, "nonfinite": {"loss_spike", "grad_spike"},
+                "bad_shard": {"loss_spike", "grad_spike"}, "hang": {"throughput_drop", "straggler"},
+                "sdc": {"grad_spike", "loss_spike", "nonfinite"}, "straggler": {"throughput_drop"},
+                "throughput_drop": {"straggler"}, "eval_stall": set()}
+"""The finding kinds each expected kind also causes: not false alarms near such a fault."""
+CONSEQUENCE_STEPS = (5, 200)
+"""Steps before a fault's first step and after its last where its consequences are expected."""
+CULPRIT_MAX_RANKS = 64
+"""Faults covering more ranks than this score no culprit."""
+FINDING_COLUMNS = ("finding_id", "kind", "timeline", "start_step", "ranks")
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Steps around a label's window where a finding still matches it; ``by_kind``: (before, after) by kind."""
+
+    before: int = 2
+    after: int = 0
+    by_kind: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def steps(self, label: Label) -> tuple[int, int]:
+        """The first and last step a matching finding may start at."""
+        before, after = self.by_kind.get(label.expected_kind, (self.before, self.after))
+        return label.first - before, label.last + after
+
+
+def findings_frame(findings: Iterable[Finding]) -> pd.DataFrame:
+    """Findings as the rows this module scores (``FINDING_COLUMNS``, as the store's findings view has them)."""
+    rows = [(f.finding_id, f.kind, f.timeline, f.start_step, tuple(f.ranks)) for f in findings]
+    return pd.DataFrame(rows, columns=list(FINDING_COLUMNS))
+
+
+def labels_of(records: pd.DataFrame) -> list[Label]:
+    """One label per fault from ``fault_labels`` rows (step, fault, target_ranks, args), by first step.
+
+    A fault recorded at each firing or occurrence (docs/faults.md) is one label: its spec's window.
+    """
+    labels: dict[tuple[str, str, int], Label] = {}
+    for row in records[["step", "fault", "target_ranks", "args"]].itertuples(index=False):
+        label = Label.from_record(int(row.step), row.fault, row.target_ranks, row.args)
+        labels.setdefault((label.fault, label.spec, label.first), label)
+    return sorted(labels.values(), key=lambda label: label.first)
+
+
+def match(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd.DataFrame:
+    """Per label: whether it was found, the earliest matching finding, the delay and whether the culprit is right."""
+    rows = []
+    for label in labels:
+        hits = [f for f in _candidates(findings, label, margin) if _blames(f["ranks"], label)]
+        first = min(hits, key=lambda f: f["start_step"]) if hits else None
+        rows.append({"step": label.first, "fault": label.fault, "kind": label.expected_kind,
+                     "target_ranks": list(label.ranks), "magnitude": label.magnitude, "found": first is not None,
+                     "finding_id": first["finding_id"] if first else None,
+                     "delay": first["start_step"] - label.first if first else None,
+                     "culprit": _culprit(first["ranks"], label) if first else None})
+    return pd.DataFrame(rows, columns=["step", "fault", "kind", "target_ranks", "magnitude", "found", "finding_id",
+                                       "delay", "culprit"])
+
+
+def false_alarms(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd.DataFrame:
+    """The findings that no label explains: none of its kind within its margin, none a consequence of it."""
+    explained = {f["finding_id"] for label in labels for f in _candidates(findings, label, margin)}
+    explained |= {f["finding_id"] for label in labels for f in _consequences(findings, label)}
+    return findings[~findings["finding_id"].isin(explained)]
+
+
+def precision_recall(matches: pd.DataFrame, alarms: pd.DataFrame, steps: int) -> pd.DataFrame:
+    """Per kind: faults, recall, precision, median and p90 delay, false alarms per 10k steps, culprit accuracy.
+
+    ``matches`` and ``alarms`` as ``match`` and ``false_alarms`` give them (rows of many runs may be
+    concatenated); ``steps``: the steps of every run scored.
+    """
+    counts = alarms["kind"].value_counts().to_dict() if len(alarms) else {}
+    rows = []
+    for kind, group in matches.groupby("kind"):
+        delays, culprits = group["delay"].dropna(), group["culprit"].dropna()
+        found, fa = int(group["found"].sum()), counts.get(kind, 0)
+        rows.append({"kind": kind, "faults": len(group), "recall": round(group["found"].mean(), 3),
+                     "precision": round(found / (found + fa), 3) if found + fa else float("nan"),
+                     "median_delay": delays.median() if len(delays) else None,
+                     "p90_delay": delays.quantile(0.9) if len(delays) else None,
+                     "false_alarms_per_10k": _per_10k(fa, steps),
+                     "culprit_accuracy": round(culprits.astype(float).mean(), 3) if len(culprits) else None})
+    for kind in sorted(set(counts) - set(matches["kind"])):
+        rows.append({"kind": kind, "faults": 0, "false_alarms_per_10k": _per_10k(counts[kind], steps)})
+    return pd.DataFrame(rows)
+
+
+def scorecard(records: pd.DataFrame, findings: pd.DataFrame, margin: int) -> pd.DataFrame:
+    """Each injected fault and the finding that caught it: step, fault, target_ranks, found_as, delay_steps.
+
+    ``records``: ``fault_labels`` rows; ``findings``: ``FINDING_COLUMNS`` rows; ``margin``: steps
+    either side of each fault's window.
+    """
+    matches = match(findings, labels_of(records), Margin(margin, margin))
+    return pd.DataFrame({
+        "step": matches["step"].astype("int64"), "fault": matches["fault"],
+        "target_ranks": [json.dumps(ranks, separators=(",", ":")) for ranks in matches["target_ranks"]],
+        "found_as": pd.Series([k if found else None for k, found in zip(matches["kind"], matches["found"])],
+                              dtype=object),
+        "delay_steps": matches["delay"].astype(float if matches["delay"].isna().any() else "int64")})
+
+
+def _candidates(findings: pd.DataFrame, label: Label, margin: Margin) -> list[dict[str, Any]]:
+    """The findings of the label's kind that start within its margin, whatever ranks they name."""
+    low, high = margin.steps(label)
+    near = findings[(findings["kind"] == label.expected_kind) & findings["start_step"].between(low, high)]
+    return [{**row, "ranks": _ranks(row["ranks"])} for row in near.to_dict("records")]
+
+
+def _consequences(findings: pd.DataFrame, label: Label) -> list[dict[str, Any]]:
+    before, after = CONSEQUENCE_STEPS
+    kinds = CONSEQUENCES.get(label.expected_kind, set())
+    near = findings[findings["kind"].isin(kinds)
+                    & findings["start_step"].between(label.first - before, label.last + after)]
+    return near.to_dict("records")
+
+
+def _blames(ranks: tuple[int, ...], label: Label) -> bool:
+    """A finding that names no rank, or some rank of the label, may be the label's."""
+    return not ranks or not label.ranks or bool(set(ranks) & set(label.ranks))
+
+
+def _culprit(ranks: tuple[int, ...], label: Label) -> bool | None:
+    if not (ranks and label.ranks and len(label.ranks) < CULPRIT_MAX_RANKS):
+        return None
+    return set(ranks) <= set(label.ranks)
+
+
+def _ranks(value: Any) -> tuple[int, ...]:
+    """A finding's ranks from a tuple, a list or array, JSON text, or nothing."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ()
+    return tuple(int(rank) for rank in value)
+
+
+def _per_10k(count: int, steps: int) -> float:
+    return round(count / steps * 1e4, 2) if steps else float("nan")

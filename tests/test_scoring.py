@@ -1,0 +1,90 @@
+"""Scoring findings against ground truth: the margin, ranks, delay, culprit, false alarms, the per-kind table,
+and the demo's scorecard over the recorded sample run."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bedside.app.scorecard import summary_frame
+from bedside.app.service.detection import StoreDetection
+from bedside.app.service.schema import SCHEMAS
+from bedside.collectors.ingest import Collector
+from bedside.collectors.store import Store
+from bedside.detectors.faults import TRAINER_FAULTS, Label, Window
+from bedside.detectors.finding import FINDING_KINDS
+from bedside.detectors.scoring import FINDING_COLUMNS, Margin, false_alarms, labels_of, match, precision_recall
+
+SAMPLE_RUN = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
+STRAGGLER = Label("straggler", "straggler", Window(100, 140), (3,), "straggler:rank=3,from=100,steps=41", 2.0)
+NAN = Label("nan", "nonfinite", Window(200), (0,), "nan:rank=0,step=200")
+
+
+def findings(*rows: tuple[str, int, tuple[int, ...]]) -> pd.DataFrame:
+    """Findings from (kind, start step, ranks)."""
+    return pd.DataFrame([(f"{kind}@{start}/{i}", kind, 0, start, ranks) for i, (kind, start, ranks) in enumerate(rows)],
+                        columns=list(FINDING_COLUMNS))
+
+
+@pytest.mark.parametrize(("start", "ranks", "found"), [
+    (100, (3,), True), (98, (3,), True), (97, (3,), False), (140, (3,), True), (150, (3,), True), (151, (3,), False),
+    (120, (), True), (120, (2, 3), True), (120, (2,), False),
+], ids=lambda v: str(v))
+def test_a_finding_matches_a_label_within_the_margin_when_it_blames_its_ranks(start, ranks, found) -> None:
+    rows = match(findings(("straggler", start, ranks)), [STRAGGLER], Margin(before=2, after=10))
+    assert rows["found"].tolist() == [found]
+
+
+def test_delay_and_culprit_come_from_the_earliest_matching_finding() -> None:
+    rows = match(findings(("straggler", 110, (3,)), ("straggler", 104, (2, 3)), ("loss_spike", 100, ())),
+                 [STRAGGLER], Margin(before=5))
+    [row] = rows.to_dict("records")
+    assert (row["delay"], row["culprit"], row["finding_id"]) == (4, False, "straggler@104/1")
+
+
+def test_false_alarms_are_findings_no_label_explains() -> None:
+    found = findings(("straggler", 120, (1,)), ("throughput_drop", 130, ()), ("nonfinite", 200, ()),
+                     ("grad_spike", 201, ()), ("sdc", 50, (5,)), ("nonfinite", 150, ()))
+    alarms = false_alarms(found, [STRAGGLER, NAN], Margin())
+    # a peer's straggler finding in the window is no alarm, nor the drop a straggler causes
+    assert alarms["start_step"].tolist() == [50, 150]
+
+
+def test_the_table_counts_recall_precision_and_alarms_per_kind() -> None:
+    found = findings(("straggler", 101, (3,)), ("sdc", 50, (5,)), ("sdc", 60, (5,)))
+    labels = [STRAGGLER, NAN]
+    table = precision_recall(match(found, labels, Margin()), false_alarms(found, labels, Margin()), steps=20_000)
+    rows = table.set_index("kind").to_dict("index")
+    assert rows["straggler"]["recall"] == 1.0 and rows["straggler"]["precision"] == 1.0
+    assert rows["straggler"]["culprit_accuracy"] == 1.0 and rows["straggler"]["median_delay"] == 1
+    assert rows["nonfinite"]["recall"] == 0.0 and rows["sdc"]["faults"] == 0
+    assert rows["sdc"]["false_alarms_per_10k"] == 1.0
+
+
+def test_a_fault_recorded_at_every_firing_is_one_label() -> None:
+    args = {"spec": "nan:rank=1,from=10,steps=3", "first": 10, "last": 12, "every": 1, "expected_kind": "nonfinite"}
+    records = pd.DataFrame({"step": [10, 11, 12], "fault": "nan", "target_ranks": "[1]", "args": json.dumps(args)})
+    assert labels_of(records) == [Label("nan", "nonfinite", Window(10, 12), (1,), args["spec"])]
+
+
+def test_every_trainer_fault_expects_a_finding_kind() -> None:
+    assert {t.expected_kind for t in TRAINER_FAULTS.values()} <= set(FINDING_KINDS)
+    assert TRAINER_FAULTS["grad_bitflip"].expected_kind == "sdc"
+
+
+def test_the_demo_scorecard_scores_the_sample_run(tmp_path: Path) -> None:
+    run = shutil.copytree(SAMPLE_RUN, tmp_path / "tiny-faults")
+    with Store.open(None, schemas=SCHEMAS) as store:
+        Collector(run, store).ingest_available()
+        detection = StoreDetection(store)
+        detection.update()
+        detection.finish()
+        card = summary_frame(store, "demo_scorecard", {"margin": 12})
+    assert list(card.columns) == ["step", "fault", "target_ranks", "found_as", "delay_steps"]
+    assert card.values.tolist() == [
+        [80, "bad_shard", "[0,1]", "loss_spike", 5], [105, "straggler", "[1]", "straggler", -3],
+        [150, "grad_bitflip", "[1]", "sdc", 0], [170, "param_bitflip", "[0]", "sdc", 0],
+        [185, "nan", "[0]", "nonfinite", 0]]
