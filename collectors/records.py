@@ -108,8 +108,8 @@ class Log(Envelope):
     """A human-readable line of the run's event log."""
 
     kind: ClassVar[Kind] = Kind.LOG
-    message: str
     level: str | None = None
+    message: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

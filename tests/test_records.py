@@ -150,3 +150,16 @@ def test_a_line_leaves_out_what_is_none_and_puts_the_envelope_first() -> None:
                     '"metrics":{"bytes":1},"event":"saved"}\n')
     assert list(json.loads(line))[:len(ENVELOPE_FIELDS)] == list(ENVELOPE_FIELDS)
 
+
+
+def test_the_simulators_templated_lines_are_the_lines_of_its_records() -> None:
+    from bedside.app.simulation.write import CHECKSUM, HEARTBEAT, RANK_STEP
+
+    where = {"time": 1_700_000_000.25, "rank": 3, "step": 7, "timeline": 0, "seq": 12}
+    phases = {"step_time": 0.5, "data_time": 0.01, "compute_time": 0.4, "comm_time": 0.05, "optimizer_time": 0.04}
+    placed = (where["time"], where["rank"], where["step"], where["seq"])  # the templates' timeline is 0
+    rank_step = RANK_STEP % (*placed, *phases.values(), '"NaN"', CHECKSUM % 0xC0FFEE)
+    assert json.loads(rank_step) == to_dict(RankStep(**where, metrics={**phases, "local_grad_norm": "NaN"},
+                                                     param_checksum="0000000000c0ffee"))
+    heartbeat = HEARTBEAT % placed
+    assert json.loads(heartbeat) == to_dict(Heartbeat(**where))

@@ -1,7 +1,8 @@
 """Writing a simulated run directory in telemetry format v1: run.json, one file per rank, ground truth.
 
-rank_step and heartbeat lines, the bulk of a large run, are formatted from templates;
-every other record goes through the format's own ``encode_line``.
+rank_step and heartbeat lines, the bulk of a large run, are formatted from templates
+(``tests/test_records.py`` checks that they are those records' lines); every other record
+is built as its record dataclass and written by ``to_line``.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from bedside.collectors.format import encode_line, encode_number
+from bedside.collectors.format import Kind, encode_number
 from bedside.collectors.layout import RunLayout
+from bedside.collectors.records import build_record, to_line
 from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.detectors.datasets.checksums import Checksums
 from bedside.detectors.datasets.schedule import Event, Schedule
@@ -55,8 +57,11 @@ class RankLines:
         self.seq += 1
 
     def record(self, kind: str, time: float, step: int, fields: dict[str, Any]) -> None:
-        envelope = {"kind": kind, "time": time, "rank": self.rank, "step": step, "timeline": 0, "seq": self.seq}
-        self.parts.append(encode_line({**envelope, **fields}))
+        """A record of ``kind`` with these fields (``metrics`` among them, if any)."""
+        given = {name: value for name, value in fields.items() if name != "metrics"}
+        record = build_record(kind, given, time=time, rank=self.rank, step=step, timeline=0, seq=self.seq,
+                              metrics=fields.get("metrics"))
+        self.parts.append(to_line(record))
         self.seq += 1
 
     def text(self) -> str:
@@ -80,7 +85,7 @@ def write_ground_truth(layout: RunLayout, labels: list[dict[str, Any]]) -> None:
     layout.ground_truth.mkdir(parents=True, exist_ok=True)
     lines = RankLines(0)
     for label in labels:
-        lines.record("fault_injected", label["time"], label["step"],
+        lines.record(Kind.FAULT_INJECTED, label["time"], label["step"],
                      {k: v for k, v in label.items() if k not in ("time", "step")})
     layout.ground_truth_file(0).write_text(lines.text(), encoding="utf-8")
 
@@ -88,7 +93,7 @@ def write_ground_truth(layout: RunLayout, labels: list[dict[str, Any]]) -> None:
 def rank_text(rank: int, files: RunFiles) -> str:
     """One rank's file: rank_info, then per step rank_step (rank 0: step too) and what follows it, then the end."""
     lines, schedule, timing = RankLines(rank), files.schedule, files.timing
-    lines.record("rank_info", schedule.start, 0, rank_info(rank, files.topology, restarts=0))
+    lines.record(Kind.RANK_INFO, schedule.start, 0, rank_info(rank, files.topology, restarts=0))
     last = len(schedule.step_end)
     rows = zip(schedule.step_end.tolist(), range(1, last + 1), timing.step_time[:last].tolist(),
                *(phase[rank, :last].tolist() for phase in (timing.data, timing.compute, timing.comm, timing.optimizer)),
@@ -97,9 +102,9 @@ def rank_text(rank: int, files: RunFiles) -> str:
     for end, step, *values in rows:
         lines.line(RANK_STEP, end, step, *values)
         if rank == 0:
-            lines.record("step", end, step, files.steps[step - 1])
+            lines.record(Kind.STEP, end, step, files.steps[step - 1])
         for event in schedule.between.get(step, ()):
-            restarts += event.kind == "rank_info"
+            restarts += event.kind == Kind.RANK_INFO
             write_event(lines, event, files, restarts)
     for event in schedule.ending:
         write_event(lines, event, files, restarts)
@@ -111,10 +116,10 @@ def write_event(lines: RankLines, event: Event, files: RunFiles, restarts: int) 
     rank = lines.rank
     if (event.who == "rank0" and rank != 0) or (event.who == "peers" and rank in files.hung):
         return
-    if event.kind == "heartbeat":
+    if event.kind == Kind.HEARTBEAT:
         lines.line(HEARTBEAT, event.time, event.step)
-    elif event.kind == "rank_info":
-        lines.record("rank_info", event.time, event.step, rank_info(rank, files.topology, restarts))
+    elif event.kind == Kind.RANK_INFO:
+        lines.record(Kind.RANK_INFO, event.time, event.step, rank_info(rank, files.topology, restarts))
     else:
         lines.record(event.kind, event.time, event.step, event.fields)
 
