@@ -11,8 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bedside.collectors.errors import BedsideError
 
@@ -21,8 +22,14 @@ from .dashboard.auth import TOKEN_ENV
 from .dashboard.server import DEFAULT_PORT, serve_dashboard
 from .fault_plan import MIN_STEPS, DemoFaults
 from .output import Progress, integer_in, print_frame, warn
+from .scorecard import SCORE_MARGIN, demo_scorecard
 from .service.alerts.config import AlertSettings, settings_for
 from .service.owner import OwnerSettings, RunOwner
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from bedside.collectors.store import Store
 
 DEFAULT_STEPS = 200
 SERVE_STEPS = 3000
@@ -77,9 +84,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             if training.returncode:
                 raise BedsideError(f"training exited with code {training.returncode}; what the run wrote is in "
                                    f'its store, see: {_command_name()} query {run_dir} "SELECT * FROM run"')
-            for title, name, params in summary_queries(faults, alerts=bool(settings.notifiers)):
+            for title, read in summary_tables(faults, alerts=bool(settings.notifiers)):
                 print(f"\n== {title}")
-                print_frame(owner.store.fetch_named(name, params), "table")
+                print_frame(read(owner.store), "table")
         finally:
             owner.close()
     print(f'\nexplore: {_command_name()} query {run_dir} "SELECT * FROM metrics LIMIT 20"')
@@ -107,27 +114,34 @@ def _serve_live(run_dir: Path, args: argparse.Namespace, steps: int, faults: Dem
     return 0
 
 
-def summary_queries(faults: DemoFaults, *, alerts: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
-    """(title, named query, parameters) of what the demo prints, aimed at each injected fault."""
+Summary = tuple[str, Callable[["Store"], "pd.DataFrame"]]
+"""One table of the demo's summary: its title, and what reads it from the run's store."""
+
+
+def _named(name: str, **params: Any) -> Callable[[Store], pd.DataFrame]:
+    return lambda store: store.fetch_named(name, params)
+
+
+def summary_tables(faults: DemoFaults, *, alerts: bool = False) -> list[Summary]:
+    """What the demo prints, aimed at each injected fault: (title, reader) pairs."""
     first, last = faults.straggler_window
-    sent: list[tuple[str, str, dict[str, Any]]] = [("alert messages and their delivery", "demo_alerts", {})] \
-        if alerts else []
+    sent: list[Summary] = [("alert messages and their delivery", _named("demo_alerts"))] if alerts else []
     return [
-        ("run", "demo_run", {}),
-        ("incidents the detectors opened (bedside detect RUN lists every finding)", "demo_incidents", {}),
+        ("run", _named("demo_run")),
+        ("incidents the detectors opened (bedside detect RUN lists every finding)", _named("demo_incidents")),
         *sent,
-        ("each injected fault and the findings that caught it", "demo_scorecard", {"margin": 12}),
-        ("held-out loss against compute (above_floor: nats above the language's entropy)", "demo_evals", {}),
-        (f"bad data shard from step {faults.bad_shard_step}: the loss jumps", "demo_loss_spike",
-         {"spike_step": faults.bad_shard_step}),
+        ("each injected fault and the findings that caught it", lambda store: demo_scorecard(store, SCORE_MARGIN)),
+        ("held-out loss against compute (above_floor: nats above the language's entropy)", _named("demo_evals")),
+        (f"bad data shard from step {faults.bad_shard_step}: the loss jumps",
+         _named("demo_loss_spike", spike_step=faults.bad_shard_step)),
         (f"straggler, steps {first}-{last}: rank {faults.straggler_rank} computes slowly, its peers wait",
-         "demo_rank_times", {"first": first, "last": last}),
-        (f"bit flip in rank 1's gradient at step {faults.grad_flip_step}", "demo_grad_norms",
-         {"step": faults.grad_flip_step}),
-        (f"bit flip in rank 0's parameters at step {faults.param_flip_step}: replicas disagree", "demo_checksums",
-         {"from_step": faults.param_flip_step}),
-        ("updates the trainer skipped", "demo_skipped", {}),
-        ("ground truth: what was injected", "demo_ground_truth", {}),
+         _named("demo_rank_times", first=first, last=last)),
+        (f"bit flip in rank 1's gradient at step {faults.grad_flip_step}",
+         _named("demo_grad_norms", step=faults.grad_flip_step)),
+        (f"bit flip in rank 0's parameters at step {faults.param_flip_step}: replicas disagree",
+         _named("demo_checksums", from_step=faults.param_flip_step)),
+        ("updates the trainer skipped", _named("demo_skipped")),
+        ("ground truth: what was injected", _named("demo_ground_truth")),
     ]
 
 

@@ -2,20 +2,16 @@
 over the labels and findings of the run's store."""
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from bedside.collectors.store import Store
 from bedside.detectors.scoring import scorecard
 
-SCORECARD = "demo_scorecard"
-"""The name the demo's summary gives its scorecard."""
+SCORE_MARGIN = 12
+"""Steps a finding may start before or after its fault's window and still count as catching it."""
 
 
-def summary_frame(store: Store, name: str, params: dict[str, Any]) -> pd.DataFrame:
-    """One entry of the demo's summary: the scorecard for ``SCORECARD`` (``params``: its margin), else the
-    named query ``name``."""
-    if name != SCORECARD:
-        return store.fetch_named(name, params)
-    return scorecard(store.fetch_named("score_labels"), store.fetch_named("score_findings"), int(params["margin"]))
+def demo_scorecard(store: Store, margin: int = SCORE_MARGIN) -> pd.DataFrame:
+    """Each injected fault of the run and the finding that caught it (step, fault, target_ranks, found_as,
+    delay_steps), from the labels and findings in ``store``."""
+    return scorecard(store.fetch_named("score_labels"), store.fetch_named("score_findings"), margin)

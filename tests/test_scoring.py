@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bedside.app.scorecard import summary_frame
+from bedside.app.scorecard import demo_scorecard
 from bedside.app.service.detection import StoreDetection
 from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.ingest import Collector
@@ -82,7 +82,7 @@ def test_the_demo_scorecard_scores_the_sample_run(tmp_path: Path) -> None:
         detection = StoreDetection(store)
         detection.update()
         detection.finish()
-        card = summary_frame(store, "demo_scorecard", {"margin": 12})
+        card = demo_scorecard(store, margin=12)
     assert list(card.columns) == ["step", "fault", "target_ranks", "found_as", "delay_steps"]
     assert card.values.tolist() == [
         [80, "bad_shard", "[0,1]", "loss_spike", 5], [105, "straggler", "[1]", "straggler", -3],
