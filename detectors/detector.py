@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Self
 from .errors import DetectorConfigError
 from .finding import Finding
 from .kinds import FindingKind
-from .limits import Range
+from .limits import Below, Range
 from .telemetry import RunState, TelemetryBatch
 
 
@@ -18,7 +18,7 @@ class Detector(ABC):
 
     A concrete detector declares its ``name`` (a detector that emits one kind is named
     after it), the ``kinds`` of finding it emits and the ``limits`` of every keyword
-    setting of its ``__init__``; the settings are checked against them before
+    setting of its ``__init__`` (and the ``orders`` between them); the settings are checked against them before
     ``__init__`` runs (``DetectorConfigError`` otherwise). ``update`` takes the rows that
     arrived since the last call and returns the findings it opened or changed (a changed
     finding keeps its ``finding_id``). Feeding a run in one batch or in many gives the
@@ -29,10 +29,15 @@ class Detector(ABC):
     name: ClassVar[str]
     kinds: ClassVar[tuple[FindingKind, ...]]
     limits: ClassVar[Mapping[str, Range]]
+    orders: ClassVar[tuple[Below, ...]] = ()
+    """Pairs of settings that only work in one order (a recovery bar below the alarm bar)."""
 
     def __new__(cls, *args: Any, **settings: Any) -> Self:
-        for setting, value in cls.settings(*args, **settings).items():
+        chosen = cls.settings(*args, **settings)
+        for setting, value in chosen.items():
             cls.limits[setting].check(cls.name, setting, value)
+        for order in cls.orders:
+            order.check(cls.name, chosen)
         return super().__new__(cls)
 
     def __init__(self) -> None:

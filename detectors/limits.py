@@ -57,6 +57,24 @@ OPTIONAL_COUNT = Range(0, integer=True)
 """A whole number >= 0 (a warm-up or an allowance that may be switched off)."""
 
 
+@dataclass(frozen=True)
+class Below:
+    """Setting ``lower`` must stay below setting ``upper`` (``or_equal``: at most equal) for the detector to work."""
+
+    lower: str
+    upper: str
+    or_equal: bool = False
+
+    def check(self, detector: str, settings: dict[str, object]) -> None:
+        """Raise ``DetectorConfigError`` naming both settings and their values when the order is broken."""
+        low, high = settings[self.lower], settings[self.upper]
+        assert isinstance(low, Real) and isinstance(high, Real)  # each passed its range first
+        if not (low <= high if self.or_equal else low < high):
+            relation = "at most" if self.or_equal else "below"
+            raise DetectorConfigError(f"detector {detector!r}: setting {self.lower} = {low!r} must be {relation} "
+                                      f"{self.upper} = {high!r}")
+
+
 def ranges(**limits: Range) -> MappingProxyType[str, Range]:
     """A detector's ``limits``: the range of each of its settings, by name."""
     return MappingProxyType(limits)

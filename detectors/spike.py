@@ -20,7 +20,7 @@ import numpy as np
 from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
-from .limits import COUNT, OPTIONAL_COUNT, POSITIVE, Range, ranges
+from .limits import COUNT, OPTIONAL_COUNT, POSITIVE, Below, Range, ranges
 from .telemetry import TelemetryBatch
 from .trend import RobustTrend, Score
 
@@ -53,6 +53,7 @@ class SpikeDetector(Detector):
     limits = ranges(z_alarm=POSITIVE, z_recover=POSITIVE, recover_steps=COUNT, diverge_steps=COUNT,
                     critical_ratio=POSITIVE, window=Range(2, integer=True), min_points=Range(2, integer=True),
                     settle_steps=OPTIONAL_COUNT, settle_factor=POSITIVE)
+    orders = (Below("z_recover", "z_alarm"), Below("min_points", "window", or_equal=True))
 
     def __init__(self, *, z_alarm: float = 4.0, z_recover: float = 2.5, recover_steps: int = 2,
                  diverge_steps: int = 50, critical_ratio: float = 4.0, window: int = 100,

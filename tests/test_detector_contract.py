@@ -14,7 +14,7 @@ import pytest
 import telemetry_frames as tf
 
 from bedside.detectors.errors import DetectorConfigError
-from bedside.detectors.limits import Range
+from bedside.detectors.limits import Below, Range
 from bedside.detectors.registry import build_detectors, detector_classes, detector_names, finding_kinds
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 
@@ -63,6 +63,28 @@ def test_every_setting_has_a_range_that_admits_its_default(name: str) -> None:
     defaults = cls.defaults()
     assert set(defaults) == set(cls.limits)
     assert all(cls.limits[setting].admits(value) for setting, value in defaults.items())
+
+
+ORDERS = [(name, order) for name, cls in detector_classes().items() for order in cls.orders]
+
+
+@pytest.mark.parametrize(("name", "order"), ORDERS, ids=str)
+def test_settings_that_only_work_in_one_order_are_refused_the_other_way(name: str, order: Below) -> None:
+    defaults = detector_classes()[name].defaults()
+    assert defaults[order.lower] < defaults[order.upper]
+    top = defaults[order.upper]
+    wrong = [top + 1] + ([] if order.or_equal else [top])
+    for value in wrong:
+        with pytest.raises(DetectorConfigError, match=f"detector '{name}': setting {order.lower} = .* must be "
+                                                      f".*{order.upper} = "):
+            build_detectors({name: {order.lower: value}}, only=[name])
+    if order.or_equal:
+        build_detectors({name: {order.lower: top}}, only=[name])
+
+
+def test_the_spike_detectors_declare_their_orders() -> None:
+    assert {(o.lower, o.upper) for o in detector_classes()["loss_spike"].orders} == {
+        ("z_recover", "z_alarm"), ("min_points", "window")}
 
 
 @pytest.mark.parametrize("name", NAMES)
