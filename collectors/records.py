@@ -159,17 +159,18 @@ def required_fields(cls: type[Record]) -> frozenset[str]:
 
 
 _OWN = {cls: kind_fields(cls) for cls in KIND_RECORDS.values()}
-_ALLOWED = {cls: frozenset(names) for cls, names in _OWN.items()}
-_REQUIRED = {cls: required_fields(cls) & allowed for cls, allowed in _ALLOWED.items()}
+_FIELDS = {cls: frozenset(f.name for f in fields(cls)) for cls in KIND_RECORDS.values()}
+_REQUIRED = {cls: required_fields(cls) for cls in KIND_RECORDS.values()}
 
 
-def build_record(kind: str, given: Mapping[str, Any], **envelope: Any) -> Record:
+def build_record(kind: str, given: Mapping[str, Any], metrics: Metrics | None = None, **envelope: Any) -> Record:
     """The record of ``kind`` with the ``given`` fields: its kind's class when they fit it
     (none unknown, none required missing), else an ``Event`` holding them as given."""
     cls = KIND_RECORDS.get(kind)
-    if cls is not None and given.keys() <= _ALLOWED[cls] and _REQUIRED[cls] <= given.keys():
-        return cls(**envelope, **given)
-    return Event(kind=str(kind), fields=dict(given), **envelope)
+    values = {**envelope, **given} if metrics is None else {**envelope, "metrics": metrics, **given}
+    if cls is not None and values.keys() <= _FIELDS[cls] and _REQUIRED[cls] <= values.keys():
+        return cls(**values)
+    return Event(kind=str(kind), fields=dict(given), metrics=metrics, **envelope)
 
 
 def to_dict(record: Record) -> dict[str, Any]:

@@ -23,12 +23,14 @@ from .appendfile import AppendFile, tail_records
 from .capture import Pending, capture, capture_field, capture_metrics, capture_shards, capture_step, resolve
 from .format import ENVELOPE_FIELDS, Kind, RunEndStatus
 from .layout import RunLayout
-from .records import build_record, to_line
+from .records import Checkpoint, Eval, Heartbeat, Log, RankInfo, RankStep, Record, RunEnd, Step, build_record, to_line
 from .runinfo import RankPlacement, RunInfo, default_placement, read_run_info, write_run_info
 
 DEFAULT_FLUSH_EVERY_S = 0.2
 _EARLY_FLUSH_BACKLOG = 4096
 _RESERVED_FIELDS = frozenset(ENVELOPE_FIELDS) | {"metrics"}
+RecordKind = type[Record] | str
+"""What a queued record is: the record class of one of RunLogger's own methods, or event()'s kind."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -79,18 +81,18 @@ class RunLogger:
         self._thread = threading.Thread(target=self._run, name=f"bedside-writer-{self.rank}", daemon=True)
         self._thread.start()
         atexit.register(self.flush)
-        self._put(Kind.RANK_INFO, 0, fields=self._rank_info_fields())
+        self._put(RankInfo, 0, fields=self._rank_info_fields())
 
     # -- public API -------------------------------------------------------
     def step(self, step: int, *, shards: Iterable[int | str] | None = None, **metrics: Any) -> None:
         """Job-level metrics of ``step`` (loss, grad_norm, lr, tokens, flops, any other)."""
         fields = {"shards": capture_shards(shards)} if shards is not None else None
-        self._put(Kind.STEP, step, *capture_metrics(metrics), fields=fields)
+        self._put(Step, step, *capture_metrics(metrics), fields=fields)
 
     def rank_step(self, step: int, *, param_checksum: str | None = None, **metrics: Any) -> None:
         """This rank's metrics of ``step`` (step_time and phases, local_grad_norm, any other)."""
         fields = {"param_checksum": str(param_checksum)} if param_checksum is not None else None
-        self._put(Kind.RANK_STEP, step, *capture_metrics(metrics), fields=fields)
+        self._put(RankStep, step, *capture_metrics(metrics), fields=fields)
 
     def eval(
         self,
@@ -103,7 +105,7 @@ class RunLogger:
     ) -> None:
         """Held-out scores at ``step`` with the cumulative tokens and FLOPs spent so far."""
         fields = {"split": split, "cum_tokens": capture(cum_tokens), "cum_flops": capture(cum_flops)}
-        self._put(Kind.EVAL, step, *capture_metrics(scores), fields=fields)
+        self._put(Eval, step, *capture_metrics(scores), fields=fields)
 
     def checkpoint(
         self,
@@ -117,7 +119,7 @@ class RunLogger:
     ) -> None:
         """A checkpoint lifecycle event (save_started, saved, verified, corrupt, loaded...)."""
         metrics = capture_metrics({"duration_s": duration_s, "bytes": bytes})
-        self._put(Kind.CHECKPOINT, step, *metrics, fields={"event": event, "path": path, "message": message})
+        self._put(Checkpoint, step, *metrics, fields={"event": event, "path": path, "message": message})
 
     def event(self, kind: str, step: int, *, metrics: Mapping[str, Any] | None = None, **fields: Any) -> None:
         """Any other record: action, heartbeat, log, fault_injected, or a kind of your own."""
@@ -128,11 +130,11 @@ class RunLogger:
 
     def log(self, step: int, message: str, level: str = "info") -> None:
         """A human-readable line for the run's event log."""
-        self._put(Kind.LOG, step, fields={"level": level, "message": str(message)})
+        self._put(Log, step, fields={"level": level, "message": str(message)})
 
     def heartbeat(self, step: int) -> None:
         """Proof of life between steps (long evals, checkpoints, data stalls)."""
-        self._put(Kind.HEARTBEAT, step)
+        self._put(Heartbeat, step)
 
     def flush(self) -> None:
         """Block until every record handed over so far has been written to the OS."""
@@ -148,7 +150,7 @@ class RunLogger:
         with self._lock:
             if self._closed:
                 return
-            self._enqueue(Kind.RUN_END, self._last_step, None, None, {"status": status, "message": message})
+            self._enqueue(RunEnd, self._last_step, None, None, {"status": status, "message": message})
             self._closed = True
         self._wake.set()
         self._thread.join()
@@ -167,7 +169,7 @@ class RunLogger:
     # -- internals --------------------------------------------------------
     def _put(
         self,
-        kind: str,
+        kind: RecordKind,
         step: Any,
         metrics: dict | None = None,
         pending: Pending | None = None,
@@ -180,7 +182,8 @@ class RunLogger:
                 raise RuntimeError("RunLogger is closed")
             self._enqueue(kind, step, metrics, pending, fields)
 
-    def _enqueue(self, kind: str, step: int, metrics: dict | None, pending: Pending | None, fields: dict | None) -> None:
+    def _enqueue(self, kind: RecordKind, step: int, metrics: dict | None, pending: Pending | None,
+                 fields: dict | None) -> None:
         self._last_step = step
         self._queue.append((kind, time.time(), step, self.timeline, metrics, pending, fields))
         if len(self._queue) > _EARLY_FLUSH_BACKLOG:
@@ -220,8 +223,9 @@ class RunLogger:
             return self._encode(channel, item)
         except Exception as exc:
             kind, when, step, timeline = item[:4]
-            message = f"bedside: dropped a {kind} record of step {step}: {exc!r}"
-            report = (Kind.LOG, when, step, timeline, None, None, {"level": "error", "message": message})
+            name = kind if isinstance(kind, str) else kind.kind
+            message = f"bedside: dropped a {name} record of step {step}: {exc!r}"
+            report = (Log, when, step, timeline, None, None, {"level": "error", "message": message})
             return self._encode(channel, report)
 
     def _encode(self, channel: AppendFile, item: tuple) -> str:
@@ -230,9 +234,10 @@ class RunLogger:
             pending.wait()
         given = {k: v if isinstance(v, (str, bool, list, dict)) else resolve(v)
                  for k, v in fields.items() if v is not None} if fields else {}
-        record = build_record(kind, given, time=when, rank=self.rank, step=step, timeline=timeline,
-                              seq=channel.next_seq,
-                              metrics={name: resolve(v) for name, v in metrics.items()} if metrics else None)
+        resolved = {name: resolve(v) for name, v in metrics.items()} if metrics else None
+        envelope = {"time": when, "rank": self.rank, "step": step, "timeline": timeline, "seq": channel.next_seq}
+        record = (build_record(kind, given, resolved, **envelope) if isinstance(kind, str)
+                  else kind(**envelope, metrics=resolved, **given))  # one of ours: the fields fit
         line = to_line(record)
         channel.next_seq += 1
         return line
