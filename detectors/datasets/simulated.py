@@ -8,6 +8,7 @@ seed included, gives the same run; ``bedside simulate`` writes it as a run direc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from .checksums import Checksums
 from .config import SimulationConfig
 from .effects import apply_fault
 from .faults import Fault
+from .frames import run_frames
 from .models import build_traces
 from .nuisances import Nuisances, apply_nuisances, draw_nuisances
 from .reports import eval_fields, nonfinite_logs
@@ -48,6 +50,14 @@ class SimulatedRun:
     def step_start(self) -> np.ndarray:
         """When each completed step started (unix seconds)."""
         return self.schedule.step_end - self.timing.step_time[:self.config.last_step]
+
+    def frames(self) -> dict[str, Any]:
+        """The run's telemetry as ``bedside.detectors.detect`` takes it: ``detect(**run.frames())``.
+
+        The frames are those the service's store feed gives once the run is written and ingested
+        (detectors/datasets/frames.py).
+        """
+        return run_frames(self)
 
     def onset_time(self, fault: Fault) -> float:
         """When ``fault``'s first step started; for a step never started (a hang's), when the run went idle."""
