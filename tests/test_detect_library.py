@@ -23,22 +23,44 @@ from bedside.detectors.telemetry import RunState
 DOC = Path(__file__).resolve().parents[1] / "docs" / "detectors.md"
 
 
-def notebook_example() -> str:
-    """The python block of docs/detectors.md's "Detectors as a library" section."""
+def notebook_examples() -> list[str]:
+    """The python blocks of docs/detectors.md's "Detectors as a library" section: plain frames, a generated dataset."""
     section = DOC.read_text().split("## Detectors as a library", 1)[1].split("\n## ", 1)[0]
-    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
-    return code
+    return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_the_documented_notebook_example_finds_its_spike() -> None:
+def run_example(code: str) -> tuple[dict, str]:
+    """The names an example defines and what it prints."""
     out = io.StringIO()
     namespace: dict = {}
     with contextlib.redirect_stdout(out):
-        exec(notebook_example(), namespace)
+        exec(code, namespace)
+    return namespace, out.getvalue()
+
+
+def test_the_section_has_two_examples() -> None:
+    assert len(notebook_examples()) == 2
+
+
+def test_the_documented_notebook_example_finds_its_spike() -> None:
+    namespace, printed = run_example(notebook_examples()[0])
     found = namespace["found"]
     assert [(f.kind, f.start_step) for f in found.findings] == [("loss_spike", 401)]
-    assert "('loss_spike', 401, 'loss spiked from step 401" in out.getvalue()
+    assert "('loss_spike', 401, 'loss spiked from step 401" in printed
     assert [i.kinds for i in found.incidents] == [("loss_spike",)]
+
+
+def test_the_documented_dataset_example_scores_the_detectors_against_the_labels() -> None:
+    """What the docs say of it: both faults found at once, the straggler by its rank, one eval_stall false
+    alarm from step 450 that is gone without the nuisances."""
+    code = notebook_examples()[1]
+    namespace, printed = run_example(code)
+    matches = namespace["matches"]
+    assert matches[["fault", "found", "delay"]].values.tolist() == [["straggler", True, 0], ["spike", True, 0]]
+    assert matches["culprit"].tolist() == [True, None]
+    assert namespace["alarms"]["finding_id"].tolist() == ["eval_stall@0:450"] and "eval_stall@0:450" in printed
+    quiet, _ = run_example(code.replace("seed=1,", "seed=1, nuisances=False,"))
+    assert quiet["matches"]["found"].all() and "eval_stall" not in set(quiet["findings"]["kind"])
 
 
 def test_detect_gives_what_the_runner_and_the_incident_book_give() -> None:
