@@ -2,7 +2,8 @@
 
 The prose specification is ``docs/telemetry-format.md``; the machine-readable
 one is ``telemetry.schema.json`` beside this module. Both describe the same
-format; ``tests/test_format.py`` keeps them in step.
+format; ``tests/test_format.py`` keeps them in step. The records themselves, one
+dataclass per kind, are in ``records.py``.
 """
 from __future__ import annotations
 

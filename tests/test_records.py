@@ -14,6 +14,7 @@ from bedside.collectors.records import (
     KIND_RECORDS,
     Action,
     Checkpoint,
+    Envelope,
     Eval,
     Event,
     FaultInjected,
@@ -68,6 +69,10 @@ def test_a_kinds_record_class_has_the_schemas_fields_and_requires_what_it_requir
     assert {"kind", *(f.name for f in dataclasses.fields(cls))} == {*spec["properties"],
                                                                     *kind_schema(kind).get("properties", {})}
     assert {"kind", *required_fields(cls)} == {*spec["required"], *kind_schema(kind).get("required", [])}
+
+
+def test_the_envelope_dataclass_is_the_formats_envelope() -> None:
+    assert ("kind", *(f.name for f in dataclasses.fields(Envelope) if f.name != "metrics")) == ENVELOPE_FIELDS
 
 
 def test_every_kind_the_schema_defines_has_a_record_class_and_every_class_a_kind() -> None:
