@@ -6,12 +6,11 @@ import getpass
 import os
 from pathlib import Path
 
-from bedside.collectors import audit
-from bedside.collectors.control import ACTIONS, request_action
+from bedside.collectors.control import ACTIONS
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout, require_run_dir
 
-from .output import integer_in
+from .options import integer_in
 
 _OPTIONS = {"to_step": "--to-step", "first_batch": "--first-batch", "last_batch": "--last-batch", "shard": "--shard"}
 
@@ -41,6 +40,8 @@ def _default_operator() -> str:
 
 def cmd_action(args: argparse.Namespace) -> int:
     """Write the request, record it in the run's audit trail, and print its id."""
+    from bedside.collectors import audit
+
     layout = RunLayout(require_run_dir(args.run))
     given = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
     try:
@@ -48,12 +49,11 @@ def cmd_action(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise BedsideError(f"--operator: {error}") from None
     try:
-        request_id = request_action(layout, args.action, given, operator=operator, reason=args.reason)
+        request_id = audit.file_request(layout, args.action, given, operator=operator, reason=args.reason)
     except ValueError as error:
         message = str(error)
         for name, option in _OPTIONS.items():
             message = message.replace(name, option)
         raise BedsideError(message) from None
-    audit.record(layout, operator=operator, what=args.action, reason=args.reason, request_id=request_id, args=given)
     print(request_id)
     return 0

@@ -6,13 +6,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bedside.app.service.alerts.config import CONFIG_NAME, find_config, load_settings
-from bedside.app.service.alerts.delivery import deliver
-from bedside.app.service.alerts.payload import RunRef, probe_payload
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import read_run_info
+
+from .service.alerts.config import CONFIG_NAME, find_config, load_settings
+
+if TYPE_CHECKING:
+    from .service.alerts.payload import RunRef
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -33,6 +36,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_alert_test(args: argparse.Namespace) -> int:
     """Deliver one test message per notifier, synchronously; print each outcome."""
+    from .service.alerts.delivery import deliver
+    from .service.alerts.payload import probe_payload
+
     path = args.config or find_config(args.run) or (Path(CONFIG_NAME) if Path(CONFIG_NAME).is_file() else None)
     if path is None:
         raise BedsideError(f"no {CONFIG_NAME} found: pass --config FILE (see docs/alerts.md)")
@@ -58,6 +64,8 @@ def cmd_alert_test(args: argparse.Namespace) -> int:
 
 
 def _run_ref(run_dir: Path | None) -> RunRef:
+    from .service.alerts.payload import RunRef
+
     if run_dir is None:
         return RunRef("", "bedside")
     try:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bedside.collectors import audit
 from bedside.collectors.errors import StoreError, StoreLockedError
 from bedside.collectors.layout import RunLayout, require_run_dir
-from bedside.collectors.store import DatabaseError, Store
+
+if TYPE_CHECKING:
+    from bedside.collectors.audit import AuditHead
 
 BROKEN_EXIT = 1
 
@@ -27,6 +29,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Print whether the chain holds, and against what."""
+    from bedside.collectors import audit
+
     layout = RunLayout(require_run_dir(args.run))
     recorded, against = recorded_heads(layout)
     report = audit.verify(layout, recorded)
@@ -41,8 +45,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def recorded_heads(layout: RunLayout) -> tuple[list[audit.AuditHead] | None, str]:
+def recorded_heads(layout: RunLayout) -> tuple[list[AuditHead] | None, str]:
     """The heads the run's store recorded, read-only, and what the check was made against, in words."""
+    from bedside.collectors.audit import read_heads
+    from bedside.collectors.store import DatabaseError, Store
+
     if not layout.store.exists():
         return None, "no store: the chain alone was checked, which cannot tell a trail cut short"
     try:
@@ -53,7 +60,7 @@ def recorded_heads(layout: RunLayout) -> tuple[list[audit.AuditHead] | None, str
     except StoreError as exc:
         return None, f"the store cannot be read ({exc}): the chain alone was checked"
     try:
-        heads = audit.read_heads(store)
+        heads = read_heads(store)
     except DatabaseError:
         return None, "the store predates recorded heads: the chain alone was checked"
     finally:

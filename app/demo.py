@@ -19,17 +19,17 @@ from bedside.collectors.errors import BedsideError
 
 from . import train
 from .dashboard.auth import TOKEN_ENV
-from .dashboard.server import DEFAULT_PORT, serve_dashboard
+from .dashboard.server import DEFAULT_PORT
 from .fault_plan import MIN_STEPS, DemoFaults
-from .output import Progress, integer_in, print_frame, warn
-from .scorecard import SCORE_MARGIN, demo_scorecard
-from .service.alerts.config import AlertSettings, settings_for
-from .service.owner import OwnerSettings, RunOwner
+from .options import integer_in
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from bedside.collectors.store import Store
+
+    from .service.alerts.config import AlertSettings
+    from .service.owner import RunOwner
 
 DEFAULT_STEPS = 200
 SERVE_STEPS = 3000
@@ -66,6 +66,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Train with the fault plan, follow the run into its store, and print each incident's evidence."""
+    from .output import print_frame
+    from .service.alerts.config import settings_for
+
     if args.crash_rank is not None and args.crash_rank >= args.nproc:
         raise BedsideError(f"--crash-rank {args.crash_rank} is not one of the {args.nproc} ranks")
     steps = args.steps or (SERVE_STEPS if args.serve else DEFAULT_STEPS)
@@ -96,6 +99,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _serve_live(run_dir: Path, args: argparse.Namespace, steps: int, faults: DemoFaults) -> int:
     """Train in the background while ``bedside serve`` owns the run; the training stops with the server."""
+    from .dashboard.server import serve_dashboard
+
     importlib.import_module("streamlit.web.bootstrap")  # the server's heavy imports, before the ranks start:
     importlib.import_module("plotly.graph_objects")    # on a small machine they would slow one rank down
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(8)
@@ -124,6 +129,8 @@ def _named(name: str, **params: Any) -> Callable[[Store], pd.DataFrame]:
 
 def summary_tables(faults: DemoFaults, *, alerts: bool = False) -> list[Summary]:
     """What the demo prints, aimed at each injected fault: (title, reader) pairs."""
+    from .scorecard import SCORE_MARGIN, demo_scorecard
+
     first, last = faults.straggler_window
     sent: list[Summary] = [("alert messages and their delivery", _named("demo_alerts"))] if alerts else []
     return [
@@ -160,6 +167,9 @@ def _start_training(run_dir: Path, nproc: int, steps: int, specs: list[str], ext
 def follow_until_exit(run_dir: Path, training: subprocess.Popen, alerts: AlertSettings) -> RunOwner:
     """Own the run, detecting and alerting as it goes, until it ends or the training process exits; then
     ingest the rest and give the alerts time to be delivered. The owner, its store open for the summary."""
+    from .output import Progress, warn
+    from .service.owner import OwnerSettings, RunOwner
+
     progress = Progress()
     settings = OwnerSettings(alerts=alerts, rescan_every_s=0.5, quiet=False, restart=False)
     owner = RunOwner(run_dir, settings, warn=warn, on_pass=progress.update)

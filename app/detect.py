@@ -5,14 +5,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from bedside.collectors.layout import require_run_dir
-from bedside.detectors.finding import Finding
 
-from .output import integer_in, print_frame
-from .service.detection import detect_run
+from .options import integer_in
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from bedside.detectors.finding import Finding
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -29,6 +31,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_detect(args: argparse.Namespace) -> int:
     """Detect, then print; exit 0 whether or not there are findings."""
+    from .output import print_frame
+    from .service.detection import detect_run
+
     findings = detect_run(require_run_dir(args.run))
     if args.since is not None:
         findings = [f for f in findings if f.end_step >= args.since]
@@ -42,6 +47,8 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
 
 def _table(findings: list[Finding]) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame([{
         "kind": f.kind, "severity": f.severity.value, "timeline": f.timeline, "steps": f"{f.start_step}-{f.end_step}",
         "ranks": ",".join(map(str, f.ranks)), "score": round(f.score, 1),

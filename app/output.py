@@ -1,12 +1,9 @@
-"""The terminal side of the CLI: option values checked, query results printed, progress and warnings."""
+"""The terminal side of the CLI: query results printed, progress and warnings (option values: ``options.py``)."""
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 import time
-from collections.abc import Callable
 from typing import Any, TextIO
 
 import pandas as pd
@@ -16,35 +13,7 @@ from bedside.collectors.ingest import PassResult
 
 from .service.log import warn
 
-FORMATS = ("table", "csv", "json")
-__all__ = ["FORMATS", "Progress", "integer_in", "positive_seconds", "print_frame", "warn"]
-
-
-def integer_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type=``: a whole number in [low, high] (no upper bound when ``high`` is None)."""
-    allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {allowed}, got {value}")
-        return value
-
-    return parse
-
-
-def positive_seconds(text: str) -> float:
-    """An argparse ``type=``: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
+__all__ = ["Progress", "print_frame", "warn"]
 
 
 def print_frame(frame: pd.DataFrame, fmt: str, out: TextIO = sys.stdout) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from bedside.collectors.errors import BedsideError
 
 from .dashboard.auth import TOKEN_ENV
-from .dashboard.server import DEFAULT_HOST, DEFAULT_PORT, serve_dashboard
-from .output import positive_seconds
+from .dashboard.server import DEFAULT_HOST, DEFAULT_PORT
+from .options import positive_seconds
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -33,6 +33,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Take the stores, then hand the main thread to Streamlit's server until SIGINT or SIGTERM."""
+    from .dashboard.server import serve_dashboard
+
     if not args.target.is_dir():
         raise BedsideError(f"no such directory: {args.target}")
     serve_dashboard(args.target, host=args.host, port=args.port, config=args.config, refresh_s=args.refresh,

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from bedside.collectors.errors import BedsideError
+from bedside.detectors.datasets import NOISE_FAMILIES
 
-from .output import integer_in
-from .simulation import NOISE_FAMILIES, SimulationConfig, SimulationError, simulate_run
+from .options import integer_in
 
 MAX_RANKS = 65536
 
@@ -44,6 +44,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Build the config (one error line when it is wrong), write the run, say what was written."""
+    from .simulation import SimulationConfig, SimulationError, simulate_run
+
     started = time.perf_counter()
     try:
         config = SimulationConfig(ranks=args.ranks, steps=args.steps, seed=args.seed,

@@ -11,7 +11,7 @@ from bedside.collectors.controlkey import ControlKeyError, ensure_control_key
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 
-from .output import integer_in
+from .options import integer_in
 
 TRAINER_MODULE = "bedside.trainer.train"
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bedside.collectors.follow import DEFAULT_RESCAN_EVERY_S
+from bedside.collectors.defaults import DEFAULT_RESCAN_EVERY_S
 from bedside.collectors.layout import RunLayout, require_run_dir
 
-from .output import Progress, positive_seconds, warn
-from .service.alerts.config import settings_for
-from .service.owner import OwnerSettings, RunOwner
+from .options import positive_seconds
 
 DEFAULT_DRAIN_S = 10.0
 
@@ -40,6 +38,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     A failure while following (a full disk, a damaged store) is logged, announced to the notifiers and followed
     by a restart with backoff (``RunOwner``): watch keeps going until it is stopped.
     """
+    from .output import Progress, warn
+    from .service.alerts.config import settings_for
+    from .service.owner import OwnerSettings, RunOwner
+
     layout = RunLayout(require_run_dir(args.run))
     settings = OwnerSettings(alerts=settings_for(args.config, layout.root, default_log=True),
                              rescan_every_s=args.rescan_every, quiet=args.quiet)

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from .control import request_action
 from .layout import RunLayout
 from .store import Store
 
@@ -101,6 +102,17 @@ def record(layout: RunLayout, *, operator: str, what: str, reason: str, incident
         return AuditHead(seq, entry["hash"])
     finally:
         os.close(descriptor)  # releases the lock
+
+
+def file_request(layout: RunLayout, action: str, args: Mapping[str, Any], *, operator: str, reason: str,
+                 incident_id: str | None = None) -> str:
+    """File a signed control request for the run (``control.request_action``) and record it in the audit trail,
+    the one way ``bedside action`` and the dashboard's actions ask a run to act; its request id. ValueError on a
+    bad request, ControlKeyError without the run's key or run.json: then nothing is filed or recorded."""
+    request_id = request_action(layout, action, args, operator=operator, reason=reason)
+    record(layout, operator=operator, what=action, reason=reason, incident_id=incident_id, request_id=request_id,
+           args=args)
+    return request_id
 
 
 def canonical_line(entry: Mapping[str, Any]) -> bytes:

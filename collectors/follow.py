@@ -29,12 +29,11 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
+from .defaults import DEFAULT_RESCAN_EVERY_S
 from .format import RUN_END_STATUSES
 from .ingest import Collector, PassResult
 from .layout import SOURCE_DIRS, STORE_NAME
 from .store import sql
-
-DEFAULT_RESCAN_EVERY_S = 2.0
 
 # Stopping an observer while an event is in flight makes watchdog's inotify
 # emitter log a spurious error; the periodic rescan covers any event it drops.

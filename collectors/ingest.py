@@ -32,6 +32,7 @@ from .batch import (
     lines_table,
     rejections_table,
 )
+from .defaults import DEFAULT_BATCH_BYTES
 from .errors import RunInfoError, StoreError
 from .format import (
     ACTION_STATUSES,
@@ -50,7 +51,6 @@ from .runinfo import RunInfo, read_run_info
 from .safefile import UnsafeFileError, open_regular_file
 from .store import Store, sql
 
-DEFAULT_BATCH_BYTES = 64 << 20
 HEAD_BYTES = 64
 
 MALFORMED_INPUT_ERRORS = (duckdb.InvalidInputException, duckdb.ConversionException)

@@ -15,7 +15,6 @@ from typing import Any
 import pandas as pd
 
 from bedside.collectors import audit
-from bedside.collectors.control import request_action
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.query import ReadView, open_for_reading
@@ -111,11 +110,11 @@ class RunData:
         if refusal := self.action_refusal(incident_id):
             raise BedsideError(f"not filed: {refusal}")
         try:
-            request_id = request_action(self.layout, action, args, operator=operator, reason=reason)
+            request_id = audit.file_request(self.layout, action, args, operator=operator, reason=reason,
+                                            incident_id=incident_id)
         except ValueError as exc:
             raise BedsideError(str(exc)) from exc
-        self._audit(operator=operator, what=action, reason=reason, incident_id=incident_id,
-                    request_id=request_id, args=args)
+        self._keep_audit_head()
         return request_id
 
     def acknowledge(self, incident_id: str, *, operator: str, note: str) -> None:
@@ -145,6 +144,10 @@ class RunData:
 
     def _audit(self, **entry: Any) -> None:
         audit.record(self.layout, **entry)
+        self._keep_audit_head()
+
+    def _keep_audit_head(self) -> None:
+        """Have the owner record the trail's new head now, rather than on its next pass."""
         if self.owner:
             self.owner.keep_audit_head()
 

@@ -27,10 +27,10 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from ..defaults import DEFAULT_MAX_ROWS, DEFAULT_QUERY_TIMEOUT_S
 from ..errors import QueryError
 from . import Store, open_sandbox, sql
 
-DEFAULT_QUERY_TIMEOUT_S = 30.0
 BATCH_ROWS = 65_536
 READING_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
 SQL_RUNNING_FUNCTIONS = {"query", "query_table"}
@@ -43,7 +43,7 @@ class ConsoleLimits:
     """How long a console query may run and how much of its result is kept."""
 
     timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
-    max_rows: int = 1_000_000
+    max_rows: int = DEFAULT_MAX_ROWS
     max_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:

@@ -1,0 +1,68 @@
+"""``bedside action`` records each request it files in the run's audit trail, through the writer the dashboard's
+actions use (``audit.file_request``), and ``bedside audit verify``, run in a new process, accepts the trail.
+A request that is refused leaves no entry."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from bedside.app.cli import main as bedside_here
+from bedside.collectors import audit
+from bedside.collectors.controlkey import KEY_ENV, ensure_control_key
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.runinfo import RunInfo, write_run_info
+
+
+@pytest.fixture
+def layout(tmp_path: Path, monkeypatch) -> RunLayout:
+    """A live run's folder as the trainer leaves it: run.json and the control key."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    layout = RunLayout(tmp_path / "run")
+    layout.control_requests.mkdir(parents=True)
+    write_run_info(layout, RunInfo(name="run", world_size=2))
+    ensure_control_key(layout)
+    return layout
+
+
+def action(layout: RunLayout, *args: str) -> str:
+    """``bedside action RUN ...`` in this process; the request id it prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert bedside_here(["action", str(layout.root), *args]) == 0
+    return out.getvalue().strip()
+
+
+def entries(layout: RunLayout) -> list[dict]:
+    return [json.loads(line) for line in audit.audit_path(layout).read_text().splitlines()]
+
+
+def test_each_filed_request_is_one_chained_entry_of_the_audit_trail(layout: RunLayout) -> None:
+    rewind = action(layout, "rewind", "--to-step", "40", "--reason", "loss spike", "--operator", "ana")
+    pause = action(layout, "pause", "--reason", "look first", "--operator", "bob")
+    first, second = entries(layout)
+    assert first == {"seq": 0, "time": first["time"], "operator": "ana", "what": "rewind", "incident_id": None,
+                     "request_id": rewind, "args": {"to_step": 40}, "reason": "loss spike", "prev": audit.GENESIS,
+                     "hash": audit.entry_hash(first)}
+    assert (second["seq"], second["what"], second["request_id"], second["prev"]) == (1, "pause", pause, first["hash"])
+    assert sorted(p.stem for p in layout.control_requests.glob("*.json")) == sorted([rewind, pause])
+
+
+def test_audit_verify_in_a_new_process_accepts_the_trail_bedside_action_wrote(layout: RunLayout, bedside) -> None:
+    action(layout, "skip", "--first-batch", "180", "--last-batch", "199", "--reason", "bad batches",
+           "--operator", "ana")
+    done = bedside("audit", "verify", layout.root)
+    assert done.returncode == 0, done.stderr
+    head = entries(layout)[-1]["hash"]
+    assert f"1 entries, chain intact, head entry 0 {head[:16]}" in done.stdout
+
+
+def test_a_refused_request_files_nothing_and_leaves_no_entry(layout: RunLayout, capsys) -> None:
+    assert bedside_here(["action", str(layout.root), "skip", "--first-batch", "4", "--reason", "x"]) == 2
+    assert bedside_here(["action", str(layout.root), "pause", "--reason", "x", "--operator", "a\u202eb"]) == 2
+    assert "skip needs --last-batch" in capsys.readouterr().err
+    assert not audit.audit_path(layout).exists()
+    assert list(layout.control_requests.iterdir()) == []
