@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bedside.collectors.errors import BedsideError
-from bedside.detectors.finding import FINDING_KINDS, Severity
+from bedside.detectors import finding
+from bedside.detectors.finding import Severity
 
 CONFIG_NAME = "bedside.toml"
 NOTIFIER_TYPES = ("slack", "discord", "webhook", "command", "log")
@@ -253,9 +254,10 @@ class _Reader:
         value = table.get("kinds", [])
         if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
             raise self.fail(f"{prefix}.kinds", "expected a list of finding kinds")
-        unknown = [k for k in value if k not in FINDING_KINDS]
+        known = finding.FINDING_KINDS  # read from the registry only when a configuration names kinds
+        unknown = [k for k in value if k not in known]
         if unknown:
-            raise self.fail(f"{prefix}.kinds", f"unknown kind {unknown[0]!r} (expected {', '.join(FINDING_KINDS)})")
+            raise self.fail(f"{prefix}.kinds", f"unknown kind {unknown[0]!r} (expected {', '.join(known)})")
         return tuple(value)
 
     def headers(self, table: Mapping[str, Any], prefix: str) -> dict[str, str]:
