@@ -91,6 +91,12 @@ def cli_options(parser: argparse.ArgumentParser | None = None, prefix: str = "")
     return found
 
 
+@pytest.mark.parametrize("option", [a.option_strings[0] for a in build_parser()._actions
+                                    if a.option_strings and not isinstance(a, argparse._HelpAction)])
+def test_every_option_of_bedside_itself_is_documented(option: str) -> None:
+    assert f"`bedside {option}`" in doc("cli.md").split("\n## ")[0], f"bedside {option} is not in docs/cli.md"
+
+
 @pytest.mark.parametrize(("command", "option"), cli_options())
 def test_every_cli_option_is_documented(command: str, option: str) -> None:
     text = doc("cli.md")
