@@ -264,9 +264,10 @@ def label_args(spec: str, ftype: FaultType, window: Window, settings: Mapping[st
 class Label:
     """One injected fault as its ground truth tells it: the finding expected, the steps and ranks it covers.
 
-    The steps are the window of its spec, on every timeline (an injector fires by step); an
-    open-ended window (``last`` null) is scored from its first step. A job-wide fault covers every
-    rank (``target_ranks``), a fault of one rank or host those ranks.
+    The steps are the window of its spec on the ``timeline`` it was injected on (a rewind starts a
+    new one, and a fault fired again after it is a label of its own); an open-ended window
+    (``last`` null) is scored from its first step. A job-wide fault covers every rank
+    (``target_ranks``), a fault of one rank or host those ranks.
     """
 
     fault: str
@@ -275,6 +276,7 @@ class Label:
     ranks: tuple[int, ...]
     spec: str = ""
     magnitude: Any = None
+    timeline: int = 0
 
     @property
     def first(self) -> int:
@@ -286,11 +288,11 @@ class Label:
         return self.window.first if self.window.last is None else self.window.last
 
     @classmethod
-    def from_record(cls, step: int, fault: str, target_ranks: Any, args: Any) -> Label:
+    def from_record(cls, step: int, fault: str, target_ranks: Any, args: Any, timeline: int = 0) -> Label:
         """A label from a ``fault_labels`` row (``target_ranks`` and ``args`` as JSON text or decoded)."""
         a = json.loads(args) if isinstance(args, str) else dict(args)
         ranks = json.loads(target_ranks) if isinstance(target_ranks, str) else (target_ranks or [])
         first = int(a.get("first", step))
         window = Window(first, None if a.get("last") is None else int(a["last"]), int(a.get("every") or 1))
         return cls(fault, a["expected_kind"], window, tuple(int(r) for r in ranks), a.get("spec", ""),
-                   a.get("magnitude"))
+                   a.get("magnitude"), int(timeline))

@@ -1,13 +1,14 @@
 """Findings scored against ground truth with a step margin (ruptures' ``metrics/precisionrecall.py``).
 
 A finding **matches** a label when its kind is the label's expected kind (detectors/faults.py),
-it starts within the label's steps widened by the margin (``before`` the first step: change-point
+it is on the label's timeline (after a rewind, the abandoned branch's findings are no evidence
+about a fault injected on the new one, nor the other way round), it starts within the label's steps widened by the margin (``before`` the first step: change-point
 detectors date an onset back; ``after`` the last), and it blames ranks the label covers or
 names none. A label is found when a finding matches it; its **delay** is from its first step to
 the start of the earliest matching finding, and its **culprit** is right when that finding names
 only ranks of the label. A finding is a **false alarm** when it is neither of a label's kind
-within the label's margin (whatever ranks it names: a straggler's peers wait too) nor the known
-consequence of a fault nearby (``CONSEQUENCES``: a NaN also moves the gradient norm).
+within the label's margin on its timeline (whatever ranks it names: a straggler's peers wait
+too) nor the known consequence of a fault nearby on the same timeline (``CONSEQUENCES``: a NaN also moves the gradient norm).
 """
 from __future__ import annotations
 
@@ -55,15 +56,18 @@ def findings_frame(findings: Iterable[Finding]) -> pd.DataFrame:
 
 
 def labels_of(records: pd.DataFrame) -> list[Label]:
-    """One label per fault from ``fault_labels`` rows (step, fault, target_ranks, args), by first step.
+    """One label per fault and timeline from ``fault_labels`` rows (timeline, step, fault, target_ranks,
+    args), by first step; rows without a ``timeline`` column are of timeline 0.
 
     A fault recorded at each firing or occurrence (docs/faults.md) is one label: its spec's window.
     """
-    labels: dict[tuple[str, str, int], Label] = {}
-    for row in records[["step", "fault", "target_ranks", "args"]].itertuples(index=False):
-        label = Label.from_record(int(row.step), row.fault, row.target_ranks, row.args)
-        labels.setdefault((label.fault, label.spec, label.first), label)
-    return sorted(labels.values(), key=lambda label: label.first)
+    if "timeline" not in records:
+        records = records.assign(timeline=0)
+    labels: dict[tuple[str, str, int, int], Label] = {}
+    for row in records[["timeline", "step", "fault", "target_ranks", "args"]].itertuples(index=False):
+        label = Label.from_record(int(row.step), row.fault, row.target_ranks, row.args, int(row.timeline))
+        labels.setdefault((label.fault, label.spec, label.timeline, label.first), label)
+    return sorted(labels.values(), key=lambda label: (label.first, label.timeline))
 
 
 def match(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd.DataFrame:
@@ -72,12 +76,13 @@ def match(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd
     for label in labels:
         hits = [f for f in _candidates(findings, label, margin) if _blames(f["ranks"], label)]
         first = min(hits, key=lambda f: f["start_step"]) if hits else None
-        rows.append({"step": label.first, "fault": label.fault, "kind": label.expected_kind,
+        rows.append({"timeline": label.timeline, "step": label.first, "fault": label.fault,
+                     "kind": label.expected_kind,
                      "target_ranks": list(label.ranks), "magnitude": label.magnitude, "found": first is not None,
                      "finding_id": first["finding_id"] if first else None,
                      "delay": first["start_step"] - label.first if first else None,
                      "culprit": _culprit(first["ranks"], label) if first else None})
-    return pd.DataFrame(rows, columns=["step", "fault", "kind", "target_ranks", "magnitude", "found", "finding_id",
+    return pd.DataFrame(rows, columns=["timeline", "step", "fault", "kind", "target_ranks", "magnitude", "found", "finding_id",
                                        "delay", "culprit"])
 
 
@@ -126,18 +131,22 @@ def scorecard(records: pd.DataFrame, findings: pd.DataFrame, margin: int) -> pd.
 
 
 def _candidates(findings: pd.DataFrame, label: Label, margin: Margin) -> list[dict[str, Any]]:
-    """The findings of the label's kind that start within its margin, whatever ranks they name."""
+    """The findings of the label's kind on its timeline that start within its margin, whatever ranks they name."""
     low, high = margin.steps(label)
-    near = findings[(findings["kind"] == label.expected_kind) & findings["start_step"].between(low, high)]
+    near = _near(findings, label, {label.expected_kind}, low, high)
     return [{**row, "ranks": _ranks(row["ranks"])} for row in near.to_dict("records")]
 
 
 def _consequences(findings: pd.DataFrame, label: Label) -> list[dict[str, Any]]:
     before, after = CONSEQUENCE_STEPS
     kinds = CONSEQUENCES.get(label.expected_kind, set())
-    near = findings[findings["kind"].isin(kinds)
-                    & findings["start_step"].between(label.first - before, label.last + after)]
-    return near.to_dict("records")
+    return _near(findings, label, kinds, label.first - before, label.last + after).to_dict("records")
+
+
+def _near(findings: pd.DataFrame, label: Label, kinds: set[str], low: int, high: int) -> pd.DataFrame:
+    """The findings of ``kinds`` on the label's timeline that start from step ``low`` to ``high``."""
+    return findings[(findings["timeline"] == label.timeline) & findings["kind"].isin(kinds)
+                    & findings["start_step"].between(low, high)]
 
 
 def _blames(ranks: tuple[int, ...], label: Label) -> bool:

@@ -2,6 +2,7 @@
 and the demo's scorecard over the recorded sample run."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -23,10 +24,10 @@ STRAGGLER = Label("straggler", "straggler", Window(100, 140), (3,), "straggler:r
 NAN = Label("nan", "nonfinite", Window(200), (0,), "nan:rank=0,step=200")
 
 
-def findings(*rows: tuple[str, int, tuple[int, ...]]) -> pd.DataFrame:
-    """Findings from (kind, start step, ranks)."""
-    return pd.DataFrame([(f"{kind}@{start}/{i}", kind, 0, start, ranks) for i, (kind, start, ranks) in enumerate(rows)],
-                        columns=list(FINDING_COLUMNS))
+def findings(*rows: tuple[str, int, tuple[int, ...]], timeline: int = 0) -> pd.DataFrame:
+    """Findings of ``timeline`` from (kind, start step, ranks)."""
+    return pd.DataFrame([(f"{kind}@{start}/{i}", kind, timeline, start, ranks)
+                         for i, (kind, start, ranks) in enumerate(rows)], columns=list(FINDING_COLUMNS))
 
 
 @pytest.mark.parametrize(("start", "ranks", "found"), [
@@ -51,6 +52,27 @@ def test_false_alarms_are_findings_no_label_explains() -> None:
     alarms = false_alarms(found, [STRAGGLER, NAN], Margin())
     # a peer's straggler finding in the window is no alarm, nor the drop a straggler causes
     assert alarms["start_step"].tolist() == [50, 150]
+
+
+def test_after_a_rewind_a_finding_matches_and_explains_only_faults_of_its_timeline() -> None:
+    # the run rewinds to step 90 and starts timeline 1; the straggler fires again on it
+    rewound = dataclasses.replace(STRAGGLER, timeline=1)
+    abandoned = findings(("straggler", 110, (3,)), ("throughput_drop", 112, ()))
+    new_branch = findings(("straggler", 104, (3,)), ("throughput_drop", 106, ()), timeline=1)
+    assert match(abandoned, [rewound], Margin())["found"].tolist() == [False]
+    assert match(new_branch, [STRAGGLER], Margin())["found"].tolist() == [False]
+    assert false_alarms(abandoned, [rewound], Margin())["start_step"].tolist() == [110, 112]
+    both = pd.concat([abandoned, new_branch], ignore_index=True)
+    rows = match(both, [STRAGGLER, rewound], Margin())
+    assert rows[["timeline", "delay"]].values.tolist() == [[0, 10], [1, 4]]
+    assert false_alarms(both, [STRAGGLER, rewound], Margin()).empty
+
+
+def test_labels_are_one_per_fault_and_timeline() -> None:
+    args = {"spec": "nan:rank=1,step=10", "first": 10, "last": 10, "every": 1, "expected_kind": "nonfinite"}
+    records = pd.DataFrame({"timeline": [0, 1], "step": 10, "fault": "nan", "target_ranks": "[1]",
+                            "args": json.dumps(args)})
+    assert [label.timeline for label in labels_of(records)] == [0, 1]
 
 
 def test_the_table_counts_recall_precision_and_alarms_per_kind() -> None:
