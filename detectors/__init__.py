@@ -5,8 +5,9 @@ of your own. Both are imported on first use, so ``import bedside.detectors`` sta
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .frames import Detection, detect
@@ -16,7 +17,4 @@ _WHERE = {"detect": "frames", "Detection": "frames", "build_detectors": "registr
 __all__ = ["Detection", "build_detectors", "detect", "detector_names"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+__getattr__ = lazy_exports(__name__, _WHERE)

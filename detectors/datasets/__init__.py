@@ -6,8 +6,19 @@ injected into it (``SIMULATED_FAULTS`` in detectors/faults.py); ``run.frames()``
 as ``bedside.detectors.detect`` takes it. No I/O: ``bedside simulate`` writes a run directory
 from it (app/simulation/).
 """
-from .config import NOISE_FAMILIES, ModelSettings, SimulationConfig
-from .errors import SimulationError
-from .simulated import SimulatedRun, simulate
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+from .noise import NOISE_FAMILIES
+
+if TYPE_CHECKING:
+    from .config import ModelSettings, SimulationConfig
+    from .errors import SimulationError
+    from .simulated import SimulatedRun, simulate
 
 __all__ = ["NOISE_FAMILIES", "ModelSettings", "SimulatedRun", "SimulationConfig", "SimulationError", "simulate"]
+__getattr__ = lazy_exports(__name__, {"ModelSettings": "config", "SimulationConfig": "config", "SimulationError": "errors",
+                                     "SimulatedRun": "simulated", "simulate": "simulated"})
+"""The generator (numpy, pandas) loads on first use; the noise names cost nothing."""

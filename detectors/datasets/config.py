@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import SimulationError
 from .faults import Fault, parse_faults
+from .noise import NOISE_FAMILIES
 from .topology import Topology
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-NOISE_FAMILIES = ("gaussian", "student", "lognormal")
 MAX_TIME = 1e11
 
 
