@@ -4,6 +4,7 @@ Versions count per namespace; a store from before namespaces (one sequence of ve
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,30 @@ def test_no_query_name_is_in_two_schemas() -> None:
     root = Path(__file__).resolve().parents[1]
     telemetry, service = names(root / "collectors" / "store"), names(root / "app" / "service" / "schema")
     assert service and telemetry and not telemetry & service
+
+
+SERVICE_OBJECTS = ("finding_rows", "incident_rows", "outbox", "findings", "incidents", "alerts")
+
+
+def _without_comments(text: str) -> str:
+    return "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+
+
+def test_no_telemetry_query_or_migration_reads_the_service_s_tables() -> None:
+    """The telemetry's SQL knows nothing downstream: a query over findings, incidents or alerts belongs to the
+    service's schema, whose stores have those tables."""
+    root = Path(__file__).resolve().parents[1] / "collectors" / "store"
+    crossing = [f"{path.name} names {name}" for path in sorted(root.glob("*/*.sql"))
+                for name in SERVICE_OBJECTS
+                if re.search(rf"\b{name}\b", _without_comments(path.read_text()), re.IGNORECASE)]
+    assert crossing == []
+
+
+@pytest.mark.parametrize("schema", [TELEMETRY, SERVICE], ids=lambda s: s.namespace)
+def test_migration_versions_are_unique_and_a_new_one_comes_after_the_last(schema) -> None:
+    """Versions only grow: a store applies the files above the version it has, so a file numbered below the
+    newest would never reach existing stores. The telemetry skips 3 to 5 (moved to the service's namespace)."""
+    numbers = [v for v, _, _ in schema.migrations()]
+    assert len(numbers) == len(set(numbers))
+    expected = [1, 2, *range(6, max(numbers) + 1)] if schema is TELEMETRY else list(range(1, max(numbers) + 1))
+    assert numbers == expected
