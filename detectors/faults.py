@@ -125,7 +125,9 @@ SIMULATED_FAULTS = _catalog(
     FaultType("throughput_drop", "throughput_drop", SPAN, "job", {"factor": Setting(0.8, 0.0, 0.99)},
               magnitude="factor"),
 )
-"""The simulator's faults (detectors/datasets/effects.py)."""
+"""The simulator's faults (detectors/datasets/effects.py). A name the trainer knows too differs from the
+trainer's only in the facts ``SHARED_FAULT_DIFFERENCES`` (tests/test_scoring.py) allows, each for the reason
+given there: one table per injector, since the two share little more than the name and the timing."""
 
 
 @dataclass(frozen=True)

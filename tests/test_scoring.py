@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -15,7 +17,7 @@ from bedside.app.service.detection import StoreDetection
 from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
-from bedside.detectors.faults import TRAINER_FAULTS, Label, Window
+from bedside.detectors.faults import SIMULATED_FAULTS, TRAINER_FAULTS, FaultType, Label, Window
 from bedside.detectors.finding import FINDING_KINDS
 from bedside.detectors.scoring import FINDING_COLUMNS, Margin, false_alarms, labels_of, match, precision_recall
 
@@ -95,6 +97,42 @@ def test_a_fault_recorded_at_every_firing_is_one_label() -> None:
 def test_every_trainer_fault_expects_a_finding_kind() -> None:
     assert {t.expected_kind for t in TRAINER_FAULTS.values()} <= set(FINDING_KINDS)
     assert TRAINER_FAULTS["grad_bitflip"].expected_kind == "sdc"
+
+
+SHARED_FAULT_DIFFERENCES = {
+    # the trainer corrupts real token data in shards the tiny runs all read every step, so no shard stands
+    # out and the loss shows it first (its seed draws the corruption); the simulator raises the loss of the
+    # chosen shards' samples by ``excess``, which the bad_shard detector pins on them
+    "bad_shard": {"expected_kind": ("loss_spike", "bad_shard"), "settings": ((), ("excess",)),
+                  "magnitude": (None, "excess"), "extra": (("seed",), ())},
+    # the trainer stops one real process; the simulator also hangs a host, and its peers' collective
+    # times out after ``timeout_s``, which only the simulator models
+    "hang": {"targets": ("rank", "node"), "settings": ((), ("timeout_s",))},
+    # the trainer poisons a rank it is told of and records every firing as it happens; the simulator
+    # defaults to rank 0 and writes each fault once, its window saying every step it covers
+    "inf": {"targets": ("rank", "rank_or_zero"), "each_firing": (True, False)},
+    "nan": {"targets": ("rank", "rank_or_zero"), "each_firing": (True, False)},
+    # the trainer slows a real rank by a measured factor or a fixed delay, checked by its injector; the
+    # simulator slows ranks or a host, in compute or in the data wait, by a factor it records as magnitude
+    "straggler": {"targets": ("rank", "node"), "settings": ((), ("factor",)), "choices": ((), ("phase",)),
+                  "magnitude": (None, "factor"), "extra": (("delay_ms", "factor"), ())},
+}
+"""What the trainer's and the simulator's faults of one name may differ in: (trainer, simulator) by field."""
+
+
+def _facts(ftype: FaultType) -> dict[str, Any]:
+    """A fault type's fields, with mappings and sets as their sorted keys."""
+    values = {f.name: getattr(ftype, f.name) for f in dataclasses.fields(ftype)}
+    return {key: tuple(sorted(v)) if isinstance(v, Mapping | frozenset) else v for key, v in values.items()}
+
+
+def test_the_trainer_and_the_simulator_differ_on_a_shared_fault_only_where_allowed() -> None:
+    shared = sorted(set(TRAINER_FAULTS) & set(SIMULATED_FAULTS))
+    differences = {}
+    for name in shared:
+        trainer, simulator = _facts(TRAINER_FAULTS[name]), _facts(SIMULATED_FAULTS[name])
+        differences[name] = {key: (trainer[key], simulator[key]) for key in trainer if trainer[key] != simulator[key]}
+    assert differences == SHARED_FAULT_DIFFERENCES
 
 
 def test_the_demo_scorecard_scores_the_sample_run(tmp_path: Path) -> None:
