@@ -32,6 +32,23 @@ class Detector(ABC):
     orders: ClassVar[tuple[Below, ...]] = ()
     """Pairs of settings that only work in one order (a recovery bar below the alarm bar)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A detector that names itself must declare what the contract needs, or its module fails to load with
+        an error that says what is missing."""
+        super().__init_subclass__(**kwargs)
+        if "name" not in vars(cls):
+            return  # a base that concrete detectors specialise
+        kinds = getattr(cls, "kinds", ())
+        if not kinds or not all(isinstance(kind, FindingKind) for kind in kinds):
+            raise DetectorConfigError(f"detector {cls.name!r} must declare kinds: the FindingKind of each finding "
+                                      "it emits")
+        settings = [p.name for p in list(inspect.signature(cls.__init__).parameters.values())[1:]]
+        limits = getattr(cls, "limits", None)
+        if limits is None or set(limits) != set(settings):
+            declared = sorted(limits or ())
+            raise DetectorConfigError(f"detector {cls.name!r} must declare the range of each setting in limits: "
+                                      f"its settings are {sorted(settings)}, its limits {declared}")
+
     def __new__(cls, *args: Any, **settings: Any) -> Self:
         chosen = cls.settings(*args, **settings)
         for setting, value in chosen.items():

@@ -134,3 +134,19 @@ def test_the_faulty_run_gives_every_detector_something_to_find() -> None:
 def detect(name: str, batch: TelemetryBatch, *, parts: int = 1) -> dict:
     [detector] = build_detectors(only=[name])
     return tf.replay(detector, batch, parts=parts, by_time=True, run=RunState(world_size=RANKS))
+
+
+def test_a_detector_that_forgets_its_kinds_or_a_setting_s_range_fails_to_load_with_a_reason() -> None:
+    from bedside.detectors.detector import Detector
+    from bedside.detectors.limits import COUNT, ranges
+
+    kind = next(iter(finding_kinds().values()))
+    with pytest.raises(DetectorConfigError, match="detector 'kindless' must declare kinds"):
+        type("Kindless", (Detector,), {"name": "kindless", "limits": ranges(), "update": lambda self, batch: []})
+
+    def init(self, *, window: int = 5, lag: int = 1) -> None:
+        Detector.__init__(self)
+
+    with pytest.raises(DetectorConfigError, match=r"its settings are \['lag', 'window'\], its limits \['window'\]"):
+        type("Rangeless", (Detector,), {"name": "rangeless", "kinds": (kind,), "limits": ranges(window=COUNT),
+                                        "__init__": init, "update": lambda self, batch: []})
