@@ -165,12 +165,27 @@ _REQUIRED = {cls: required_fields(cls) for cls in KIND_RECORDS.values()}
 
 def build_record(kind: str, given: Mapping[str, Any], metrics: Metrics | None = None, **envelope: Any) -> Record:
     """The record of ``kind`` with the ``given`` fields: its kind's class when they fit it
-    (none unknown, none required missing), else an ``Event`` holding them as given."""
+    (none unknown, none required missing), else an ``Event`` holding them as given, as foreign
+    input (importers, ``RunLogger.event``) may have it."""
     cls = KIND_RECORDS.get(kind)
     values = {**envelope, **given} if metrics is None else {**envelope, "metrics": metrics, **given}
     if cls is not None and values.keys() <= _FIELDS[cls] and _REQUIRED[cls] <= values.keys():
         return cls(**values)
     return Event(kind=str(kind), fields=dict(given), metrics=metrics, **envelope)
+
+
+def strict_record(kind: str, given: Mapping[str, Any], metrics: Metrics | None = None, **envelope: Any) -> Record:
+    """The record of ``kind`` with the ``given`` fields, for our own writers: ValueError when the kind
+    is not of v1 or the fields do not fit its class (where ``build_record`` makes an ``Event``)."""
+    record = build_record(kind, given, metrics, **envelope)
+    if type(record) is not Event:
+        return record
+    cls = KIND_RECORDS.get(kind)
+    if cls is None:
+        raise ValueError(f"{kind!r} is no record kind of format v1")
+    names = {*envelope, *given, *(["metrics"] if metrics is not None else [])}
+    unknown, missing = sorted(names - _FIELDS[cls]), sorted(_REQUIRED[cls] - names)
+    raise ValueError(f"fields do not fit a {kind} record: unknown {unknown}, missing {missing}")
 
 
 def to_dict(record: Record) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from bedside.collectors.records import (
     Step,
     build_record,
     required_fields,
+    strict_record,
     to_dict,
     to_line,
 )
@@ -147,6 +148,22 @@ def test_fields_that_do_not_fit_a_kind_make_an_event_kept_as_given() -> None:
     missing_field = build_record(Kind.RUN_END, {"message": "bye"}, **ENVELOPE)
     assert (type(unknown_field), type(missing_field)) == (Event, Event)
     assert to_dict(unknown_field) == {"kind": "log", **ENVELOPE, "message": "hi", "color": "red"}
+
+
+def test_our_own_writers_build_a_kinds_record_strictly() -> None:
+    from bedside.app.simulation.write import RankLines
+
+    with pytest.raises(ValueError, match=r"unknown \['shardz'\], missing \[\]"):
+        strict_record(Kind.STEP, {"shardz": [1]}, {"loss": 1.0}, **ENVELOPE)
+    with pytest.raises(ValueError, match=r"unknown \[\], missing \['status'\]"):
+        strict_record(Kind.RUN_END, {"message": "bye"}, **ENVELOPE)
+    with pytest.raises(ValueError, match="no record kind"):
+        strict_record("custom_probe", {}, **ENVELOPE)
+    lines = RankLines(0)
+    with pytest.raises(ValueError, match="shardz"):
+        lines.record(Kind.STEP, 1.0, 1, {"metrics": {"loss": 1.0}, "shardz": [1]})
+    lines.record(Kind.STEP, 1.0, 1, {"metrics": {"loss": 1.0}, "shards": [1]})
+    assert json.loads(lines.text())["shards"] == [1]
 
 
 def test_a_line_leaves_out_what_is_none_and_puts_the_envelope_first() -> None:

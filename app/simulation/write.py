@@ -2,7 +2,8 @@
 
 rank_step and heartbeat lines, the bulk of a large run, are formatted from templates
 (``tests/test_records.py`` checks that they are those records' lines); every other record
-is built as its record dataclass and written by ``to_line``.
+is built strictly as its record dataclass (``strict_record``: a field that does not fit the
+kind is an error, not a generic event) and written by ``to_line``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from bedside.collectors.format import Kind, encode_number
 from bedside.collectors.layout import RunLayout
-from bedside.collectors.records import build_record, to_line
+from bedside.collectors.records import strict_record, to_line
 from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.detectors.datasets.checksums import Checksums
 from bedside.detectors.datasets.schedule import Event, Schedule
@@ -57,10 +58,11 @@ class RankLines:
         self.seq += 1
 
     def record(self, kind: str, time: float, step: int, fields: dict[str, Any]) -> None:
-        """A record of ``kind`` with these fields (``metrics`` among them, if any)."""
+        """A record of ``kind`` with these fields (``metrics`` among them, if any); ValueError when they do
+        not fit the kind's record."""
         given = {name: value for name, value in fields.items() if name != "metrics"}
-        record = build_record(kind, given, time=time, rank=self.rank, step=step, timeline=0, seq=self.seq,
-                              metrics=fields.get("metrics"))
+        record = strict_record(kind, given, fields.get("metrics"), time=time, rank=self.rank, step=step, timeline=0,
+                               seq=self.seq)
         self.parts.append(to_line(record))
         self.seq += 1
 
