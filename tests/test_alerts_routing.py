@@ -25,6 +25,8 @@ from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 from bedside.detectors.detector import Detector
 from bedside.detectors.finding import Finding
+from bedside.detectors.limits import ranges
+from bedside.detectors.registry import finding_kinds
 from bedside.detectors.telemetry import TelemetryBatch
 
 VALIDATOR = jsonschema.Draft202012Validator(schema())
@@ -37,6 +39,8 @@ class Scripted(Detector):
     that take them are the real ones."""
 
     name = "scripted"
+    kinds = tuple(finding_kinds().values())  # it reports whatever it is given
+    limits = ranges()
 
     def __init__(self) -> None:
         super().__init__()
@@ -360,6 +364,8 @@ class SettledAtTheEnd(Detector):
     """A detector whose finding stays active until the data ends (a condition only ``finish`` settles)."""
 
     name = "settled_at_the_end"
+    kinds = (finding_kinds()["straggler"],)
+    limits = ranges()
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         return [finding("straggler", 10, ranks=(1,))] if len(batch) else []

@@ -151,11 +151,12 @@ class AlertRouter:
     def route(self, incidents: list[Incident], changed: set[str], now: float) -> OutboxWrite:
         """The messages these incident changes call for; ``changed`` are the finding ids that changed."""
         out = OutboxWrite()
+        acks = self._stored_acks() if incidents and self._notifiers else {}
         for incident in incidents:
             if incident.closed_by_hand or self._replayed(incident):
                 continue
             for notifier in self._notifiers:
-                message = self._message_for(notifier, incident, now)
+                message = self._message_for(notifier, incident, now, acks.get(incident.incident_id))
                 if message:
                     out.messages.append(message)
                 if (message is None or message.status == "held") and self._told_of(notifier, incident).level >= 0:
@@ -175,12 +176,13 @@ class AlertRouter:
         """Announce that an operator closed the incident to every notifier told of it and not yet told it was
         resolved (never held back); nothing more is said of it."""
         resolution = Acknowledgement(by, note)
+        ack = self._stored_acks().get(incident.incident_id)
         out = OutboxWrite()
         for notifier in self._notifiers:
             told = self._told_of(notifier, incident)
             if told.level >= 0 and not told.resolved:
                 out.messages.append(self._message(notifier, incident, "resolved", now, held=False,
-                                                  resolution=resolution))
+                                                  resolution=resolution, ack=ack))
         return out
 
     def tick(self, now: float) -> OutboxWrite:
@@ -213,7 +215,8 @@ class AlertRouter:
             behind |= finding.end_step < end_step or (finding.active and not active)
         return behind
 
-    def _message_for(self, notifier: NotifierConfig, incident: Incident, now: float) -> OutboxMessage | None:
+    def _message_for(self, notifier: NotifierConfig, incident: Incident, now: float,
+                     ack: Acknowledgement | None) -> OutboxMessage | None:
         told = self._told_of(notifier, incident)
         if told.level < 0:
             if not notifier.accepts(incident.severity, incident.kinds):
@@ -228,11 +231,11 @@ class AlertRouter:
         else:
             return None
         held = not self._buckets[notifier.name].take(now)
-        return self._message(notifier, incident, event, now, held=held)
+        return self._message(notifier, incident, event, now, held=held, ack=ack)
 
     def _message(self, notifier: NotifierConfig, incident: Incident, event: str, now: float, *, held: bool,
                  resolution: Acknowledgement | None = None, ack: Acknowledgement | None = None) -> OutboxMessage:
-        """The message of ``event``; ``ack`` is one being recorded now, else the store's (if any) is shown."""
+        """The message of ``event``, showing ``ack`` (who took the incident on) when there is one."""
         told = self._told_of(notifier, incident)
         told.events[event] += 1
         told.level = max(told.level, incident.severity.level)
@@ -240,7 +243,7 @@ class AlertRouter:
         run = self._run()
         message_id = f"{run.run_id or run.name}/{notifier.name}/{incident.incident_id}/{event}/{told.events[event]}"
         payload = incident_payload(message_id, event, run, incident, notifier=notifier.name,
-                                   ack=ack or self._stored_ack(incident.incident_id),
+                                   ack=ack,
                                    dashboard_url=self.settings.dashboard_url, now=now, resolution=resolution)
         message = OutboxMessage(message_id, notifier.name, incident.incident_id, event, incident.severity.value,
                                 payload["incident"]["status"], payload, now, "held" if held else "pending")
@@ -269,9 +272,11 @@ class AlertRouter:
         message = OutboxMessage(digest_id, notifier.name, None, "digest", severity, None, payload, now, "pending")
         return OutboxWrite([message], [(m.message_id, digest_id) for m in window.held])
 
-    def _stored_ack(self, incident_id: str) -> Acknowledgement | None:
-        rows = self.store.fetch_named("incident_ack", {"incident_id": incident_id})
-        return Acknowledgement(rows["acknowledged_by"][0], rows["ack_note"][0]) if len(rows) else None
+    def _stored_acks(self) -> dict[str, Acknowledgement]:
+        """Who acknowledged each incident, read from the store (its only record) once per routing."""
+        rows = self.store.fetch_named("incident_acks")
+        return {i: Acknowledgement(by, note or "") for i, by, note in
+                zip(rows["incident_id"], rows["acknowledged_by"], rows["ack_note"]) if by}
 
     def _told_of(self, notifier: NotifierConfig, incident: Incident) -> _Told:
         return self._told.setdefault((notifier.name, incident.incident_id), _Told())
