@@ -14,7 +14,7 @@ from typing import TypeGuard
 
 from .appendfile import tail_records
 from .errors import RunInfoError
-from .format import Kind, RunEndStatus
+from .format import RUN_END_STATUSES, Kind, RunEndStatus
 from .layout import RunLayout, is_run_dir, rank_of_file
 from .runinfo import read_run_info
 from .store import Store
@@ -79,15 +79,22 @@ def _is_regular(path: Path) -> bool:
         return False
 
 
-def _ended_ranks(records: list[dict]) -> dict[int, str | None]:
-    """Rank to run_end status (None: none given), for the ranks whose latest record (by time, then seq) is a run_end."""
+def _ended_ranks(records: list[dict]) -> dict[int, str]:
+    """Rank to run_end status, for the ranks whose latest record (by time, then seq) is a run_end.
+
+    A run_end without a status of ``RunEndStatus`` is no record of its rank: the collector rejects it.
+    """
     latest: dict[int, dict] = {}
     for record in records:
         rank = record.get("rank")
-        if (_is_integer(rank) and _is_number(record.get("time"))
+        if (_is_integer(rank) and _is_number(record.get("time")) and not _is_bad_end(record)
                 and (rank not in latest or _place(record) >= _place(latest[rank]))):
             latest[rank] = record
-    return {rank: r.get("status") for rank, r in latest.items() if r.get("kind") == Kind.RUN_END}
+    return {rank: r["status"] for rank, r in latest.items() if r.get("kind") == Kind.RUN_END}
+
+
+def _is_bad_end(record: dict) -> bool:
+    return record.get("kind") == Kind.RUN_END and record.get("status") not in RUN_END_STATUSES
 
 
 def _place(record: dict) -> tuple[float, int]:
@@ -104,7 +111,7 @@ def _is_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _status(ends: dict[int, str | None], world: int, last_seen: float | None, now: float) -> str:
+def _status(ends: dict[int, str], world: int, last_seen: float | None, now: float) -> str:
     """The run view's status for these facts (``run_status`` of migrations/008_run_status.sql)."""
     facts = {"any_failed": RunEndStatus.FAILED in ends.values(), "any_aborted": RunEndStatus.ABORTED in ends.values(),
              "ranks_ended": len(ends), "world_size": world, "last_seen": last_seen, "now": now}

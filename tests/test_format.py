@@ -247,6 +247,10 @@ RUN_HISTORIES = {
     "nothing within 120 s": ({0: [("step", 130, None)], 1: [("heartbeat", 125, None)]}, "stalled"),
     "a record within 120 s": ({0: [("step", 300, None)], 1: [("heartbeat", 100, None)]}, "live"),
     "no records": ({}, "empty"),
+    "a run_end without a status is rejected, not an end": (
+        {0: [("step", 9, None), ("run_end", 5, None)], 1: [("run_end", 5, "finished")]}, "live"),
+    "a run_end of an unknown status is rejected, not an end": (
+        {0: [("run_end", 5, "crashed")], 1: [("run_end", 5, "finished")]}, "live"),
 }
 
 
