@@ -8,8 +8,8 @@ a windowed straggler host, a gradient SDC on one rank), then ``bedside collect``
 and ``bedside detect`` (detectors, findings and incidents stored), each a subprocess
 timed with its peak memory (``wait4``); then the store's size and row counts.
 
-Measure, in this process: the desk of ``app/dashboard/registry.py`` is made for the run
-(``BEDSIDE_DASHBOARD_TARGET``) and ``desk().data(run)`` is called once, timed: the owner's
+Measure, in this process: the desk of ``app/dashboard/registry.py`` is made for the run and
+installed (``registry.install``, as ``bedside serve`` does) and ``desk().data(run)`` is called once, timed: the owner's
 ``catch_up()`` of the already ingested store (an ingest pass that finds nothing, the
 detectors' tick and finish), which the first page build of a fresh ``bedside serve``
 process would otherwise include. One ``streamlit.testing.v1.AppTest`` of ``main.py``

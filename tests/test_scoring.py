@@ -12,9 +12,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from bedside.app.scorecard import demo_scorecard
 from bedside.app.service.detection import StoreDetection
 from bedside.app.service.schema import SCHEMAS
+from bedside.app.service.scorecard import demo_scorecard
 from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 from bedside.detectors.faults import SIMULATED_FAULTS, TRAINER_FAULTS, FaultType, Label, Window
