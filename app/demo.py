@@ -129,7 +129,7 @@ def _named(name: str, **params: Any) -> Callable[[Store], pd.DataFrame]:
 
 def summary_tables(faults: DemoFaults, *, alerts: bool = False) -> list[Summary]:
     """What the demo prints, aimed at each injected fault: (title, reader) pairs."""
-    from .scorecard import SCORE_MARGIN, demo_scorecard
+    from .service.scorecard import SCORE_MARGIN, demo_scorecard
 
     first, last = faults.straggler_window
     sent: list[Summary] = [("alert messages and their delivery", _named("demo_alerts"))] if alerts else []
