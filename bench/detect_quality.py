@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bedside.app.service.detection import StoreDetection
+from bedside.app.service.detection import detect_store
 from bedside.app.service.feed import StoreFeed
 from bedside.app.service.schema import SCHEMAS
 from bedside.app.simulation import SimulationConfig, simulate_run
@@ -67,12 +67,10 @@ def detect(run: Path) -> tuple[pd.DataFrame, list[Label], int]:
     """Every finding of ``run`` in batch mode, its ground truth and its last step."""
     with Store.open(None, schemas=SCHEMAS) as store:
         Collector(run, store).ingest_available()
-        detection = StoreDetection(store)
-        detection.update()
-        detection.finish()
+        findings = detect_store(store)
         labels = labels_of(store.fetch_named("score_labels"))
         last = int(store.fetch_named("score_steps")["last_step"].iloc[0])
-        return findings_frame(detection.runner.ordered()), labels, last
+        return findings_frame(findings), labels, last
 
 
 def score(run: Path, scenario: str, noise: str) -> tuple[pd.DataFrame, pd.DataFrame, int]:

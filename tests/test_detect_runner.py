@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bedside.app.service.detection import StoreDetection
+from bedside.app.service.detection import StoreDetection, detect_store
 from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
@@ -63,16 +63,16 @@ def detect_in_store(run: Path, *, detectors: list[str] | None = None, batch_byte
     """Ingest ``run`` into its store and detect; with ``batch_bytes``, update after every ingest pass."""
     own = store is None
     store = store or Store.open(RunLayout(run).store, schemas=SCHEMAS)
+    chosen = None if detectors is None else build_detectors(only=detectors)
     try:
-        detection = StoreDetection(store, None if detectors is None else build_detectors(only=detectors))
         if batch_bytes is None:
             Collector(run, store).ingest_available()
-            detection.update()
-        else:
-            passes = []
-            Collector(run, store, batch_bytes=batch_bytes).ingest_available(
-                on_pass=lambda result: passes.append(detection.update(caught_up=not result.backlog)))
-            assert len(passes) > 10
+            return detect_store(store, chosen)
+        detection = StoreDetection(store, chosen)
+        passes = []
+        Collector(run, store, batch_bytes=batch_bytes).ingest_available(
+            on_pass=lambda result: passes.append(detection.update(caught_up=not result.backlog)))
+        assert len(passes) > 10
         detection.finish()
         return detection.runner.ordered()
     finally:

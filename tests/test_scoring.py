@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from bedside.app.service.detection import StoreDetection
+from bedside.app.service.detection import detect_store
 from bedside.app.service.schema import SCHEMAS
 from bedside.app.service.scorecard import demo_scorecard
 from bedside.collectors.ingest import Collector
@@ -139,9 +139,7 @@ def test_the_demo_scorecard_scores_the_sample_run(tmp_path: Path) -> None:
     run = shutil.copytree(SAMPLE_RUN, tmp_path / "tiny-faults")
     with Store.open(None, schemas=SCHEMAS) as store:
         Collector(run, store).ingest_available()
-        detection = StoreDetection(store)
-        detection.update()
-        detection.finish()
+        detect_store(store)
         card = demo_scorecard(store, margin=12)
     assert list(card.columns) == ["step", "fault", "target_ranks", "found_as", "delay_steps"]
     assert card.values.tolist() == [

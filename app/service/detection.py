@@ -104,9 +104,6 @@ class StoreDetection:
             raise BedsideError(f"{what} needs the name of who does it")
         return self.book.describe(incident_id)
 
-    def incidents(self) -> list[Incident]:
-        return [self.book.describe(i) for i in dict.fromkeys(self.book.incident_of(f) for f in self.runner.ordered())]
-
     def _record(self, changed: list[Finding], now: float | None = None) -> list[Finding]:
         if changed:
             now = time.time() if now is None else now
@@ -134,14 +131,16 @@ def detect_run(run_dir: Path) -> list[Finding]:
     except StoreLockedError:
         warn("the store is held by another process: detecting over the raw telemetry, findings not saved")
         with open_for_reading(run_dir, schemas=SCHEMAS).store as memory:
-            return _detect_all(memory, persist=False)
+            return detect_store(memory, persist=False)
     with store:
         Collector(layout.root, store, warn=warn).ingest_available()
-        return _detect_all(store, persist=True)
+        return detect_store(store)
 
 
-def _detect_all(store: Store, *, persist: bool) -> list[Finding]:
-    detection = StoreDetection(store, persist=persist)
+def detect_store(store: Store, detectors: list[Detector] | None = None, *, persist: bool = True) -> list[Finding]:
+    """Batch detection over what ``store`` holds: every detector (or ``detectors``) fed all of it, then
+    finished; the findings and incidents kept in the store unless ``persist`` is False; every finding."""
+    detection = StoreDetection(store, detectors, persist=persist)
     detection.update()
     detection.finish()
     return detection.runner.ordered()
