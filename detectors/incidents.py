@@ -20,13 +20,6 @@ ACTIONABLE = ("rewind", "quarantine", "evict", "skip")
 UNEXPLAINED = "unexplained by data or hardware signals so far"
 
 
-def __getattr__(name: str) -> dict[str, Family]:
-    """``FAMILIES``: each finding kind's family, as its detector declares it."""
-    if name == "FAMILIES":
-        return {kind.name: kind.family for kind in finding_kinds().values()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def family_of(kind: str) -> Family:
     """The family of findings of ``kind``: which findings can share a cause."""
     return finding_kinds()[kind].family

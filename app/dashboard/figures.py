@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from bedside.detectors.incidents import FAMILIES
+from bedside.detectors.incidents import family_of
 
 MAX_POINTS = 2000
 RANK_LINES = 16
@@ -103,7 +103,7 @@ def training_curves(steps: pd.DataFrame, incidents: pd.DataFrame, actions: pd.Da
 
 def _about_training(kinds: Iterable[str]) -> bool:
     """Whether an incident concerns the numbers being trained (not only the speed of the job)."""
-    return any(FAMILIES[kind] != "performance" for kind in list(kinds))
+    return any(family_of(kind) != "performance" for kind in list(kinds))
 
 
 def rank_heatmap(times: pd.DataFrame, order: list[int]) -> go.Figure:
