@@ -8,7 +8,7 @@ from bedside.collectors.store import Store
 from bedside.detectors.telemetry import TelemetryBatch
 
 _WINDOW_SCHEMA = pa.schema([("source_id", pa.int32()), ("from_offset", pa.int64()), ("to_offset", pa.int64())])
-DEFAULT_BATCH_BYTES = 256 << 20
+DETECT_SLICE_BYTES = 256 << 20
 """Most telemetry bytes one batch covers (a replay of a large store goes to the detectors in slices)."""
 MIN_SOURCE_BYTES = 4 << 10
 
@@ -16,7 +16,7 @@ MIN_SOURCE_BYTES = 4 << 10
 class StoreFeed:
     """Reads a store's rows by byte range of each source file, so each row is read exactly once."""
 
-    def __init__(self, store: Store, *, batch_bytes: int = DEFAULT_BATCH_BYTES) -> None:
+    def __init__(self, store: Store, *, batch_bytes: int = DETECT_SLICE_BYTES) -> None:
         self.store = store
         self.batch_bytes = batch_bytes
         self._read_to: dict[int, int] = {}
