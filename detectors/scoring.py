@@ -5,7 +5,8 @@ it is on the label's timeline (after a rewind, the abandoned branch's findings a
 about a fault injected on the new one, nor the other way round), it starts within the label's steps widened by the margin (``before`` the first step: change-point
 detectors date an onset back; ``after`` the last), and it blames ranks the label covers or
 names none. A label is found when a finding matches it; its **delay** is from its first step to
-the start of the earliest matching finding, and its **culprit** is right when that finding names
+the start of the matching finding nearest its onset (the first from two steps before it on, else the
+latest before that), and its **culprit** is right when that finding names
 only ranks of the label. A finding is a **false alarm** when it is neither of a label's kind
 within the label's margin on its timeline (whatever ranks it names: a straggler's peers wait
 too) nor the known consequence of a fault nearby on the same timeline (``CONSEQUENCES``: a NaN also moves the gradient norm).
@@ -30,6 +31,8 @@ CONSEQUENCES = {"loss_spike": {"grad_spike", "nonfinite", "bad_shard"}, "nonfini
 """The finding kinds each expected kind also causes: not false alarms near such a fault."""
 CONSEQUENCE_STEPS = (5, 200)
 """Steps before a fault's first step and after its last where its consequences are expected."""
+ON_TIME_LEAD = 2
+"""A finding starting this many steps before its fault's first step still counts as on time (not dated back)."""
 CULPRIT_MAX_RANKS = 64
 """Faults covering more ranks than this score no culprit."""
 FINDING_COLUMNS = ("finding_id", "kind", "timeline", "start_step", "ranks")
@@ -61,8 +64,6 @@ def labels_of(records: pd.DataFrame) -> list[Label]:
 
     A fault recorded at each firing or occurrence (docs/faults.md) is one label: its spec's window.
     """
-    if "timeline" not in records:
-        records = records.assign(timeline=0)
     labels: dict[tuple[str, str, int, int], Label] = {}
     for row in records[["timeline", "step", "fault", "target_ranks", "args"]].itertuples(index=False):
         label = Label.from_record(int(row.step), row.fault, row.target_ranks, row.args, int(row.timeline))
@@ -75,7 +76,7 @@ def match(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd
     rows = []
     for label in labels:
         hits = [f for f in _candidates(findings, label, margin) if _blames(f["ranks"], label)]
-        first = min(hits, key=lambda f: f["start_step"]) if hits else None
+        first = _closest(hits, label)
         rows.append({"timeline": label.timeline, "step": label.first, "fault": label.fault,
                      "kind": label.expected_kind,
                      "target_ranks": list(label.ranks), "magnitude": label.magnitude, "found": first is not None,
@@ -127,7 +128,7 @@ def scorecard(records: pd.DataFrame, findings: pd.DataFrame, margin: int) -> pd.
         "target_ranks": [json.dumps(ranks, separators=(",", ":")) for ranks in matches["target_ranks"]],
         "found_as": pd.Series([k if found else None for k, found in zip(matches["kind"], matches["found"])],
                               dtype=object),
-        "delay_steps": matches["delay"].astype(float if matches["delay"].isna().any() else "int64")})
+        "delay_steps": matches["delay"].astype("Int64")})  # whole steps, missing where nothing caught it
 
 
 def _candidates(findings: pd.DataFrame, label: Label, margin: Margin) -> list[dict[str, Any]]:
@@ -147,6 +148,16 @@ def _near(findings: pd.DataFrame, label: Label, kinds: set[str], low: int, high:
     """The findings of ``kinds`` on the label's timeline that start from step ``low`` to ``high``."""
     return findings[(findings["timeline"] == label.timeline) & findings["kind"].isin(kinds)
                     & findings["start_step"].between(low, high)]
+
+
+def _closest(hits: list[dict[str, Any]], label: Label) -> dict[str, Any] | None:
+    """The finding that caught the label: the first that starts at most ``ON_TIME_LEAD`` steps before it, else
+    (a detector that dates an onset back) the latest that starts before that; None without hits. An earlier
+    finding within the margin is most often another fault's, so the nearest start wins, not the earliest."""
+    on_time = [f for f in hits if f["start_step"] >= label.first - ON_TIME_LEAD]
+    if on_time:
+        return min(on_time, key=lambda f: f["start_step"])
+    return max(hits, key=lambda f: f["start_step"]) if hits else None
 
 
 def _blames(ranks: tuple[int, ...], label: Label) -> bool:

@@ -90,7 +90,7 @@ def test_the_table_counts_recall_precision_and_alarms_per_kind() -> None:
 
 def test_a_fault_recorded_at_every_firing_is_one_label() -> None:
     args = {"spec": "nan:rank=1,from=10,steps=3", "first": 10, "last": 12, "every": 1, "expected_kind": "nonfinite"}
-    records = pd.DataFrame({"step": [10, 11, 12], "fault": "nan", "target_ranks": "[1]", "args": json.dumps(args)})
+    records = pd.DataFrame({"timeline": 0, "step": [10, 11, 12], "fault": "nan", "target_ranks": "[1]", "args": json.dumps(args)})
     assert labels_of(records) == [Label("nan", "nonfinite", Window(10, 12), (1,), args["spec"])]
 
 
