@@ -48,6 +48,15 @@ def test_delay_and_culprit_come_from_the_earliest_matching_finding() -> None:
     assert (row["delay"], row["culprit"], row["finding_id"]) == (4, False, "straggler@104/1")
 
 
+@pytest.mark.parametrize(("starts", "delay"), [
+    ((190, 200), 0), ((190, 198, 205), -2), ((190, 195), -5), ((205, 203), 3), ((190,), -10),
+], ids=str)
+def test_the_finding_nearest_the_onset_gives_the_delay_not_an_earlier_one_in_the_margin(starts, delay) -> None:
+    """On time means from two steps before the fault on; only when no finding is, the latest before it counts."""
+    rows = match(findings(*(("nonfinite", start, (0,)) for start in starts)), [NAN], Margin(before=12, after=12))
+    assert rows["delay"].tolist() == [delay]
+
+
 def test_false_alarms_are_findings_no_label_explains() -> None:
     found = findings(("straggler", 120, (1,)), ("throughput_drop", 130, ()), ("nonfinite", 200, ()),
                      ("grad_spike", 201, ()), ("sdc", 50, (5,)), ("nonfinite", 150, ()))
