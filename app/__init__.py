@@ -1,4 +1,5 @@
 """The bedside command line and the Streamlit dashboard; ``bedside.app.__version__`` is the installed version."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """``bedside action``: file a control request (rewind, skip, ...) for a live run."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,12 @@ _OPTIONS = {"to_step": "--to-step", "first_batch": "--first-batch", "last_batch"
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside action``."""
-    p = commands.add_parser("action", help="ask a live run to rewind, skip batches, pause, stop...",
-                            description="File a control request in RUN/control/requests/; the trainer applies it "
-                                        "at its next step boundary and acknowledges it in telemetry.")
+    p = commands.add_parser(
+        "action",
+        help="ask a live run to rewind, skip batches, pause, stop...",
+        description="File a control request in RUN/control/requests/; the trainer applies it "
+        "at its next step boundary and acknowledges it in telemetry.",
+    )
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("action", choices=ACTIONS, help="what the run should do")
     p.add_argument("--to-step", type=integer_in(0), metavar="N", help="rewind: the step to go back to (or before)")

@@ -1,4 +1,5 @@
 """``bedside alert test``: prove that each configured notifier can be reached; and where settings come from."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,16 +21,30 @@ if TYPE_CHECKING:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside alert`` and its ``test`` sub-command."""
-    p = commands.add_parser("alert", help="check the alert configuration: send a test message",
-                            description="Commands about the notifiers of bedside.toml (docs/alerts.md).")
+    p = commands.add_parser(
+        "alert",
+        help="check the alert configuration: send a test message",
+        description="Commands about the notifiers of bedside.toml (docs/alerts.md).",
+    )
     actions = p.add_subparsers(dest="alert_command", required=True, metavar="ACTION")
-    t = actions.add_parser("test", help="send a test message to one or every notifier",
-                           description="Send a test message to each notifier (or the one named) now, and report "
-                                       "what each receiver answered. Exit 2 when any delivery failed.")
-    t.add_argument("run", type=Path, nargs="?",
-                   help="a run directory: its bedside.toml (or its parent's) is used, and its name is in the message")
-    t.add_argument("--config", type=Path, metavar="FILE", help=f"alert configuration (default: {CONFIG_NAME} of RUN, "
-                                                                f"else ./{CONFIG_NAME})")
+    t = actions.add_parser(
+        "test",
+        help="send a test message to one or every notifier",
+        description="Send a test message to each notifier (or the one named) now, and report "
+        "what each receiver answered. Exit 2 when any delivery failed.",
+    )
+    t.add_argument(
+        "run",
+        type=Path,
+        nargs="?",
+        help="a run directory: its bedside.toml (or its parent's) is used, and its name is in the message",
+    )
+    t.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=f"alert configuration (default: {CONFIG_NAME} of RUN, else ./{CONFIG_NAME})",
+    )
     t.add_argument("--notifier", metavar="NAME", help="only this notifier")
     t.set_defaults(handler=cmd_alert_test)
 
@@ -50,8 +65,9 @@ def cmd_alert_test(args: argparse.Namespace) -> int:
     failed = 0
     for notifier in notifiers:
         now = time.time()
-        payload = probe_payload(f"{run.name}/{notifier.name}/test/{int(now * 1000)}", run, notifier=notifier.name,
-                               now=now)
+        payload = probe_payload(
+            f"{run.name}/{notifier.name}/test/{int(now * 1000)}", run, notifier=notifier.name, now=now
+        )
         outcome = deliver(notifier, payload)
         took = time.time() - now
         state = "delivered" if outcome.delivered else "FAILED"

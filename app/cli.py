@@ -4,6 +4,7 @@ Building it loads argparse and the constants the options show, nothing more: eac
 runs on (pandas, DuckDB, the service, the trainer...) inside its handler, so ``bedside --help``,
 ``bedside --version`` and ``bedside COMMAND --help`` start at once (docs/performance.md, "CLI start-up").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,13 @@ class _PrintVersion(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         from .version import installed_version
 
         print(f"{parser.prog} {installed_version()}")

@@ -1,4 +1,5 @@
 """``bedside detect``: run every detector over a run in batch mode and print the findings."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,14 @@ if TYPE_CHECKING:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside detect``."""
-    p = commands.add_parser("detect", help="run the detectors over a run and print what they find",
-                            description="Ingest what RUN holds, run every detector over it in batch mode, keep the "
-                                        "findings and incidents in its store, and print the findings.")
+    p = commands.add_parser(
+        "detect",
+        help="run the detectors over a run and print what they find",
+        description="Ingest what RUN holds, run every detector over it in batch mode, keep the "
+        "findings and incidents in its store, and print the findings.",
+    )
     p.add_argument("run", type=Path, help="run directory")
-    p.add_argument("--json", action="store_true",
-                   help="one JSON object per finding and line (keys: docs/detectors.md)")
+    p.add_argument("--json", action="store_true", help="one JSON object per finding and line (keys: docs/detectors.md)")
     p.add_argument("--since", type=integer_in(0), metavar="STEP", help="only findings that reach STEP or later")
     p.set_defaults(handler=cmd_detect)
 
@@ -49,8 +52,18 @@ def cmd_detect(args: argparse.Namespace) -> int:
 def _table(findings: list[Finding]) -> pd.DataFrame:
     import pandas as pd
 
-    return pd.DataFrame([{
-        "kind": f.kind, "severity": f.severity.value, "timeline": f.timeline, "steps": f"{f.start_step}-{f.end_step}",
-        "ranks": ",".join(map(str, f.ranks)), "score": round(f.score, 1),
-        "action": f.suggested_action.action, "summary": f.summary,
-    } for f in findings])
+    return pd.DataFrame(
+        [
+            {
+                "kind": f.kind,
+                "severity": f.severity.value,
+                "timeline": f.timeline,
+                "steps": f"{f.start_step}-{f.end_step}",
+                "ranks": ",".join(map(str, f.ranks)),
+                "score": round(f.score, 1),
+                "action": f.suggested_action.action,
+                "summary": f.summary,
+            }
+            for f in findings
+        ]
+    )

@@ -3,6 +3,7 @@
 Nothing is injected in the first 40%: the detectors learn the run's own noise, trend and
 per-rank speeds there first (a straggler present from the start is structural, not sick).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """``bedside import``: convert a foreign run (CSV, JSONL) into a bedside run and ingest it."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,11 @@ from bedside.collectors.layout import RunLayout
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside import``."""
-    p = commands.add_parser("import", help="convert a foreign run (CSV, JSONL) into a bedside run",
-                            description="Convert a foreign metrics file into a bedside run directory and ingest it.")
+    p = commands.add_parser(
+        "import",
+        help="convert a foreign run (CSV, JSONL) into a bedside run",
+        description="Convert a foreign metrics file into a bedside run directory and ingest it.",
+    )
     p.add_argument("format", choices=("csv", "jsonl"), help="input format (see docs/import.md)")
     p.add_argument("file", type=Path, help="file to import")
     p.add_argument("--out", type=Path, required=True, help="run directory to create")
@@ -34,14 +38,19 @@ def cmd_import(args: argparse.Namespace) -> int:
     importer = import_csv if args.format == "csv" else import_jsonl
     summary = importer(args.file, args.out, topology=args.topology, name=args.name)
     kinds = ", ".join(f"{n} {kind}" for kind, n in summary.records.items())
-    print(f"imported {summary.rows} rows of {args.file} ({summary.format}) into {args.out}: {kinds} records, "
-          f"{summary.ranks} ranks, {summary.steps} steps", file=sys.stderr)
+    print(
+        f"imported {summary.rows} rows of {args.file} ({summary.format}) into {args.out}: {kinds} records, "
+        f"{summary.ranks} ranks, {summary.steps} steps",
+        file=sys.stderr,
+    )
     progress = Progress(quiet=args.quiet)
     with Store.open(RunLayout(args.out).store, schemas=SCHEMAS) as store:
         result = Collector(args.out, store, warn=warn).ingest_available(on_pass=progress.update)
     progress.report("done:")
     if result.rejected:
         lines = "line was" if result.rejected == 1 else "lines were"
-        raise BedsideError(f"{result.rejected} imported {lines} rejected by the collector; "
-                           f'see: bedside query {args.out} "SELECT * FROM rejected"')
+        raise BedsideError(
+            f"{result.rejected} imported {lines} rejected by the collector; "
+            f'see: bedside query {args.out} "SELECT * FROM rejected"'
+        )
     return 0

@@ -3,6 +3,7 @@
 Every command's parser is built from this module and from constants, never from the modules that run the
 command, so that ``bedside --help`` loads none of pandas, DuckDB or the service (tests/test_boundaries.py).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """The terminal side of the CLI: query results printed, progress and warnings (option values: ``options.py``)."""
+
 from __future__ import annotations
 
 import json

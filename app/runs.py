@@ -1,4 +1,5 @@
 """``bedside runs``: list the runs in a directory with their status, from their files."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,11 @@ from .options import FORMATS
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside runs``."""
-    p = commands.add_parser("runs", help="list the runs in a directory with their status",
-                            description="List the runs in DIR (or DIR itself) from their files.")
+    p = commands.add_parser(
+        "runs",
+        help="list the runs in a directory with their status",
+        description="List the runs in DIR (or DIR itself) from their files.",
+    )
     p.add_argument("dir", type=Path, help="a runs directory, or one run")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.set_defaults(handler=cmd_runs)

@@ -1,4 +1,5 @@
 """``bedside simulate``: write a synthetic run with labeled faults and realistic nuisances."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,29 +17,61 @@ MAX_RANKS = 65536
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside simulate``."""
-    p = commands.add_parser("simulate", help="write a synthetic run at any scale, with labeled faults",
-                            description="Write synthetic telemetry (format v1) of a synchronous data x pipeline "
-                                        "parallel job into RUN, with injected faults labeled in RUN/ground_truth/ "
-                                        "and nuisances that must not alarm (docs/simulate.md).")
+    p = commands.add_parser(
+        "simulate",
+        help="write a synthetic run at any scale, with labeled faults",
+        description="Write synthetic telemetry (format v1) of a synchronous data x pipeline "
+        "parallel job into RUN, with injected faults labeled in RUN/ground_truth/ "
+        "and nuisances that must not alarm (docs/simulate.md).",
+    )
     p.add_argument("--ranks", type=integer_in(1, MAX_RANKS), required=True, metavar="N", help="world size")
     p.add_argument("--steps", type=integer_in(1), required=True, metavar="M", help="optimizer steps")
     p.add_argument("--out", type=Path, required=True, metavar="RUN", help="run directory to create (new or empty)")
-    p.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                   help="inject a fault, e.g. straggler:rank=3,factor=1.5,from=100; repeatable")
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault, e.g. straggler:rank=3,factor=1.5,from=100; repeatable",
+    )
     p.add_argument("--seed", type=integer_in(0), default=0, metavar="S", help="random seed (default 0)")
     p.add_argument("--ranks-per-host", type=integer_in(1), default=8, metavar="K", help="ranks per host (default 8)")
-    p.add_argument("--pp", type=integer_in(1), default=1, metavar="P",
-                   help="pipeline stages; must divide --ranks (default 1)")
-    p.add_argument("--eval-every", type=integer_in(0), default=50, metavar="N",
-                   help="held-out eval every N steps, 0 for none (default 50)")
-    p.add_argument("--checkpoint-every", type=integer_in(0), default=100, metavar="N",
-                   help="checkpoint every N steps, 0 for none (default 100)")
-    p.add_argument("--checksum-every", type=integer_in(1), default=10, metavar="N",
-                   help="parameter checksum every N steps (default 10)")
-    p.add_argument("--noise", choices=NOISE_FAMILIES, default="gaussian",
-                   help="noise family of step times, losses and norms (default gaussian)")
-    p.add_argument("--no-nuisances", dest="nuisances", action="store_false",
-                   help="a clean run: no LR schedule, stalls, slowdowns, jitter, mixture switch or resume")
+    p.add_argument(
+        "--pp", type=integer_in(1), default=1, metavar="P", help="pipeline stages; must divide --ranks (default 1)"
+    )
+    p.add_argument(
+        "--eval-every",
+        type=integer_in(0),
+        default=50,
+        metavar="N",
+        help="held-out eval every N steps, 0 for none (default 50)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=integer_in(0),
+        default=100,
+        metavar="N",
+        help="checkpoint every N steps, 0 for none (default 100)",
+    )
+    p.add_argument(
+        "--checksum-every",
+        type=integer_in(1),
+        default=10,
+        metavar="N",
+        help="parameter checksum every N steps (default 10)",
+    )
+    p.add_argument(
+        "--noise",
+        choices=NOISE_FAMILIES,
+        default="gaussian",
+        help="noise family of step times, losses and norms (default gaussian)",
+    )
+    p.add_argument(
+        "--no-nuisances",
+        dest="nuisances",
+        action="store_false",
+        help="a clean run: no LR schedule, stalls, slowdowns, jitter, mixture switch or resume",
+    )
     p.set_defaults(handler=cmd_simulate)
 
 
@@ -48,14 +81,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     try:
-        config = SimulationConfig(ranks=args.ranks, steps=args.steps, seed=args.seed,
-                                  ranks_per_host=args.ranks_per_host, pp=args.pp, eval_every=args.eval_every,
-                                  checkpoint_every=args.checkpoint_every, checksum_every=args.checksum_every,
-                                  noise=args.noise, nuisances=args.nuisances, inject=tuple(args.inject))
+        config = SimulationConfig(
+            ranks=args.ranks,
+            steps=args.steps,
+            seed=args.seed,
+            ranks_per_host=args.ranks_per_host,
+            pp=args.pp,
+            eval_every=args.eval_every,
+            checkpoint_every=args.checkpoint_every,
+            checksum_every=args.checksum_every,
+            noise=args.noise,
+            nuisances=args.nuisances,
+            inject=tuple(args.inject),
+        )
         simulate_run(config, args.out)
     except SimulationError as exc:
         raise BedsideError(str(exc)) from None
     faults = f"{len(config.faults)} fault" + ("" if len(config.faults) == 1 else "s")
-    print(f"simulated {config.ranks} ranks x {config.last_step} steps with {faults} into {args.out} "
-          f"in {time.perf_counter() - started:.1f} s; next: bedside collect {args.out}", file=sys.stderr)
+    print(
+        f"simulated {config.ranks} ranks x {config.last_step} steps with {faults} into {args.out} "
+        f"in {time.perf_counter() - started:.1f} s; next: bedside collect {args.out}",
+        file=sys.stderr,
+    )
     return 0

@@ -1,4 +1,5 @@
 """``bedside train``: launch the instrumented trainer under torchrun."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,31 +19,62 @@ TRAINER_MODULE = "bedside.trainer.train"
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside train``."""
-    p = commands.add_parser("train", help="train a preset under torchrun, writing telemetry into RUN",
-                            description="Run the instrumented trainer with torchrun (gloo on CPU, nccl on CUDA). "
-                                        f"The same as: torchrun --nproc-per-node N -m {TRAINER_MODULE} ...")
+    p = commands.add_parser(
+        "train",
+        help="train a preset under torchrun, writing telemetry into RUN",
+        description="Run the instrumented trainer with torchrun (gloo on CPU, nccl on CUDA). "
+        f"The same as: torchrun --nproc-per-node N -m {TRAINER_MODULE} ...",
+    )
     p.add_argument("--preset", default="tiny_cpu", help="training preset (default tiny_cpu)")
     p.add_argument("--out", type=Path, required=True, help="run directory to write")
     p.add_argument("--nproc", type=integer_in(1, 1024), default=2, help="ranks on this node (default 2)")
     p.add_argument("--steps", type=integer_in(1, 10**9), help="override the preset's number of steps")
-    p.add_argument("--parallelism", choices=("ddp", "fsdp"),
-                   help="override the preset's data parallelism: ddp, or fsdp (FSDP2 fully_shard, ZeRO-3 style)")
-    p.add_argument("--checkpoint-every", type=integer_in(1, 10**9), metavar="N",
-                   help="override the preset's checkpoint interval (steps)")
-    p.add_argument("--keep-checkpoints", type=integer_in(1, 10**6), metavar="N",
-                   help="override how many of the newest checkpoints are kept (tiny_cpu: 3); a rewind can only go "
-                        "back as far as the oldest one")
-    p.add_argument("--resume", action="store_true",
-                   help="continue RUN from its latest good checkpoint, on a new timeline")
-    p.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                   help="inject a fault with ground truth, e.g. nan:rank=0,step=25 (docs/faults.md); repeatable")
+    p.add_argument(
+        "--parallelism",
+        choices=("ddp", "fsdp"),
+        help="override the preset's data parallelism: ddp, or fsdp (FSDP2 fully_shard, ZeRO-3 style)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=integer_in(1, 10**9),
+        metavar="N",
+        help="override the preset's checkpoint interval (steps)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=integer_in(1, 10**6),
+        metavar="N",
+        help="override how many of the newest checkpoints are kept (tiny_cpu: 3); a rewind can only go "
+        "back as far as the oldest one",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue RUN from its latest good checkpoint, on a new timeline"
+    )
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault with ground truth, e.g. nan:rank=0,step=25 (docs/faults.md); repeatable",
+    )
     p.set_defaults(handler=cmd_train)
 
 
 def torchrun_command(args: argparse.Namespace) -> list[str]:
     """The torchrun command line that ``bedside train`` runs."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-               "-m", TRAINER_MODULE, "--preset", args.preset, "--out", str(args.out)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        "-m",
+        TRAINER_MODULE,
+        "--preset",
+        args.preset,
+        "--out",
+        str(args.out),
+    ]
     command += ["--steps", str(args.steps)] if args.steps else []
     command += ["--parallelism", args.parallelism] if args.parallelism else []
     command += ["--checkpoint-every", str(args.checkpoint_every)] if args.checkpoint_every else []
@@ -57,8 +89,13 @@ def check_before_launch(args: argparse.Namespace) -> None:
     from bedside.trainer.train import fault_plan
 
     try:
-        config = preset(args.preset, steps=args.steps, parallelism=args.parallelism,
-                        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+        config = preset(
+            args.preset,
+            steps=args.steps,
+            parallelism=args.parallelism,
+            checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints,
+        )
         fault_plan(args.inject, config, rank=0, world_size=args.nproc)
     except ValueError as exc:
         raise BedsideError(str(exc)) from exc

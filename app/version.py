@@ -1,4 +1,5 @@
 """bedside's version: the installed distribution's, read from its metadata when asked (``bedside --version``)."""
+
 from __future__ import annotations
 
 DISTRIBUTION = "bedside"

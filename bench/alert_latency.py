@@ -41,6 +41,7 @@ makes the follower's event set-up fail the way an inotify limit does).
 
 Target (the issue): p95 <= 2 s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -154,14 +155,19 @@ class Receiver:
 def opened_spike(step: int) -> Callable[[dict[str, Any]], bool]:
     def match(payload: dict[str, Any]) -> bool:
         incident = payload.get("incident") or {}
-        return (payload.get("event") == "opened" and "loss_spike" in incident.get("kinds", ())
-                and incident.get("start_step") == step)
+        return (
+            payload.get("event") == "opened"
+            and "loss_spike" in incident.get("kinds", ())
+            and incident.get("start_step") == step
+        )
+
     return match
 
 
 def resolved(incident_id: str) -> Callable[[dict[str, Any]], bool]:
     def match(payload: dict[str, Any]) -> bool:
         return payload.get("event") == "resolved" and (payload.get("incident") or {}).get("id") == incident_id
+
     return match
 
 
@@ -183,8 +189,9 @@ class RunWriter:
         self.layout.telemetry.mkdir(parents=True)
         topology = tuple(RankPlacement(rank=r, host=f"node{r // 8:03d}", local_rank=r % 8, dp=r) for r in range(ranks))
         write_run_info(self.layout, RunInfo(name="bench-alert-latency", world_size=ranks, topology=topology))
-        self.fds = [os.open(self.layout.rank_file(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                    for r in range(ranks)]
+        self.fds = [
+            os.open(self.layout.rank_file(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for r in range(ranks)
+        ]
         self.seq = [0] * ranks
         self.bytes = 0
         self.lines = 0
@@ -200,10 +207,24 @@ class RunWriter:
         return line
 
     def rank_info(self, now: float) -> None:
-        self._write({r: self._line(r, {"kind": "rank_info", "time": now, "step": 0, "host": f"node{r // 8:03d}",
-                                       "local_rank": r % 8, "world_size": self.ranks, "pid": 1000 + r,
-                                       "mesh": {"dp": r, "tp": 0, "pp": 0}})
-                     for r in range(self.ranks)})
+        self._write(
+            {
+                r: self._line(
+                    r,
+                    {
+                        "kind": "rank_info",
+                        "time": now,
+                        "step": 0,
+                        "host": f"node{r // 8:03d}",
+                        "local_rank": r % 8,
+                        "world_size": self.ranks,
+                        "pid": 1000 + r,
+                        "mesh": {"dp": r, "tp": 0, "pp": 0},
+                    },
+                )
+                for r in range(self.ranks)
+            }
+        )
 
     def step_text(self, step: int, now: float, spike: bool) -> dict[int, str]:
         """Every rank's ``rank_step`` record of ``step``, and rank 0's ``step`` record (the loss) after it."""
@@ -215,18 +236,43 @@ class RunWriter:
         grad = 0.3 + 0.4 / math.sqrt(1 + step / 50)
         for r in range(self.ranks):
             comm = step_time - float(compute[r] + data[r] + optimizer[r])
-            texts[r] = self._line(r, {"kind": "rank_step", "time": now, "step": step, "metrics": {
-                "step_time": step_time, "data_time": float(data[r]), "compute_time": float(compute[r]),
-                "comm_time": comm, "optimizer_time": float(optimizer[r]),
-                "local_grad_norm": grad * 1.4 * math.exp(0.08 * self.rng.standard_normal())}})
+            texts[r] = self._line(
+                r,
+                {
+                    "kind": "rank_step",
+                    "time": now,
+                    "step": step,
+                    "metrics": {
+                        "step_time": step_time,
+                        "data_time": float(data[r]),
+                        "compute_time": float(compute[r]),
+                        "comm_time": comm,
+                        "optimizer_time": float(optimizer[r]),
+                        "local_grad_norm": grad * 1.4 * math.exp(0.08 * self.rng.standard_normal()),
+                    },
+                },
+            )
         loss = self.trend(step) * math.exp(LOSS_SIGMA * self.rng.standard_normal()) * (SPIKE_RATIO if spike else 1.0)
-        texts[0] += self._line(0, {"kind": "step", "time": now, "step": step, "metrics": {
-            "loss": loss, "grad_norm": grad * math.exp(0.06 * self.rng.standard_normal()), "lr": 3e-4,
-            "tokens": 16384 * self.ranks, "flops": 6 * 7e9 * 16384 * self.ranks}})
+        texts[0] += self._line(
+            0,
+            {
+                "kind": "step",
+                "time": now,
+                "step": step,
+                "metrics": {
+                    "loss": loss,
+                    "grad_norm": grad * math.exp(0.06 * self.rng.standard_normal()),
+                    "lr": 3e-4,
+                    "tokens": 16384 * self.ranks,
+                    "flops": 6 * 7e9 * 16384 * self.ranks,
+                },
+            },
+        )
         return texts
 
-    def append(self, steps: range, *, spike_at: int | None = None, times: Callable[[int], float] | None = None
-               ) -> float:
+    def append(
+        self, steps: range, *, spike_at: int | None = None, times: Callable[[int], float] | None = None
+    ) -> float:
         """Append ``steps``; the wall-clock time taken just before the first write."""
         now = time.time()
         texts: dict[int, list[str]] = {r: [] for r in range(self.ranks)}
@@ -253,15 +299,17 @@ class RunWriter:
 class Watch:
     """``bedside watch`` as a subprocess; its stderr lines are timestamped as they arrive and kept in a log."""
 
-    def __init__(self, run: Path, config: Path, rescan_every: float | None, log: Path, *, file_events: bool = True
-                 ) -> None:
+    def __init__(
+        self, run: Path, config: Path, rescan_every: float | None, log: Path, *, file_events: bool = True
+    ) -> None:
         entry = ["-m", "bedside.app.cli"] if file_events else ["-c", NO_FILE_EVENTS]
         self.argv = [sys.executable, *entry, "watch", str(run), "--config", str(config), "--drain", "2"]
         if rescan_every is not None:
             self.argv += ["--rescan-every", f"{rescan_every:g}"]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            self.argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True, bufsize=1
+        )
         self.log = log.open("w")
         self.found_at: dict[int, float] = {}  # spike step -> when watch printed its finding line
         self.lines: list[str] = []
@@ -324,16 +372,18 @@ class Trial:
         return None if self.arrival is None else created_at(self.arrival.payload)
 
 
-def spike_trial(writer: RunWriter, receiver: Receiver, watch: Watch, step: int, gap: int, timeout_s: float
-                ) -> Trial:
+def spike_trial(writer: RunWriter, receiver: Receiver, watch: Watch, step: int, gap: int, timeout_s: float) -> Trial:
     """Append one spike step, wait for its ``opened`` POST, then the recovery steps and their ``resolved`` POST."""
     trial = Trial(step, writer.append(range(step, step + 1), spike_at=step))
     trial.arrival = receiver.wait_for(opened_spike(step), timeout_s)
     writer.append(range(step + 1, step + 1 + gap))
     if trial.arrival is not None:
         incident = trial.arrival.payload["incident"]
-        trial.extra = {"threshold_z": incident["evidence"].get("threshold_z"), "peak_z": incident["evidence"].get(
-            "peak_z"), "severity": incident["severity"]}
+        trial.extra = {
+            "threshold_z": incident["evidence"].get("threshold_z"),
+            "peak_z": incident["evidence"].get("peak_z"),
+            "severity": incident["severity"],
+        }
         trial.resolved = receiver.wait_for(resolved(incident["id"]), RESOLVED_TIMEOUT_S) is not None
     else:
         time.sleep(1.0)
@@ -361,10 +411,14 @@ def report(trials: list[Trial], receiver: Receiver, args: argparse.Namespace, wa
                 continue
             commit = f"{(t.found - t.routed) * 1000:6.1f}ms" if t.found else "     n/a"
             send = f"{(t.arrival.at - t.found) * 1000:6.1f}ms" if t.found else "     n/a"
-            print(f"{i:5d} {t.step:6d} {t.latency * 1000:7.1f}ms {(t.routed - t.appended) * 1000:6.1f}ms {commit} "
-                  f"{send} {t.extra['threshold_z']:6.2f} {t.extra['peak_z']:6.1f}")
-    print(f"\nalert latency, append -> webhook POST received: {len(trials)} trials, {len(got)} received, "
-          f"{missed} missed (no POST within {args.timeout:g} s)")
+            print(
+                f"{i:5d} {t.step:6d} {t.latency * 1000:7.1f}ms {(t.routed - t.appended) * 1000:6.1f}ms {commit} "
+                f"{send} {t.extra['threshold_z']:6.2f} {t.extra['peak_z']:6.1f}"
+            )
+    print(
+        f"\nalert latency, append -> webhook POST received: {len(trials)} trials, {len(got)} received, "
+        f"{missed} missed (no POST within {args.timeout:g} s)"
+    )
     logged = [t for t in got if t.found is not None]
     for name, values in (
         ("total", latencies),
@@ -375,24 +429,35 @@ def report(trials: list[Trial], receiver: Receiver, args: argparse.Namespace, wa
         print(f"  {name:<42} {percentiles(values)}")
     if got:
         bars = [t.extra["threshold_z"] for t in got]
-        print(f"  loss_spike bar at the trials: threshold z {min(bars):.2f}-{max(bars):.2f} (4 x tail factor; "
-              f"8+ while the detector is young); spike peak z {np.median([t.extra['peak_z'] for t in got]):.0f} "
-              f"(median); {sum(t.resolved for t in got)} of {len(got)} incidents resolved")
+        print(
+            f"  loss_spike bar at the trials: threshold z {min(bars):.2f}-{max(bars):.2f} (4 x tail factor; "
+            f"8+ while the detector is young); spike peak z {np.median([t.extra['peak_z'] for t in got]):.0f} "
+            f"(median); {sum(t.resolved for t in got)} of {len(got)} incidents resolved"
+        )
     late = [t for t in trials if t.latency is None and receiver.wait_for(opened_spike(t.step), 0)]
     if late:
         print(f"  {len(late)} missed trial(s) got their POST late")
     spikes = {t.step for t in [warmup, *trials]}
-    other = [a.payload for a in receiver.arrivals if not (
-        a.payload.get("event") in ("opened", "resolved") and "loss_spike" in (a.payload.get("incident") or {}).get(
-            "kinds", ()) and (a.payload.get("incident") or {}).get("start_step") in spikes)]
+    other = [
+        a.payload
+        for a in receiver.arrivals
+        if not (
+            a.payload.get("event") in ("opened", "resolved")
+            and "loss_spike" in (a.payload.get("incident") or {}).get("kinds", ())
+            and (a.payload.get("incident") or {}).get("start_step") in spikes
+        )
+    ]
     if other:
-        described = sorted({f"{p.get('event')} {','.join((p.get('incident') or {}).get('kinds', ())) or 'digest'}"
-                            for p in other})
+        described = sorted(
+            {f"{p.get('event')} {','.join((p.get('incident') or {}).get('kinds', ())) or 'digest'}" for p in other}
+        )
         print(f"  other messages received: {len(other)} ({'; '.join(described)})")
     if latencies:
         p95 = float(np.percentile(latencies, 95))
-        print(f"target: p95 <= {TARGET_P95_S:g} s: {'met' if p95 <= TARGET_P95_S and not missed else 'MISSED'} "
-              f"(p95 {p95:.3f} s, {missed} missed)")
+        print(
+            f"target: p95 <= {TARGET_P95_S:g} s: {'met' if p95 <= TARGET_P95_S and not missed else 'MISSED'} "
+            f"(p95 {p95:.3f} s, {missed} missed)"
+        )
     else:
         print(f"target: p95 <= {TARGET_P95_S:g} s: MISSED (no alert received)")
 
@@ -402,19 +467,33 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=50, help="spikes timed (after one uncounted warm-up spike)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks of the run")
     parser.add_argument("--history", type=int, default=1000, help="normal steps written before watch starts")
-    parser.add_argument("--gap", type=int, default=300,
-                        help="normal steps appended after each spike (> 25, the incident grouping gap; rare spikes "
-                             "keep the detector's tail factor at its normal level)")
-    parser.add_argument("--rescan-every", type=float, default=None, metavar="S",
-                        help=f"passed to bedside watch (default: watch's own, {DEFAULT_RESCAN_EVERY_S:g} s)")
-    parser.add_argument("--no-file-events", action="store_true",
-                        help="run watch as on a filesystem without inotify (NFS): rescans only")
+    parser.add_argument(
+        "--gap",
+        type=int,
+        default=300,
+        help="normal steps appended after each spike (> 25, the incident grouping gap; rare spikes "
+        "keep the detector's tail factor at its normal level)",
+    )
+    parser.add_argument(
+        "--rescan-every",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"passed to bedside watch (default: watch's own, {DEFAULT_RESCAN_EVERY_S:g} s)",
+    )
+    parser.add_argument(
+        "--no-file-events", action="store_true", help="run watch as on a filesystem without inotify (NFS): rescans only"
+    )
     parser.add_argument("--timeout", type=float, default=15.0, help="seconds before a trial counts as missed")
     parser.add_argument("--per-minute", type=int, default=6000, help="the notifier's rate limit")
     parser.add_argument("--burst", type=int, default=500, help="the notifier's burst")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", type=Path, default=None, help="where to write the run (default: a temporary "
-                                                                   "directory, removed afterwards)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where to write the run (default: a temporary directory, removed afterwards)",
+    )
     parser.add_argument("--verbose", action="store_true", help="print every trial")
     args = parser.parse_args()
     if args.gap <= 25 or args.trials < 1 or args.ranks < 1 or args.history < 100:
@@ -435,13 +514,17 @@ def main() -> int:
     config = workdir / "bedside.toml"
     write_config(config, receiver.url, args.per_minute, args.burst)
     rescan = args.rescan_every if args.rescan_every is not None else DEFAULT_RESCAN_EVERY_S
-    print(f"run: {args.ranks} ranks, {args.history} steps of history ({writer.lines:,} lines, "
-          f"{writer.bytes / 1e6:.2f} MB); spike = loss x{SPIKE_RATIO} on rank 0's step record "
-          f"(~{math.log(SPIKE_RATIO) / LOSS_SIGMA:.0f} sigma), then {args.gap} normal steps")
-    print(f"watch: rescan every {rescan:g} s ({'given' if args.rescan_every is not None else 'default'}); "
-          f"{'file events OFF (rescans only); ' if args.no_file_events else ''}"
-          f"webhook on 127.0.0.1:{receiver.port}, per_minute {args.per_minute}, burst {args.burst}; "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"run: {args.ranks} ranks, {args.history} steps of history ({writer.lines:,} lines, "
+        f"{writer.bytes / 1e6:.2f} MB); spike = loss x{SPIKE_RATIO} on rank 0's step record "
+        f"(~{math.log(SPIKE_RATIO) / LOSS_SIGMA:.0f} sigma), then {args.gap} normal steps"
+    )
+    print(
+        f"watch: rescan every {rescan:g} s ({'given' if args.rescan_every is not None else 'default'}); "
+        f"{'file events OFF (rescans only); ' if args.no_file_events else ''}"
+        f"webhook on 127.0.0.1:{receiver.port}, per_minute {args.per_minute}, burst {args.burst}; "
+        f"{os.cpu_count()} CPUs"
+    )
     watch = Watch(run, config, args.rescan_every, workdir / "watch.log", file_events=not args.no_file_events)
     rng = random.Random(args.seed)
     trials: list[Trial] = []
@@ -449,12 +532,16 @@ def main() -> int:
         step = args.history + 1
         warmup = spike_trial(writer, receiver, watch, step, args.gap, WARMUP_TIMEOUT_S)
         if warmup.latency is None:
-            print(f"warm-up spike got no alert within {WARMUP_TIMEOUT_S:g} s (watch "
-                  f"{'running' if watch.alive() else f'exited {watch.proc.returncode}'}); its stderr:")
+            print(
+                f"warm-up spike got no alert within {WARMUP_TIMEOUT_S:g} s (watch "
+                f"{'running' if watch.alive() else f'exited {watch.proc.returncode}'}); its stderr:"
+            )
             print("\n".join(watch.lines[-20:]))
             return 1
-        print(f"warm-up spike (step {step}; includes watch start-up and the history's catch-up): alert after "
-              f"{warmup.latency:.2f} s, not counted")
+        print(
+            f"warm-up spike (step {step}; includes watch start-up and the history's catch-up): alert after "
+            f"{warmup.latency:.2f} s, not counted"
+        )
         for _ in range(args.trials):
             time.sleep(0.2 + rng.uniform(0.0, max(1.0, rescan)))
             step += args.gap + 1
@@ -467,7 +554,9 @@ def main() -> int:
         writer.close()
         receiver.close()
     report(trials, receiver, args, warmup)
-    print(f"watch exited with {code}; its log: {workdir / 'watch.log'}" if args.workdir else f"watch exited with {code}")
+    print(
+        f"watch exited with {code}; its log: {workdir / 'watch.log'}" if args.workdir else f"watch exited with {code}"
+    )
     if args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -7,6 +7,7 @@ warm the page cache; the figure is the median wall time from spawn to exit. ``be
 script next to this Python (else ``python -m bedside.app.cli``). ``python -c pass`` is the interpreter's own start,
 for reference. Target (docs/performance.md): ``--help`` and ``--version`` within 1.5x of ``import duckdb``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,11 +66,15 @@ def main() -> int:
     print("| command | median ms | min ms | max ms | vs import duckdb |\n|---|---|---|---|---|")
     for name, taken in times.items():
         median = statistics.median(taken)
-        print(f"| `{name}` | {median * 1e3:.0f} | {min(taken) * 1e3:.0f} | {max(taken) * 1e3:.0f} "
-              f"| {median / baseline:.2f}x |")
+        print(
+            f"| `{name}` | {median * 1e3:.0f} | {min(taken) * 1e3:.0f} | {max(taken) * 1e3:.0f} "
+            f"| {median / baseline:.2f}x |"
+        )
     worst = max(statistics.median(times[name]) for name in ("bedside --help", "bedside --version")) / baseline
-    print(f"\ntarget: --help and --version within {TARGET_RATIO}x of import duckdb: "
-          f"{'met' if worst <= TARGET_RATIO else 'NOT met'} ({worst:.2f}x)")
+    print(
+        f"\ntarget: --help and --version within {TARGET_RATIO}x of import duckdb: "
+        f"{'met' if worst <= TARGET_RATIO else 'NOT met'} ({worst:.2f}x)"
+    )
     return 0
 
 

@@ -34,6 +34,7 @@ the SQL page with each of its examples run.
 
 Target (the issue): each page built server-side in <= 1 s (cold).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,10 +82,12 @@ def fault_specs(ranks: int, steps: int) -> list[str]:
     """A few faults spread over the run, so that the incident pages have something to show."""
     at = lambda share: max(2, int(steps * share))  # noqa: E731
     host = min(3, max(0, ranks // 8 - 1))
-    return [f"spike:step={at(0.25)},sigma=12",
-            f"nan:step={at(0.45)}",
-            f"straggler:host={host},factor=1.5,from={at(0.8)},steps={max(1, min(200, steps // 20))}",
-            f"sdc_grad:rank={min(5, ranks - 1)},scale_log2=6,step={at(0.9)}"]
+    return [
+        f"spike:step={at(0.25)},sigma=12",
+        f"nan:step={at(0.45)}",
+        f"straggler:host={host},factor=1.5,from={at(0.8)},steps={max(1, min(200, steps // 20))}",
+        f"sdc_grad:rank={min(5, ranks - 1)},scale_log2=6,step={at(0.9)}",
+    ]
 
 
 def child(argv: list[str]) -> tuple[float, float]:
@@ -112,8 +115,9 @@ def prepare(run: Path, ranks: int, steps: int) -> None:
             run.parent.mkdir(parents=True, exist_ok=True)
             inject = [arg for spec in fault_specs(ranks, steps) for arg in ("--inject", spec)]
             print(f"simulating with {' '.join(inject)}")
-            figures["simulate"] = child(["simulate", "--ranks", str(ranks), "--steps", str(steps), "--out", str(run),
-                                         *inject])
+            figures["simulate"] = child(
+                ["simulate", "--ranks", str(ranks), "--steps", str(steps), "--out", str(run), *inject]
+            )
             (run / ".bench-simulated").touch()
         if not done("collected"):
             figures["collect (ingest)"] = child(["collect", "--quiet", str(run)])
@@ -131,19 +135,22 @@ def prepare(run: Path, ranks: int, steps: int) -> None:
 def describe(run: Path) -> None:
     """Sizes of the telemetry and the store, and the row counts of its main tables."""
     from bedside.collectors.layout import RunLayout
+
     layout = RunLayout(run)
     telemetry = sum(p.stat().st_size for p in layout.source_files())
     store = sum(p.stat().st_size for p in run.glob("bedside.duckdb*"))
     con = duckdb.connect(str(layout.store), read_only=True)
     try:
-        counts = {table: con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-                  for table in ("rank_steps", "steps", "evals", "checkpoints", "events", "finding_rows",
-                                "incident_rows")}
+        counts = {
+            table: con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("rank_steps", "steps", "evals", "checkpoints", "events", "finding_rows", "incident_rows")
+        }
     finally:
         con.close()
-    print(f"telemetry {telemetry / 2**30:.2f} GiB in {len(layout.source_files())} files; "
-          f"store {store / 2**30:.2f} GiB; "
-          + ", ".join(f"{table} {n:,}" for table, n in counts.items()))
+    print(
+        f"telemetry {telemetry / 2**30:.2f} GiB in {len(layout.source_files())} files; "
+        f"store {store / 2**30:.2f} GiB; " + ", ".join(f"{table} {n:,}" for table, n in counts.items())
+    )
 
 
 # -- instrumentation (this process only) --------------------------------------
@@ -169,6 +176,7 @@ class Split:
                 self._depth -= 1
                 self.seconds[category] += elapsed
                 self.calls[f"{category}:{name}"] += elapsed
+
         return wrapper
 
     def reset(self) -> None:
@@ -185,6 +193,7 @@ def instrument(split: Split) -> None:
     from streamlit.delta_generator import DeltaGenerator
 
     from bedside.app.dashboard import figures, summaries
+
     for module, category in ((figures, "figures"), (summaries, "figures")):
         for name in dir(module):
             fn = getattr(module, name)
@@ -230,8 +239,10 @@ def measure_pages(run: Path, repeat: int, timeout: float) -> dict[str, dict[str,
             app.switch_page(PAGES[page])
         data.owner.version += 1
         first_builds[page] = build(app, timeout)
-    print("first build of each page in this process (imports included, cold caches): "
-          + ", ".join(f"{page} {s:.2f} s" for page, s in first_builds.items()))
+    print(
+        "first build of each page in this process (imports included, cold caches): "
+        + ", ".join(f"{page} {s:.2f} s" for page, s in first_builds.items())
+    )
 
     results: dict[str, dict[str, Any]] = {}
     for page in PAGES:
@@ -247,10 +258,17 @@ def measure_pages(run: Path, repeat: int, timeout: float) -> dict[str, dict[str,
             splits.append(dict(split.seconds))
         warm = [build(app, timeout) for _ in range(repeat)]
         middle = sorted(range(len(cold)), key=cold.__getitem__)[(len(cold) - 1) // 2]  # the (lower) median build
-        results[page] = {"first": cold[0], "cold": cold[middle], "warm": statistics.median(warm),
-                         "queries": queries[middle], "split": splits[middle]}
-        print(f"  {page}: cold {', '.join(f'{s:.2f}' for s in cold)} s; warm {', '.join(f'{s:.3f}' for s in warm)} s",
-              flush=True)
+        results[page] = {
+            "first": cold[0],
+            "cold": cold[middle],
+            "warm": statistics.median(warm),
+            "queries": queries[middle],
+            "split": splits[middle],
+        }
+        print(
+            f"  {page}: cold {', '.join(f'{s:.2f}' for s in cold)} s; warm {', '.join(f'{s:.3f}' for s in warm)} s",
+            flush=True,
+        )
     if "incidents" in PAGES:
         results["_incidents"] = {"rows": measure_incidents(app, data, split, timeout)}
     if "sql" in PAGES:
@@ -271,12 +289,19 @@ def measure_incidents(app: Any, data: Any, split: Split, timeout: float) -> list
         data.timings.clear()
         split.reset()
         seconds = build(app, timeout, fatal=False)
-        rows.append({"id": incident.incident_id, "kinds": ",".join(incident.kinds),
-                     "steps": f"{incident.start_step}-{incident.end_step}", "ranks": len(incident.ranks),
-                     "seconds": seconds, "queries": sum(data.timings.values()),
-                     "window_ranks": data.timings.get("window_ranks"),
-                     "figure": sum(v for k, v in split.seconds.items() if k != "st.dataframe"),
-                     "error": raised(app)})
+        rows.append(
+            {
+                "id": incident.incident_id,
+                "kinds": ",".join(incident.kinds),
+                "steps": f"{incident.start_step}-{incident.end_step}",
+                "ranks": len(incident.ranks),
+                "seconds": seconds,
+                "queries": sum(data.timings.values()),
+                "window_ranks": data.timings.get("window_ranks"),
+                "figure": sum(v for k, v in split.seconds.items() if k != "st.dataframe"),
+                "error": raised(app),
+            }
+        )
     return rows
 
 
@@ -306,19 +331,25 @@ def measure_sql_examples(app: Any, timeout: float) -> list[tuple[str, float, str
 
 def report(results: dict[str, dict[str, Any]]) -> None:
     print()
-    print(f"{'page':<12} {'first s':>7} {'cold s':>7} {'warm s':>7} {'queries':>7} {'figures':>7} {'charts':>7} "
-          f"{'tables':>7} {'other':>7}  target <= {TARGET_S:g} s (cold)")
+    print(
+        f"{'page':<12} {'first s':>7} {'cold s':>7} {'warm s':>7} {'queries':>7} {'figures':>7} {'charts':>7} "
+        f"{'tables':>7} {'other':>7}  target <= {TARGET_S:g} s (cold)"
+    )
     for page in PAGES:
         r = results[page]
         split = r["split"]
         q = sum(r["queries"].values())
         f, c, t = (split.get(k, 0.0) for k in ("figures", "st.plotly_chart", "st.dataframe"))
         verdict = "met" if r["cold"] <= TARGET_S else "MISSED"
-        print(f"{page:<12} {r['first']:>7.2f} {r['cold']:>7.2f} {r['warm']:>7.3f} {q:>7.2f} {f:>7.2f} {c:>7.2f} "
-              f"{t:>7.2f} {r['cold'] - q - f - c - t:>7.2f}  {verdict}")
-    print("(first: the first timed cold build; cold: the median build, and the split is that build's; warm: median; "
-          "queries: the named queries of "
-          "RunData.frame; figures: figures.*/summaries.*; charts/tables: st.plotly_chart/st.dataframe)")
+        print(
+            f"{page:<12} {r['first']:>7.2f} {r['cold']:>7.2f} {r['warm']:>7.3f} {q:>7.2f} {f:>7.2f} {c:>7.2f} "
+            f"{t:>7.2f} {r['cold'] - q - f - c - t:>7.2f}  {verdict}"
+        )
+    print(
+        "(first: the first timed cold build; cold: the median build, and the split is that build's; warm: median; "
+        "queries: the named queries of "
+        "RunData.frame; figures: figures.*/summaries.*; charts/tables: st.plotly_chart/st.dataframe)"
+    )
     print()
     print("slowest queries of each page (s, in the median cold build):")
     for page in PAGES:
@@ -339,13 +370,17 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     if rows:
         print()
         print("Incidents page, cold, each incident selected (figure+chart: incident_window and st.plotly_chart):")
-        print(f"  {'incident':<34} {'kinds':<28} {'steps':<11} {'ranks':>5} {'page s':>7} {'queries':>7} "
-              f"{'window_ranks':>12} {'figure+chart':>12}")
+        print(
+            f"  {'incident':<34} {'kinds':<28} {'steps':<11} {'ranks':>5} {'page s':>7} {'queries':>7} "
+            f"{'window_ranks':>12} {'figure+chart':>12}"
+        )
         for r in rows:
             wr = "-" if r["window_ranks"] is None else f"{r['window_ranks']:.3f}"
             tail = f"  RAISED {r['error']}" if r["error"] else ""
-            print(f"  {r['id'][:34]:<34} {r['kinds'][:28]:<28} {r['steps']:<11} {r['ranks']:>5} {r['seconds']:>7.2f} "
-                  f"{r['queries']:>7.2f} {wr:>12} {r['figure']:>12.2f}{tail}")
+            print(
+                f"  {r['id'][:34]:<34} {r['kinds'][:28]:<28} {r['steps']:<11} {r['ranks']:>5} {r['seconds']:>7.2f} "
+                f"{r['queries']:>7.2f} {wr:>12} {r['figure']:>12.2f}{tail}"
+            )
     if results.get("_sql", {}).get("rows"):
         print()
         print("SQL page with an example run (Run clicked; the user query included):")
@@ -357,8 +392,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024, help="world size of the simulated run")
     parser.add_argument("--steps", type=int, default=20_000, help="optimizer steps of the simulated run")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bedside-bench-dashboard",
-                        help="where the prepared run is kept (reused when present)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bedside-bench-dashboard",
+        help="where the prepared run is kept (reused when present)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="cold and warm builds of each page (medians)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one page build may take")
     return parser.parse_args()
@@ -367,22 +406,29 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     run = (args.workdir / f"run-{args.ranks}x{args.steps}").resolve()
-    print(f"duckdb {duckdb.__version__}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"duckdb {duckdb.__version__}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     prepare(run, args.ranks, args.steps)
     describe(run)
 
     from bedside.app.dashboard import registry
+
     registry.install(registry.Desk.for_target(run))
     started = time.perf_counter()
     registry.desk().data(run)
-    print(f"desk().data(run), the owner's catch_up() of the ingested store: {time.perf_counter() - started:.2f} s "
-          f"(peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB)")
+    print(
+        f"desk().data(run), the owner's catch_up() of the ingested store: {time.perf_counter() - started:.2f} s "
+        f"(peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB)"
+    )
     try:
         results = measure_pages(run, args.repeat, args.timeout)
         report(results)
-        print(f"\npeak RSS of this process after the pages: "
-              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+        print(
+            f"\npeak RSS of this process after the pages: "
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
+        )
     finally:
         registry.close_all()
     print(f"load average {os.getloadavg()[0]:.2f} (other processes on the machine skew the figures)")

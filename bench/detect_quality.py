@@ -11,6 +11,7 @@ steps (finding onset - fault onset), false alarms per 10k steps, culprit-rank ac
 and recall against magnitude. Last, the streaming update cost per step at 1,024 ranks, fed one step and ten
 steps per update.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,16 +44,16 @@ STEPS = 1500
 def scenarios(quick: bool) -> list[tuple[str, list[str]]]:
     """(name, fault specs) of every faulty scenario; magnitude sweeps in the names."""
     out: list[tuple[str, list[str]]] = [("clean", [])]
-    for sigma in ((5, 8, 20) if quick else (3, 5, 8, 20, 50)):
+    for sigma in (5, 8, 20) if quick else (3, 5, 8, 20, 50):
         out.append((f"spike {sigma} sigma", [f"spike:step=600,sigma={sigma}", f"spike:step=1100,sigma={sigma}"]))
     out.append(("spike grad-leading", ["spike:step=700,sigma=10,shape=grad_leading"]))
     out.append(("spike divergent", ["spike:step=900,sigma=10,shape=divergent"]))
     out.append(("nan", ["nan:rank=3,step=800"]))
-    for factor in ((1.1, 2.0) if quick else (1.02, 1.05, 1.1, 1.5, 2.0)):
+    for factor in (1.1, 2.0) if quick else (1.02, 1.05, 1.1, 1.5, 2.0):
         out.append((f"straggler x{factor}", [f"straggler:rank=5,factor={factor},from=400"]))
     out.append(("straggler node x1.3", ["straggler:host=1,factor=1.3,from=400"]))
     out.append(("straggler intermittent x2", ["straggler:rank=2,factor=2,from=400,every=5"]))
-    for scale in ((4, 20) if quick else (1, 2, 4, 8, 20)):
+    for scale in (4, 20) if quick else (1, 2, 4, 8, 20):
         out.append((f"sdc grad 2^{scale}", [f"sdc_grad:rank=6,step=700,scale_log2={scale}"]))
     out.append(("sdc quiet", ["sdc_quiet:rank=4,step=650,rel=0.001"]))
     out.append(("param corrupt", ["param_corrupt:rank=1,step=655"]))
@@ -114,8 +115,10 @@ def main() -> None:
             for seed in range(args.seeds):
                 for name, specs in scenarios(args.quick):
                     run = tmp / f"{noise}-{seed}-{len(scored)}-{name.replace(' ', '_')}"
-                    simulate_run(SimulationConfig(ranks=args.ranks, steps=STEPS, seed=seed, noise=noise,
-                                                  inject=tuple(specs)), run)
+                    simulate_run(
+                        SimulationConfig(ranks=args.ranks, steps=STEPS, seed=seed, noise=noise, inject=tuple(specs)),
+                        run,
+                    )
                     scored.append(score(run, name, noise))
                     shutil.rmtree(run)
         for sample in ("tiny-faults", "tiny-rewind"):
@@ -127,8 +130,10 @@ def main() -> None:
     matches, alarms = (pd.concat([part[i] for part in scored], ignore_index=True) for i in (0, 1))
     report(matches, alarms, sum(part[2] for part in scored))
     for per_update, cost in streaming_cost().items():
-        print(f"streaming update cost, {per_update} step(s) per update: {cost:.2f} ms per step at 1,024 ranks "
-              "(all detectors)")
+        print(
+            f"streaming update cost, {per_update} step(s) per update: {cost:.2f} ms per step at 1,024 ranks "
+            "(all detectors)"
+        )
 
 
 def report(matches: pd.DataFrame, alarms: pd.DataFrame, steps: int) -> None:

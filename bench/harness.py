@@ -7,6 +7,7 @@ run as its own pytest and timed:
     python bench/harness.py            # CI's size, as a check that the harness itself runs
     python bench/harness.py --long     # the full figures (about an hour on 2 cores)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,30 +36,54 @@ class Stage:
 
 
 STAGES = (
-    Stage("collector killed: every line once", ("tests/test_crash.py",),
-          {"BEDSIDE_HARNESS_COLLECT_KILLS": 12, "BEDSIDE_HARNESS_FOLLOW_KILLS": 3},
-          {"BEDSIDE_HARNESS_COLLECT_KILLS": 200, "BEDSIDE_HARNESS_FOLLOW_KILLS": 50},
-          "{BEDSIDE_HARNESS_COLLECT_KILLS} batch + {BEDSIDE_HARNESS_FOLLOW_KILLS} follow SIGKILLs"),
-    Stage("watch and serve killed: rows, incidents and alerts once", ("tests/test_kill_harness.py", "-k", "owner"),
-          {"BEDSIDE_HARNESS_KILLS": 3}, {"BEDSIDE_HARNESS_KILLS": 40},
-          "{BEDSIDE_HARNESS_KILLS} SIGKILLs each of watch and serve"),
-    Stage("trainer rank killed: each step once per timeline", ("tests/test_kill_harness.py", "-k", "trainer"),
-          {"BEDSIDE_HARNESS_TRAINER_KILLS": 2}, {"BEDSIDE_HARNESS_TRAINER_KILLS": 10},
-          "{BEDSIDE_HARNESS_TRAINER_KILLS} SIGKILLs of rank 1, each resumed"),
-    Stage("hostile lines, file names and run.json refused with a reason", ("tests/test_fuzz_ingest.py",),
-          {"BEDSIDE_FUZZ_EXAMPLES": 0}, {"BEDSIDE_FUZZ_EXAMPLES": 5000},
-          "hypothesis examples per property: {BEDSIDE_FUZZ_EXAMPLES} (0: the tests' own default)"),
-    Stage("SQL attacks refused, the store unchanged", ("tests/test_console.py", "tests/test_dashboard_browser.py",
-                                                        "-k", "attack or refuse"),
-          {}, {}, f"{len(ATTACKS)} attacks x (console, bedside query on raw telemetry, the page in Chromium)"),
+    Stage(
+        "collector killed: every line once",
+        ("tests/test_crash.py",),
+        {"BEDSIDE_HARNESS_COLLECT_KILLS": 12, "BEDSIDE_HARNESS_FOLLOW_KILLS": 3},
+        {"BEDSIDE_HARNESS_COLLECT_KILLS": 200, "BEDSIDE_HARNESS_FOLLOW_KILLS": 50},
+        "{BEDSIDE_HARNESS_COLLECT_KILLS} batch + {BEDSIDE_HARNESS_FOLLOW_KILLS} follow SIGKILLs",
+    ),
+    Stage(
+        "watch and serve killed: rows, incidents and alerts once",
+        ("tests/test_kill_harness.py", "-k", "owner"),
+        {"BEDSIDE_HARNESS_KILLS": 3},
+        {"BEDSIDE_HARNESS_KILLS": 40},
+        "{BEDSIDE_HARNESS_KILLS} SIGKILLs each of watch and serve",
+    ),
+    Stage(
+        "trainer rank killed: each step once per timeline",
+        ("tests/test_kill_harness.py", "-k", "trainer"),
+        {"BEDSIDE_HARNESS_TRAINER_KILLS": 2},
+        {"BEDSIDE_HARNESS_TRAINER_KILLS": 10},
+        "{BEDSIDE_HARNESS_TRAINER_KILLS} SIGKILLs of rank 1, each resumed",
+    ),
+    Stage(
+        "hostile lines, file names and run.json refused with a reason",
+        ("tests/test_fuzz_ingest.py",),
+        {"BEDSIDE_FUZZ_EXAMPLES": 0},
+        {"BEDSIDE_FUZZ_EXAMPLES": 5000},
+        "hypothesis examples per property: {BEDSIDE_FUZZ_EXAMPLES} (0: the tests' own default)",
+    ),
+    Stage(
+        "SQL attacks refused, the store unchanged",
+        ("tests/test_console.py", "tests/test_dashboard_browser.py", "-k", "attack or refuse"),
+        {},
+        {},
+        f"{len(ATTACKS)} attacks x (console, bedside query on raw telemetry, the page in Chromium)",
+    ),
 )
 
 
 def run_stage(stage: Stage, sizes: dict[str, int]) -> tuple[bool, float]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: str(v) for k, v in sizes.items() if v}}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *stage.tests],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *stage.tests],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         print(done.stdout[-4000:], done.stderr[-2000:], file=sys.stderr)
     return done.returncode == 0, time.perf_counter() - started
@@ -74,8 +99,10 @@ def main() -> int:
         sizes = stage.long if args.long else stage.ci
         ok, seconds = run_stage(stage, sizes)
         failed += not ok
-        print(f"| {stage.promise} | {stage.figure.format(**sizes)} | {'held' if ok else 'FAILED'} | {seconds:.0f} |",
-              flush=True)
+        print(
+            f"| {stage.promise} | {stage.figure.format(**sizes)} | {'held' if ok else 'FAILED'} | {seconds:.0f} |",
+            flush=True,
+        )
     return 1 if failed else 0
 
 

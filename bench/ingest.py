@@ -10,6 +10,7 @@ Live: a Follower (default rescan interval) follows a fresh run while a writer
 appends one record every 50 ms; each record's delay until its offset is
 committed in the store is measured from another thread.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,17 +45,40 @@ TARGET_P95_S = 1.0
 
 # -- generating a run -------------------------------------------------------
 def rank_info_line(rank: int, world_size: int, now: float) -> str:
-    return encode_line({"kind": "rank_info", "time": now, "rank": rank, "step": 0, "timeline": 0, "seq": 0,
-                        "host": f"node{rank // 8:03d}", "local_rank": rank % 8, "world_size": world_size,
-                        "pid": 1000 + rank, "mesh": {"dp": rank, "tp": 0, "pp": 0}})
+    return encode_line(
+        {
+            "kind": "rank_info",
+            "time": now,
+            "rank": rank,
+            "step": 0,
+            "timeline": 0,
+            "seq": 0,
+            "host": f"node{rank // 8:03d}",
+            "local_rank": rank % 8,
+            "world_size": world_size,
+            "pid": 1000 + rank,
+            "mesh": {"dp": rank, "tp": 0, "pp": 0},
+        }
+    )
 
 
 def rank_step_line(rank: int, step: int, seq: int, now: float, rng: random.Random) -> str:
     compute, comm, data = 0.21 + rng.gauss(0, 0.01), 0.05 + rng.gauss(0, 0.005), 0.01 * rng.random()
-    metrics = dict(zip(RANK_STEP_METRICS, (
-        compute + comm + data + 0.011, data, compute, comm, 0.011, 1.0 + 0.1 * rng.random())))
-    return encode_line({"kind": "rank_step", "time": now, "rank": rank, "step": step, "timeline": 0, "seq": seq,
-                        "metrics": metrics, "param_checksum": f"{(step * 2654435761) & 0xFFFFFFFFFFFF:012x}"})
+    metrics = dict(
+        zip(RANK_STEP_METRICS, (compute + comm + data + 0.011, data, compute, comm, 0.011, 1.0 + 0.1 * rng.random()))
+    )
+    return encode_line(
+        {
+            "kind": "rank_step",
+            "time": now,
+            "rank": rank,
+            "step": step,
+            "timeline": 0,
+            "seq": seq,
+            "metrics": metrics,
+            "param_checksum": f"{(step * 2654435761) & 0xFFFFFFFFFFFF:012x}",
+        }
+    )
 
 
 def write_rank_file(layout: RunLayout, rank: int, ranks: int, steps: int, start: float) -> None:
@@ -89,6 +113,7 @@ def timed(phases: dict[str, float], name: str, fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         finally:
             phases[name] += time.perf_counter() - start
+
     return wrapper
 
 
@@ -163,7 +188,9 @@ def committed_offset(cursor: duckdb.DuckDBPyConnection, relative: str) -> int:
     return rows[0][0] if rows else 0
 
 
-def poll_visibility(store: Store, relative: str, written: list[tuple[int, float]], done: threading.Event) -> list[float]:
+def poll_visibility(
+    store: Store, relative: str, written: list[tuple[int, float]], done: threading.Event
+) -> list[float]:
     """Delay of each written record until the store's committed offset covers it."""
     cursor = store.cursor()
     delays: list[float] = []
@@ -206,8 +233,10 @@ def live_latency(run: Path) -> list[float]:
 
 def report_live(delays: list[float]) -> None:
     ms = np.array(delays) * 1000
-    print(f"live: {len(ms)} of {LIVE_RECORDS} records visible (one every {LIVE_INTERVAL_S * 1000:.0f} ms, "
-          f"rescan every {DEFAULT_RESCAN_EVERY_S:g} s)")
+    print(
+        f"live: {len(ms)} of {LIVE_RECORDS} records visible (one every {LIVE_INTERVAL_S * 1000:.0f} ms, "
+        f"rescan every {DEFAULT_RESCAN_EVERY_S:g} s)"
+    )
     if len(ms):
         p50, p95 = np.percentile(ms, [50, 95])
         print(f"  write -> committed in store: p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {ms.max():.1f} ms")
@@ -218,8 +247,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=64, help="rank files in the bulk run")
     parser.add_argument("--steps", type=int, default=20_000, help="rank_step records per rank")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bedside-bench-ingest",
-                        help="where the generated run is cached")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bedside-bench-ingest",
+        help="where the generated run is cached",
+    )
     parser.add_argument("--trials", type=int, default=3, help="bulk ingests from an empty store")
     return parser.parse_args()
 
@@ -230,9 +263,11 @@ def main() -> None:
     start = time.perf_counter()
     generate_run(run, args.ranks, args.steps)
     size = sum(p.stat().st_size for p in RunLayout(run).source_files())
-    print(f"run {run}: {args.ranks} ranks x {args.steps} steps, {size / 1e6:.0f} MB "
-          f"(ready in {time.perf_counter() - start:.1f} s, not timed); duckdb {duckdb.__version__}, "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"run {run}: {args.ranks} ranks x {args.steps} steps, {size / 1e6:.0f} MB "
+        f"(ready in {time.perf_counter() - start:.1f} s, not timed); duckdb {duckdb.__version__}, "
+        f"{os.cpu_count()} CPUs"
+    )
     report_bulk([ingest_trial(run) for _ in range(args.trials)])
     report_live(live_latency(args.workdir / "live-run"))
 

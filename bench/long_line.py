@@ -10,6 +10,7 @@ record was in the store after its pass. Before the line-length bound, each pass 
 the whole file again looking for a newline; now the line is rejected once, from its
 offset, and the file is not read again.
 """
+
 from __future__ import annotations
 
 import argparse

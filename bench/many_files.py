@@ -9,6 +9,7 @@ Live: ``tests/live_ranks.py`` writes one record per rank per second from another
 Follower with detection after every pass (as ``bedside collect --follow``) follows; once a second it
 samples how many steps the store is behind the writer and the process's RSS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,9 +69,11 @@ def live(workdir: Path, ranks: int, seconds: int) -> None:
     figures = follow_live_ranks(run, ranks, seconds)
     lag = figures.settled_lag(WARM_UP_S)
     rss = figures.rss_mib
-    print(f"| follow {ranks:,} ranks x {seconds} s with detection | lag after {WARM_UP_S} s: median "
-          f"{np.median(lag):.0f}, max {max(lag)} steps (written {figures.written[-1]}) | RSS {rss[WARM_UP_S]:.0f} "
-          f"-> {rss[-1]:.0f} MiB (max {max(rss):.0f}), {figures.passes} passes |")
+    print(
+        f"| follow {ranks:,} ranks x {seconds} s with detection | lag after {WARM_UP_S} s: median "
+        f"{np.median(lag):.0f}, max {max(lag)} steps (written {figures.written[-1]}) | RSS {rss[WARM_UP_S]:.0f} "
+        f"-> {rss[-1]:.0f} MiB (max {max(rss):.0f}), {figures.passes} passes |"
+    )
     shutil.rmtree(run, ignore_errors=True)
 
 

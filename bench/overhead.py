@@ -9,6 +9,7 @@ baseline, ``wandb.log`` in offline mode and TensorBoard's ``add_scalar`` x10.
 Then, for RunLogger only: every record is in the file after ``close()``, and
 how long a record takes from ``.step()`` to the file (sampled, polling the size).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,6 +82,7 @@ def bench_runlogger(tmp: Path, pool: list[dict[str, Any]], iterations: int, name
 
 def bench_json(tmp: Path, pool: list[dict[str, Any]], iterations: int) -> Result:
     with open(tmp / "baseline.jsonl", "w") as fh:
+
         def call(i: int, m: dict[str, Any]) -> None:
             fh.write(json.dumps({"kind": "step", "time": time.time(), "step": i, "metrics": m}) + "\n")
 
@@ -107,10 +109,12 @@ def bench_wandb(tmp: Path, pool: list[dict[str, Any]], iterations: int) -> Resul
 def bench_tensorboard(tmp: Path, pool: list[dict[str, Any]], iterations: int) -> Result:
     try:
         from torch.utils.tensorboard import SummaryWriter
+
         name = "torch SummaryWriter.add_scalar x10"
     except ImportError:
         try:
             from tensorboardX import SummaryWriter
+
             name = "tensorboardX add_scalar x10"
         except ImportError as exc:
             return Result("TensorBoard add_scalar x10", note=f"not installed ({exc})")
@@ -159,7 +163,9 @@ def format_row(result: Result, reference_ns: float) -> str:
 
 def print_table(results: list[Result]) -> None:
     reference = float(np.median(results[0].samples_ns))
-    print(f"{'backend (10 scalars per step)':<36} {'calls':>7} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'vs RL p50':>10}")
+    print(
+        f"{'backend (10 scalars per step)':<36} {'calls':>7} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'vs RL p50':>10}"
+    )
     for result in results:
         print(format_row(result, reference))
 
@@ -196,8 +202,10 @@ def main() -> None:
         print(f"\nRunLogger completeness: {found} of {n + warmup_calls(n)} step records in the file after close()")
         delays = visibility_delays(tmp, args.visibility_samples) * 1000
         p50, p95 = np.percentile(delays, [50, 95])
-        print(f"RunLogger step->file delay ({len(delays)} samples, flush_every_s={DEFAULT_FLUSH_EVERY_S}): "
-              f"p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {delays.max():.1f} ms")
+        print(
+            f"RunLogger step->file delay ({len(delays)} samples, flush_every_s={DEFAULT_FLUSH_EVERY_S}): "
+            f"p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {delays.max():.1f} ms"
+        )
         print("targets: RunLogger.step p50 <= 10 us with 10 scalars; >= 20x cheaper than wandb.log offline")
 
 

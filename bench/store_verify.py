@@ -9,6 +9,7 @@ and ``Store.verify()`` alone on an open store. Times are wall-clock medians, wit
 cold open adds reading the file from disk once, which the first query would pay anyway). The figure to read is
 seconds of scan per GB of store.
 """
+
 from __future__ import annotations
 
 import argparse

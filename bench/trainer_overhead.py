@@ -8,6 +8,7 @@ rank_step every step, the loss all-reduce, checksums every 10 steps) and one who
 emit does nothing, so drift of the machine hits both alike. Reports the median
 step time of each and their ratio. Target: ratio <= 1.01.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,10 @@ def main() -> None:
         finally:
             dist.destroy_process_group()
     median_on, median_off = statistics.median(timed_on), statistics.median(timed_off)
-    print(f"tiny_cpu, 1 rank, {len(timed_on)} steps each, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} intra-op threads")
+    print(
+        f"tiny_cpu, 1 rank, {len(timed_on)} steps each, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} intra-op threads"
+    )
     print(f"{'telemetry':<12}{'median ms':>12}{'p90 ms':>10}")
     for name, times in (("on", timed_on), ("off", timed_off)):
         p90 = statistics.quantiles(times, n=10)[-1]

@@ -1,4 +1,5 @@
 """An append-only JSONL file that one process owns: tail repair and line numbering."""
+
 from __future__ import annotations
 
 import json

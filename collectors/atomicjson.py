@@ -1,4 +1,5 @@
 """Writing a small JSON file so that readers see the old file or the new one, never half."""
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ inserting one or deleting one breaks a link that ``verify`` names. The owner of 
 each head it has checked (``keep_head``), so a trail cut short, or rewritten consistently from some entry on,
 no longer matches the store. What that does and does not prove: docs/security.md.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -65,8 +66,9 @@ def check_operator(name: str) -> str:
     if len(name) > MAX_OPERATOR_CHARS:
         raise ValueError(f"the name is {len(name)} characters long: at most {MAX_OPERATOR_CHARS}")
     if hidden := sorted({f"U+{ord(c):04X}" for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}):
-        raise ValueError(f"the name holds control characters ({', '.join(hidden)}): use letters, digits, "
-                         f"spaces and punctuation")
+        raise ValueError(
+            f"the name holds control characters ({', '.join(hidden)}): use letters, digits, spaces and punctuation"
+        )
     return name
 
 
@@ -84,8 +86,16 @@ def entry_hash(entry: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(entry)).hexdigest()
 
 
-def record(layout: RunLayout, *, operator: str, what: str, reason: str, incident_id: str | None = None,
-           request_id: str | None = None, args: Mapping[str, Any] | None = None) -> AuditHead:
+def record(
+    layout: RunLayout,
+    *,
+    operator: str,
+    what: str,
+    reason: str,
+    incident_id: str | None = None,
+    request_id: str | None = None,
+    args: Mapping[str, Any] | None = None,
+) -> AuditHead:
     """Append one entry chained to the last (under an exclusive lock, so concurrent writers chain in turn)."""
     path = audit_path(layout)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,9 +103,17 @@ def record(layout: RunLayout, *, operator: str, what: str, reason: str, incident
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         seq, prev = _next_link(descriptor)
-        entry: dict[str, Any] = {"seq": seq, "time": time.time(), "operator": operator, "what": what,
-                                 "incident_id": incident_id, "request_id": request_id, "args": dict(args or {}),
-                                 "reason": reason, "prev": prev}
+        entry: dict[str, Any] = {
+            "seq": seq,
+            "time": time.time(),
+            "operator": operator,
+            "what": what,
+            "incident_id": incident_id,
+            "request_id": request_id,
+            "args": dict(args or {}),
+            "reason": reason,
+            "prev": prev,
+        }
         entry["hash"] = entry_hash(entry)
         os.write(descriptor, canonical_line(entry))
         os.fsync(descriptor)
@@ -104,20 +122,30 @@ def record(layout: RunLayout, *, operator: str, what: str, reason: str, incident
         os.close(descriptor)  # releases the lock
 
 
-def file_request(layout: RunLayout, action: str, args: Mapping[str, Any], *, operator: str, reason: str,
-                 incident_id: str | None = None) -> str:
+def file_request(
+    layout: RunLayout,
+    action: str,
+    args: Mapping[str, Any],
+    *,
+    operator: str,
+    reason: str,
+    incident_id: str | None = None,
+) -> str:
     """File a signed control request for the run (``control.request_action``) and record it in the audit trail,
     the one way ``bedside action`` and the dashboard's actions ask a run to act; its request id. ValueError on a
     bad request, ControlKeyError without the run's key or run.json: then nothing is filed or recorded."""
     request_id = request_action(layout, action, args, operator=operator, reason=reason)
-    record(layout, operator=operator, what=action, reason=reason, incident_id=incident_id, request_id=request_id,
-           args=args)
+    record(
+        layout, operator=operator, what=action, reason=reason, incident_id=incident_id, request_id=request_id, args=args
+    )
     return request_id
 
 
 def canonical_line(entry: Mapping[str, Any]) -> bytes:
-    return json.dumps(dict(entry), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode() + b"\n"
+    return (
+        json.dumps(dict(entry), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+        + b"\n"
+    )
 
 
 def verify(layout: RunLayout, recorded: list[AuditHead] | None = None) -> ChainReport:
@@ -247,6 +275,8 @@ def _head_problem(entries: list[dict[str, Any]], recorded: list[AuditHead]) -> s
             ends = f"ends at entry {len(entries) - 1}" if entries else "is empty"
             return f"the store recorded entry {head.seq} as a head, but the trail {ends}: entries were deleted from its end"
         if entries[head.seq]["hash"] != head.hash:
-            return (f"line {head.seq + 1} (entry {head.seq}) differs from what the store recorded: "
-                    f"the trail was rewritten from there")
+            return (
+                f"line {head.seq + 1} (entry {head.seq}) differs from what the store recorded: "
+                f"the trail was rewritten from there"
+            )
     return None

@@ -1,4 +1,5 @@
 """Raw telemetry bytes to an Arrow table of lines, without a Python loop per line."""
+
 from __future__ import annotations
 
 import json
@@ -118,11 +119,19 @@ def _split_invalid_utf8(group: list[Chunk]) -> tuple[pa.Table, list[Rejection]]:
                 owner.append(index)
                 offsets.append(chunk.start + begin)
             except UnicodeDecodeError as exc:
-                rejected.append(Rejection(chunk.source_id, chunk.start + begin, len(raw), raw,
-                                          f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
+                rejected.append(
+                    Rejection(
+                        chunk.source_id,
+                        chunk.start + begin,
+                        len(raw),
+                        raw,
+                        f"not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                    )
+                )
             begin = end
-    table = _table(group, np.array(owner, dtype=np.int64), np.array(offsets, dtype=np.int64),
-                   pa.array(good, type=pa.string()))
+    table = _table(
+        group, np.array(owner, dtype=np.int64), np.array(offsets, dtype=np.int64), pa.array(good, type=pa.string())
+    )
     return table, rejected
 
 
@@ -168,8 +177,10 @@ def _explain_invalid_json(line: str) -> str:
 def rejections_table(rejected: list[Rejection], now: float) -> pa.Table:
     """Rejected lines as the Arrow table the store's insert_rejected query reads, each text cut to
     MAX_REJECTED_CHARS."""
-    texts = [(r.line if isinstance(r.line, str) else r.line.decode("utf-8", "replace"))[:MAX_REJECTED_CHARS]
-             for r in rejected]
+    texts = [
+        (r.line if isinstance(r.line, str) else r.line.decode("utf-8", "replace"))[:MAX_REJECTED_CHARS]
+        for r in rejected
+    ]
     return pa.table(
         {
             "source_id": pa.array([r.source_id for r in rejected], pa.int32()),

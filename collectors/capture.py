@@ -6,6 +6,7 @@ recorded on its stream (no sync), and is read by the writer thread after that
 event completes, so the caller never waits for the device and the writer never
 reads a value its producer has not finished.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,10 @@ def capture(value: Any) -> Any:
 
 def _capture_tensor(tensor: Any) -> Any:
     if type(tensor).__name__ == "DTensor":
-        raise TypeError("a DTensor holds this rank's shard or partial value: pass tensor.full_tensor() "
-                        "(a collective) or the local value you mean")
+        raise TypeError(
+            "a DTensor holds this rank's shard or partial value: pass tensor.full_tensor() "
+            "(a collective) or the local value you mean"
+        )
     if tensor.is_cpu:
         try:
             return tensor.item()

@@ -7,6 +7,7 @@ control key (``controlkey.py``), so the trainer can tell it from a file anyone c
 or one filed for another run. The trainer reads, applies and acknowledges them
 (``trainer/control.py``) and moves each handled file to ``RUN/control/processed/``. Format: docs/telemetry-format.md, "Control requests".
 """
+
 from __future__ import annotations
 
 import secrets
@@ -31,8 +32,9 @@ ACTION_ARGS: dict[str, tuple[str, ...]] = {
 ACTIONS = tuple(ACTION_ARGS)
 
 
-def request_action(layout: RunLayout, action: str, args: Mapping[str, Any] | None = None, *,
-                   operator: str, reason: str) -> str:
+def request_action(
+    layout: RunLayout, action: str, args: Mapping[str, Any] | None = None, *, operator: str, reason: str
+) -> str:
     """File one signed request for the run at ``layout``; its request id. ValueError on a bad request,
     ControlKeyError (nothing filed) without access to the run's control key or its run.json."""
     request = build_request(action, args or {}, operator=operator, reason=reason)
@@ -50,8 +52,14 @@ def build_request(action: str, args: Mapping[str, Any], *, operator: str, reason
         raise ValueError("a request needs a reason")
     if not str(operator or "").strip():
         raise ValueError("a request needs an operator")
-    return {"request_id": new_request_id(), "action": action, "args": checked, "operator": str(operator),
-            "reason": str(reason), "requested_at": time.time()}
+    return {
+        "request_id": new_request_id(),
+        "action": action,
+        "args": checked,
+        "operator": str(operator),
+        "reason": str(reason),
+        "requested_at": time.time(),
+    }
 
 
 def check_args(action: str, args: Mapping[str, Any]) -> dict[str, int]:
@@ -65,8 +73,9 @@ def check_args(action: str, args: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"{action} needs {', '.join(missing)}")
     checked = {name: _non_negative_int(name, args[name]) for name in expected}
     if action == "skip" and checked["first_batch"] > checked["last_batch"]:
-        raise ValueError(f"skip needs first_batch <= last_batch, got {checked['first_batch']} > "
-                         f"{checked['last_batch']}")
+        raise ValueError(
+            f"skip needs first_batch <= last_batch, got {checked['first_batch']} > {checked['last_batch']}"
+        )
     return checked
 
 

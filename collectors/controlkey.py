@@ -10,6 +10,7 @@ canonical JSON (every field but ``signature``, keys sorted, no spaces, ASCII). T
 run's ``control/requests/`` is refused there even when both runs share one key. Format:
 docs/telemetry-format.md, "Control requests"; threat model: docs/security.md.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,10 @@ def read_control_key(layout: RunLayout) -> bytes:
         return from_env
     path = key_path(layout)
     if not os.path.lexists(path):
-        raise ControlKeyError(f"no control key: {path} does not exist (the trainer creates it when the run starts) "
-                              f"and {KEY_ENV} is not set")
+        raise ControlKeyError(
+            f"no control key: {path} does not exist (the trainer creates it when the run starts) "
+            f"and {KEY_ENV} is not set"
+        )
     return _read_key_file(path)
 
 
@@ -67,8 +70,10 @@ def ensure_control_key(layout: RunLayout) -> bytes:
     except FileExistsError:
         key, info = _read_key_file(path), os.lstat(path)
         if info.st_uid != os.getuid() or info.st_mode & 0o022:
-            raise ControlKeyError(f"{path} is not owned by this user or is writable by others (mode "
-                                  f"{info.st_mode & 0o777:o}): refused; remove it and restart") from None
+            raise ControlKeyError(
+                f"{path} is not owned by this user or is writable by others (mode "
+                f"{info.st_mode & 0o777:o}): refused; remove it and restart"
+            ) from None
         return key
     with os.fdopen(descriptor, "w") as handle:
         handle.write(secrets.token_hex(32) + "\n")
@@ -82,8 +87,10 @@ def run_identity(layout: RunLayout) -> str:
     except RunInfoError as error:
         raise ControlKeyError(f"cannot tell which run this is: {error}") from None
     if info is None:
-        raise ControlKeyError(f"cannot tell which run this is: {layout.run_info} does not exist (rank 0 of the "
-                              "trainer writes it when the run starts)")
+        raise ControlKeyError(
+            f"cannot tell which run this is: {layout.run_info} does not exist (rank 0 of the "
+            "trainer writes it when the run starts)"
+        )
     return info.run_id
 
 
@@ -131,8 +138,9 @@ def _read_key_file(path: Path) -> bytes:
     try:
         key = read_small_file(path, _MAX_KEY_BYTES).strip()
     except UnsafeFileError as error:
-        raise ControlKeyError(f"cannot read the control key {path}: {error} (filing a request needs read access to "
-                              f"it, or {KEY_ENV})") from None
+        raise ControlKeyError(
+            f"cannot read the control key {path}: {error} (filing a request needs read access to it, or {KEY_ENV})"
+        ) from None
     if len(key) < MIN_KEY_CHARS:
         raise ControlKeyError(f"the control key {path} is too short: at least {MIN_KEY_CHARS} characters")
     return key

@@ -3,6 +3,7 @@
 They live here, in a module that imports nothing, so that ``bedside --help`` can print them without
 loading DuckDB, pyarrow or watchdog; ``ingest``, ``follow`` and ``store.console`` take them from here.
 """
+
 from __future__ import annotations
 
 DEFAULT_BATCH_BYTES = 64 << 20

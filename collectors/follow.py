@@ -9,6 +9,7 @@ inotify: the opens and closes of every append would triple the kernel's queue.
 When file events cannot be had at all (inotify's watch or instance limit), the
 follower warns once and keeps to the rescans.
 """
+
 from __future__ import annotations
 
 import logging
@@ -126,7 +127,9 @@ class Follower:
             while not stop.is_set():
                 self._watch_new_dirs()
                 self._wake.clear()
-                result = self.collector.ingest_available(on_pass=self.on_pass, stop=stop, changed=self._files_to_look_at())
+                result = self.collector.ingest_available(
+                    on_pass=self.on_pass, stop=stop, changed=self._files_to_look_at()
+                )
                 if result.bytes == 0:
                     if until_finished and self.run_ended():
                         return

@@ -5,6 +5,7 @@ one is ``telemetry.schema.json`` beside this module. Both describe the same
 format; ``tests/test_format.py`` keeps them in step. The records themselves, one
 dataclass per kind, are in ``records.py``.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,6 +69,7 @@ CHECKPOINT_EVENTS = ("save_started", "saved", "save_failed", "verified", "corrup
 
 ACTION_STATUSES = ("requested", "applied", "rejected")
 """Values of ``status`` in an ``action`` record."""
+
 
 class RunEndStatus(StrEnum):
     """Values of ``status`` in a ``run_end`` record: how a rank ended."""

@@ -8,6 +8,7 @@ moment leaves the store at the previous commit; the next pass resumes there.
 ends on a live run; a DuckDB failure that is not a line's fault (out of memory,
 disk full) commits nothing of its pass and is raised as StoreError.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,21 +59,43 @@ MALFORMED_INPUT_ERRORS = (duckdb.InvalidInputException, duckdb.ConversionExcepti
 an interrupt) is not the line's fault: it is raised, and the line is read again later."""
 
 FORMAT_PARAMETERS = {
-    "checkpoint_events": list(CHECKPOINT_EVENTS), "action_statuses": list(ACTION_STATUSES),
-    "run_end_statuses": list(RUN_END_STATUSES), "step_metrics": list(STEP_METRICS),
-    "rank_step_metrics": list(RANK_STEP_METRICS), "checkpoint_metrics": list(CHECKPOINT_METRICS),
-    "max_rank": MAX_RANK, "max_exact_integer": MAX_EXACT_INTEGER, "max_kind_chars": MAX_KIND_CHARS,
+    "checkpoint_events": list(CHECKPOINT_EVENTS),
+    "action_statuses": list(ACTION_STATUSES),
+    "run_end_statuses": list(RUN_END_STATUSES),
+    "step_metrics": list(STEP_METRICS),
+    "rank_step_metrics": list(RANK_STEP_METRICS),
+    "checkpoint_metrics": list(CHECKPOINT_METRICS),
+    "max_rank": MAX_RANK,
+    "max_exact_integer": MAX_EXACT_INTEGER,
+    "max_kind_chars": MAX_KIND_CHARS,
 }
 """The format's enums, canonical metrics and limits, bound as parameters of stage_lines.sql."""
 
 SOURCE_SCHEMA = pa.schema(
-    [("source_id", pa.int32()), ("path", pa.string()), ("file_rank", pa.int32()), ("device", pa.uint64()),
-     ("inode", pa.uint64()), ("head", pa.binary()), ("committed_offset", pa.int64()), ("lines", pa.int64()),
-     ("rejected", pa.int64()), ("state", pa.string()), ("state_detail", pa.string()), ("updated_at", pa.float64())]
+    [
+        ("source_id", pa.int32()),
+        ("path", pa.string()),
+        ("file_rank", pa.int32()),
+        ("device", pa.uint64()),
+        ("inode", pa.uint64()),
+        ("head", pa.binary()),
+        ("committed_offset", pa.int64()),
+        ("lines", pa.int64()),
+        ("rejected", pa.int64()),
+        ("state", pa.string()),
+        ("state_detail", pa.string()),
+        ("updated_at", pa.float64()),
+    ]
 )
 TOPOLOGY_SCHEMA = pa.schema(
-    [("rank", pa.int32()), ("host", pa.string()), ("local_rank", pa.int32()),
-     ("dp", pa.int32()), ("tp", pa.int32()), ("pp", pa.int32())]
+    [
+        ("rank", pa.int32()),
+        ("host", pa.string()),
+        ("local_rank", pa.int32()),
+        ("dp", pa.int32()),
+        ("tp", pa.int32()),
+        ("pp", pa.int32()),
+    ]
 )
 
 
@@ -185,8 +208,9 @@ class Collector:
             except FileNotFoundError:
                 continue
             source = self._sources.get(self.layout.relative(path))
-            if source is None or (source.state == "ok" and (stat.st_size, stat.st_ino)
-                                  != (source.committed_offset, source.inode)):
+            if source is None or (
+                source.state == "ok" and (stat.st_size, stat.st_ino) != (source.committed_offset, source.inode)
+            ):
                 pending[path] = stat.st_size
         return pending
 
@@ -244,8 +268,16 @@ class Collector:
     def _load_sources(self) -> list[Source]:
         rows = self._con.execute(sql("sources")).fetchall()
         return [
-            Source(source_id=r[0], path=r[1], file_rank=r[2], device=r[3], inode=r[4],
-                   head=bytes(r[5] or b""), committed_offset=r[6], state=r[7])
+            Source(
+                source_id=r[0],
+                path=r[1],
+                file_rank=r[2],
+                device=r[3],
+                inode=r[4],
+                head=bytes(r[5] or b""),
+                committed_offset=r[6],
+                state=r[7],
+            )
             for r in rows
         ]
 
@@ -299,7 +331,9 @@ class Collector:
         except UnsafeFileError as refusal:
             return _Read(replace(source, state="refused"), None, f"{source.path}: {refusal}")
         updated = replace(
-            source, device=stat.st_dev, inode=stat.st_ino,
+            source,
+            device=stat.st_dev,
+            inode=stat.st_ino,
             head=head if len(head) > len(source.head) else source.head,
             committed_offset=source.committed_offset + len(data),
         )
@@ -307,7 +341,9 @@ class Collector:
         if overlong is None:
             return _Read(updated, chunk, cut=budget < limit - source.committed_offset)
         rejection = _overlong_rejection(updated, overlong, limit - updated.committed_offset)
-        return _Read(replace(updated, state="overlong"), chunk, f"{source.path}: {rejection.reason}", overlong=rejection)
+        return _Read(
+            replace(updated, state="overlong"), chunk, f"{source.path}: {rejection.reason}", overlong=rejection
+        )
 
     # -- run.json -----------------------------------------------------------
     def _changed_run_info(self) -> RunInfo | None:
@@ -350,8 +386,9 @@ class Collector:
     def _try_stage(self, table: pa.Table, *, check_json: bool) -> None:
         self._con.register("batch_lines", table)
         try:
-            self._con.execute(sql("stage_lines"),
-                              {**FORMAT_PARAMETERS, "world_size": self.world_size, "check_json": check_json})
+            self._con.execute(
+                sql("stage_lines"), {**FORMAT_PARAMETERS, "world_size": self.world_size, "check_json": check_json}
+            )
         finally:
             self._con.unregister("batch_lines")
 
@@ -364,8 +401,9 @@ class Collector:
             if table.num_rows == 1:
                 return [(base, str(exc).splitlines()[0])]
         half = table.num_rows // 2
-        return (self._isolate_unparseable(table.slice(0, half), base)
-                + self._isolate_unparseable(table.slice(half), base + half))
+        return self._isolate_unparseable(table.slice(0, half), base) + self._isolate_unparseable(
+            table.slice(half), base + half
+        )
 
 
 def _read_complete_lines(fh: BinaryIO, budget: int, available: int) -> tuple[bytes, bytes | None]:
@@ -386,9 +424,11 @@ def _read_complete_lines(fh: BinaryIO, budget: int, available: int) -> tuple[byt
 
 def _overlong_rejection(source: Source, text: bytes, length: int) -> Rejection:
     """The rejection of everything in ``source`` from its committed offset: a line with no newline in time."""
-    reason = (f"no newline within {MAX_LINE_BYTES:,} bytes (the longest line the format allows): rejected from "
-              f"byte {source.committed_offset} on, the rest of the file is not read")
-    return Rejection(source.source_id, source.committed_offset, length, text[:MAX_REJECTED_CHARS * 4], reason)
+    reason = (
+        f"no newline within {MAX_LINE_BYTES:,} bytes (the longest line the format allows): rejected from "
+        f"byte {source.committed_offset} on, the rest of the file is not read"
+    )
+    return Rejection(source.source_id, source.committed_offset, length, text[: MAX_REJECTED_CHARS * 4], reason)
 
 
 def _rejection(table: pa.Table, index: int, reason: str) -> Rejection:
@@ -404,7 +444,10 @@ def _identity_problem(source: Source, stat: os.stat_result, head: bytes) -> tupl
     if (source.inode, source.device) != (stat.st_ino, stat.st_dev) and source.inode is not None:
         return "replaced", "file was replaced (another file now has its name); not re-read"
     if stat.st_size < source.committed_offset:
-        return "shrunk", f"file shrank to {stat.st_size} bytes below the {source.committed_offset} already ingested; not re-read"
+        return (
+            "shrunk",
+            f"file shrank to {stat.st_size} bytes below the {source.committed_offset} already ingested; not re-read",
+        )
     if not head.startswith(source.head):
         return "replaced", "file was replaced (different first bytes); not re-read"
     return None
@@ -430,25 +473,43 @@ def _source_row(read: _Read, rejected: int, now: float) -> dict:
     source = read.source
     lines = (read.chunk.line_count if read.chunk else 0) + (read.overlong is not None)
     return {
-        "source_id": source.source_id, "path": source.path, "file_rank": source.file_rank,
-        "device": source.device, "inode": source.inode, "head": source.head,
-        "committed_offset": source.committed_offset, "lines": lines - rejected, "rejected": rejected,
-        "state": source.state, "state_detail": read.incident, "updated_at": now,
+        "source_id": source.source_id,
+        "path": source.path,
+        "file_rank": source.file_rank,
+        "device": source.device,
+        "inode": source.inode,
+        "head": source.head,
+        "committed_offset": source.committed_offset,
+        "lines": lines - rejected,
+        "rejected": rejected,
+        "state": source.state,
+        "state_detail": read.incident,
+        "updated_at": now,
     }
 
 
 def _replace_run_info(con: duckdb.DuckDBPyConnection, info: RunInfo) -> None:
     topology = pa.Table.from_pylist(
-        [{"rank": p.rank, "host": p.host, "local_rank": p.local_rank, "dp": p.dp, "tp": p.tp, "pp": p.pp}
-         for p in info.topology],
+        [
+            {"rank": p.rank, "host": p.host, "local_rank": p.local_rank, "dp": p.dp, "tp": p.tp, "pp": p.pp}
+            for p in info.topology
+        ],
         schema=TOPOLOGY_SCHEMA,
     )
     con.execute(sql("clear_run_info"))
     con.register("run_topology", topology)
     con.execute(sql("insert_topology"))
     con.unregister("run_topology")
-    con.execute(sql("insert_run_info"), {
-        "run_id": info.run_id, "name": info.name, "created": info.created,
-        "schema_version": info.schema_version, "world_size": info.world_size,
-        "config": json.dumps(info.config), "raw": json.dumps(info.to_json()), "problems": list(info.problems),
-    })
+    con.execute(
+        sql("insert_run_info"),
+        {
+            "run_id": info.run_id,
+            "name": info.name,
+            "created": info.created,
+            "schema_version": info.schema_version,
+            "world_size": info.world_size,
+            "config": json.dumps(info.config),
+            "raw": json.dumps(info.to_json()),
+            "problems": list(info.problems),
+        },
+    )

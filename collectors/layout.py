@@ -10,6 +10,7 @@ RUN/
   bedside.duckdb                the store (written by the collector only)
 ```
 """
+
 from __future__ import annotations
 
 import os

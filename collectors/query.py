@@ -5,6 +5,7 @@ DuckDB lets one process write a database file. When the collector (or
 and views in memory from the raw telemetry files instead, so every query works
 the same on a live run and in a post-mortem.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -50,8 +51,9 @@ def open_for_reading(run_dir: Path, *, verify: bool = False, schemas: Sequence[S
     return ReadView(memory, "raw telemetry", f"{note}; read {result.lines} lines from the raw telemetry")
 
 
-def run_query(run_dir: Path, query: str, limits: ConsoleLimits | None = None, *,
-              schemas: Sequence[Schema] = ()) -> tuple[ConsoleResult, ReadView]:
+def run_query(
+    run_dir: Path, query: str, limits: ConsoleLimits | None = None, *, schemas: Sequence[Schema] = ()
+) -> tuple[ConsoleResult, ReadView]:
     """Run a user's read-only SQL against a run's views (in a sandbox: ``store.console``)."""
     view = open_for_reading(run_dir, schemas=schemas)
     try:

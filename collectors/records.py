@@ -6,6 +6,7 @@ holds values in their JSON form already (numbers as ``encode_number`` gives them
 field that is None is left out of the line. Records are not checked here: the
 collector checks every line, whoever wrote it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -142,8 +143,7 @@ class Event(Envelope):
 Record = RankInfo | Step | RankStep | Eval | Checkpoint | Action | Heartbeat | Log | RunEnd | FaultInjected | Event
 
 KIND_RECORDS: dict[str, type[Record]] = {
-    cls.kind: cls for cls in (RankInfo, Step, RankStep, Eval, Checkpoint, Action, Heartbeat, Log, RunEnd,
-                              FaultInjected)
+    cls.kind: cls for cls in (RankInfo, Step, RankStep, Eval, Checkpoint, Action, Heartbeat, Log, RunEnd, FaultInjected)
 }
 """The record class of each kind of format v1."""
 
@@ -190,8 +190,14 @@ def strict_record(kind: str, given: Mapping[str, Any], metrics: Metrics | None =
 
 def to_dict(record: Record) -> dict[str, Any]:
     """The JSON object of ``record``: the envelope, ``metrics`` when set, then the fields that are set."""
-    line: dict[str, Any] = {"kind": str(record.kind), "time": record.time, "rank": record.rank,
-                            "step": record.step, "timeline": record.timeline, "seq": record.seq}
+    line: dict[str, Any] = {
+        "kind": str(record.kind),
+        "time": record.time,
+        "rank": record.rank,
+        "step": record.step,
+        "timeline": record.timeline,
+        "seq": record.seq,
+    }
     if record.metrics is not None:
         line["metrics"] = record.metrics
     if type(record) is Event:

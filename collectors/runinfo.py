@@ -4,6 +4,7 @@ A run.json read from disk is checked field by field: a value of the wrong type o
 ``world_size`` of 3e9 or ``true``, a topology ``dp`` of 3e9) is left out and named in ``problems``, so the
 telemetry is still ingested; only a file that is not a JSON object is refused whole.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,8 +83,9 @@ class RunInfo:
         fields, problems = _checked_fields(data)
         world_size = fields.pop("world_size", None)
         topology, misplaced = _checked_topology(data.get("topology", []), world_size)
-        return cls(**{**(defaults or {}), **fields}, world_size=world_size, topology=topology,
-                   problems=(*problems, *misplaced))
+        return cls(
+            **{**(defaults or {}), **fields}, world_size=world_size, topology=topology, problems=(*problems, *misplaced)
+        )
 
 
 def _shown(value: Any) -> str:
@@ -138,8 +140,13 @@ def _checked_topology(entries: Any, world_size: int | None) -> tuple[tuple[RankP
         if problem:
             problems.append(f"topology[{index}]{problem}: the placement of this entry is ignored")
         else:
-            placements.append(RankPlacement(rank=int(entry["rank"]), host=entry["host"],
-                                            **{k: int(entry.get(k, 0)) for k in ("local_rank", "dp", "tp", "pp")}))
+            placements.append(
+                RankPlacement(
+                    rank=int(entry["rank"]),
+                    host=entry["host"],
+                    **{k: int(entry.get(k, 0)) for k in ("local_rank", "dp", "tp", "pp")},
+                )
+            )
     return tuple(placements), problems
 
 

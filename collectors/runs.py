@@ -3,6 +3,7 @@
 The status comes from the facts read in the files' tails by the rule the store's
 ``run`` view applies: the ``run_status`` macro, evaluated in an in-memory store.
 """
+
 from __future__ import annotations
 
 import stat
@@ -52,8 +53,11 @@ def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
         info = read_run_info(layout)
     except RunInfoError:
         info = None
-    files = [f for f in layout.source_files()
-             if f.parent == layout.telemetry and rank_of_file(f) is not None and _is_regular(f)]
+    files = [
+        f
+        for f in layout.source_files()
+        if f.parent == layout.telemetry and rank_of_file(f) is not None and _is_regular(f)
+    ]
     records = [r for f in files for r in tail_records(f, TAIL_BYTES)]
     last_seen = max((r["time"] for r in records if _is_number(r.get("time"))), default=None)
     steps = [r["step"] for r in records if r.get("kind") == Kind.STEP and _is_integer(r.get("step"))]
@@ -87,8 +91,12 @@ def _ended_ranks(records: list[dict]) -> dict[int, str]:
     latest: dict[int, dict] = {}
     for record in records:
         rank = record.get("rank")
-        if (_is_integer(rank) and _is_number(record.get("time")) and not _is_bad_end(record)
-                and (rank not in latest or _place(record) >= _place(latest[rank]))):
+        if (
+            _is_integer(rank)
+            and _is_number(record.get("time"))
+            and not _is_bad_end(record)
+            and (rank not in latest or _place(record) >= _place(latest[rank]))
+        ):
             latest[rank] = record
     return {rank: r["status"] for rank, r in latest.items() if r.get("kind") == Kind.RUN_END}
 
@@ -113,8 +121,14 @@ def _is_integer(value: object) -> TypeGuard[int]:
 
 def _status(ends: dict[int, str], world: int, last_seen: float | None, now: float) -> str:
     """The run view's status for these facts (``run_status`` of migrations/008_run_status.sql)."""
-    facts = {"any_failed": RunEndStatus.FAILED in ends.values(), "any_aborted": RunEndStatus.ABORTED in ends.values(),
-             "ranks_ended": len(ends), "world_size": world, "last_seen": last_seen, "now": now}
+    facts = {
+        "any_failed": RunEndStatus.FAILED in ends.values(),
+        "any_aborted": RunEndStatus.ABORTED in ends.values(),
+        "ranks_ended": len(ends),
+        "world_size": world,
+        "last_seen": last_seen,
+        "now": now,
+    }
     return str(_rule_store().fetch_named("status_of_facts", facts)["status"].iloc[0])
 
 

@@ -5,6 +5,7 @@ secret, a directory or a device is no request. The file is opened with ``O_NOFOL
 checked with ``fstat`` on the descriptor itself (so nothing can be swapped in between), and read up to
 its cap.
 """
+
 from __future__ import annotations
 
 import errno
@@ -61,9 +62,14 @@ def _open_problem(path: Path, error: OSError) -> str:
 
 def file_type(mode: int) -> str:
     """What kind of file ``mode`` (an ``st_mode``) describes, in words."""
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a regular file" if stat.S_ISREG(mode) else "a special file"

@@ -6,6 +6,7 @@ the rank's file, so a record reaches the OS (and survives ``kill -9`` of the
 process) within ``flush_every_s`` plus the time to encode the backlog.
 ``close()`` flushes.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -163,8 +164,9 @@ class RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(RunEndStatus.FINISHED if exc_type is None else RunEndStatus.FAILED,
-                   None if exc is None else repr(exc))
+        self.close(
+            RunEndStatus.FINISHED if exc_type is None else RunEndStatus.FAILED, None if exc is None else repr(exc)
+        )
 
     # -- internals --------------------------------------------------------
     def _put(
@@ -182,8 +184,9 @@ class RunLogger:
                 raise RuntimeError("RunLogger is closed")
             self._enqueue(kind, step, metrics, pending, fields)
 
-    def _enqueue(self, kind: RecordKind, step: int, metrics: dict | None, pending: Pending | None,
-                 fields: dict | None) -> None:
+    def _enqueue(
+        self, kind: RecordKind, step: int, metrics: dict | None, pending: Pending | None, fields: dict | None
+    ) -> None:
         self._last_step = step
         self._queue.append((kind, time.time(), step, self.timeline, metrics, pending, fields))
         if len(self._queue) > _EARLY_FLUSH_BACKLOG:
@@ -232,12 +235,18 @@ class RunLogger:
         kind, when, step, timeline, metrics, pending, fields = item
         if pending is not None:
             pending.wait()
-        given = {k: v if isinstance(v, (str, bool, list, dict)) else resolve(v)
-                 for k, v in fields.items() if v is not None} if fields else {}
+        given = (
+            {k: v if isinstance(v, (str, bool, list, dict)) else resolve(v) for k, v in fields.items() if v is not None}
+            if fields
+            else {}
+        )
         resolved = {name: resolve(v) for name, v in metrics.items()} if metrics else None
         envelope = {"time": when, "rank": self.rank, "step": step, "timeline": timeline, "seq": channel.next_seq}
-        record = (build_record(kind, given, resolved, **envelope) if isinstance(kind, str)
-                  else kind(**envelope, metrics=resolved, **given))  # one of ours: the fields fit
+        record = (
+            build_record(kind, given, resolved, **envelope)
+            if isinstance(kind, str)
+            else kind(**envelope, metrics=resolved, **given)
+        )  # one of ours: the fields fit
         line = to_line(record)
         channel.next_seq += 1
         return line
@@ -256,8 +265,12 @@ class RunLogger:
         """Write run.json on a new run; on a relaunch with another world size, update it."""
         existing = read_run_info(self.layout)
         if existing is None:
-            info = RunInfo(name=name or self.layout.root.name, world_size=self.world_size,
-                           topology=topology, config=dict(config or {}))
+            info = RunInfo(
+                name=name or self.layout.root.name,
+                world_size=self.world_size,
+                topology=topology,
+                config=dict(config or {}),
+            )
             write_run_info(self.layout, info)
         elif existing.world_size != self.world_size:
             write_run_info(self.layout, replace(existing, world_size=self.world_size, topology=topology))

@@ -3,6 +3,7 @@
 ``detect`` runs them over plain DataFrames; ``build_detectors`` makes them for a runner
 of your own. Both are imported on first use, so ``import bedside.detectors`` stays cheap.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -10,6 +10,7 @@ shards that merely shared steps with the bad one) and at least ``min_batches`` o
 batches were ``high_z`` above the trend. It is suggested for quarantine; the finding
 clears after ``clear_after`` normal batches of the shard.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,11 +70,20 @@ class BadShardDetector(Detector):
 
     name = "bad_shard"
     kinds = (FindingKind("bad_shard", Family.TRAINING, tolerance=500, cause="data: a bad shard", precedence=20),)
-    limits = ranges(t_alarm=POSITIVE, min_batches=COUNT, high_z=POSITIVE, clip=POSITIVE, horizon=COUNT,
-                    clear_after=COUNT)
+    limits = ranges(
+        t_alarm=POSITIVE, min_batches=COUNT, high_z=POSITIVE, clip=POSITIVE, horizon=COUNT, clear_after=COUNT
+    )
 
-    def __init__(self, *, t_alarm: float = 5.0, min_batches: int = 3, high_z: float = 3.0, clip: float = 8.0,
-                 horizon: int = 500, clear_after: int = 10) -> None:
+    def __init__(
+        self,
+        *,
+        t_alarm: float = 5.0,
+        min_batches: int = 3,
+        high_z: float = 3.0,
+        clip: float = 8.0,
+        horizon: int = 500,
+        clear_after: int = 10,
+    ) -> None:
         super().__init__()
         self.t_alarm, self.min_batches, self.high_z, self.clip = t_alarm, min_batches, high_z, clip
         self.decay = 1.0 - 1.0 / horizon
@@ -89,8 +99,9 @@ class BadShardDetector(Detector):
             return []
         out: dict[int, Finding] = {}
         losses = rows["loss"].to_numpy(dtype=float, na_value=np.nan)
-        for timeline, step, loss, shards in zip(rows["timeline"].to_numpy(int), rows["step"].to_numpy(int),
-                                                losses, rows["shards"]):
+        for timeline, step, loss, shards in zip(
+            rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), losses, rows["shards"]
+        ):
             z = self._score(int(timeline), int(step), float(loss))
             read = _shard_ids(shards)
             if z is None or not read:
@@ -141,8 +152,12 @@ class BadShardDetector(Detector):
             self._open[shard_id] = current
             return current
         first, last = shard.first_high, shard.last_high
-        if (shard.high < self.min_batches or first is None or last is None
-                or (current is not None and last <= current.end_step)):
+        if (
+            shard.high < self.min_batches
+            or first is None
+            or last is None
+            or (current is not None and last <= current.end_step)
+        ):
             return None
         t = self._welch_t(shard)
         if t < self.t_alarm:
@@ -162,16 +177,35 @@ class BadShardDetector(Detector):
         mean, _ = shard.sums.moments()
         others_mean, _ = self._all.minus(shard.sums).moments()
         return Finding(
-            kind="bad_shard", severity=Severity.WARNING, timeline=timeline,
-            start_step=first, end_step=last, ranks=(), score=round(t, 3),
-            summary=(f"shard {shard_id}: {shard.high} of its batches sat over {self.high_z:g} sigma above the loss "
-                     f"trend (mean {mean:+.1f} sigma against {others_mean:+.1f} for other batches, t = {t:.1f})"),
-            evidence={"shard": shard_id, "recent_batches": shard.sums.n, "high_batches": shard.high,
-                      "mean_z": mean, "others_mean_z": others_mean, "welch_t": t, "t_alarm": self.t_alarm,
-                      "high_z": self.high_z},
-            suggested_action=SuggestedAction("quarantine", {"shard": shard_id},
-                                             "stop reading the shard; rewind past its batches if the loss has not recovered"),
-            active=True, detector=self.name)
+            kind="bad_shard",
+            severity=Severity.WARNING,
+            timeline=timeline,
+            start_step=first,
+            end_step=last,
+            ranks=(),
+            score=round(t, 3),
+            summary=(
+                f"shard {shard_id}: {shard.high} of its batches sat over {self.high_z:g} sigma above the loss "
+                f"trend (mean {mean:+.1f} sigma against {others_mean:+.1f} for other batches, t = {t:.1f})"
+            ),
+            evidence={
+                "shard": shard_id,
+                "recent_batches": shard.sums.n,
+                "high_batches": shard.high,
+                "mean_z": mean,
+                "others_mean_z": others_mean,
+                "welch_t": t,
+                "t_alarm": self.t_alarm,
+                "high_z": self.high_z,
+            },
+            suggested_action=SuggestedAction(
+                "quarantine",
+                {"shard": shard_id},
+                "stop reading the shard; rewind past its batches if the loss has not recovered",
+            ),
+            active=True,
+            detector=self.name,
+        )
 
 
 def _shard_ids(value: object) -> list[int]:

@@ -8,6 +8,7 @@ and the first mismatch (``message``). Corrupt checkpoints reported before the ne
 storage is suspect and the fallback grows thin). The finding clears when a checkpoint is
 saved after them: the run again has a recent place to go back to.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,15 @@ class CheckpointCorruptDetector(Detector):
     """Checkpoints the trainer found corrupt, until a new one is saved."""
 
     name = "checkpoint_corrupt"
-    kinds = (FindingKind("checkpoint_corrupt", Family.CHECKPOINTS, tolerance=0,
-                         cause="storage: checkpoints fail verification", precedence=60),)
+    kinds = (
+        FindingKind(
+            "checkpoint_corrupt",
+            Family.CHECKPOINTS,
+            tolerance=0,
+            cause="storage: checkpoints fail verification",
+            precedence=60,
+        ),
+    )
     limits = ranges(critical_count=COUNT)
 
     def __init__(self, *, critical_count: int = 2) -> None:
@@ -58,16 +66,29 @@ class CheckpointCorruptDetector(Detector):
         fallback = self.run.checkpoint_before(timeline, step + 1)
         onset = (previous.timeline, previous.start_step, previous.end_step) if previous else (timeline, step, step)
         self._open = Finding(
-            kind="checkpoint_corrupt", severity=severity, timeline=onset[0], start_step=onset[1],
-            end_step=max(step, onset[2]), ranks=(), score=float(count),
-            summary=f"{count} checkpoint{'s' if count > 1 else ''} failed verification"
-                    f" (latest: {path or 'unnamed'})",
-            evidence={"checkpoints": checkpoints, "count": count, "critical_count": self.critical_count,
-                      "newest_good_checkpoint_step": fallback},
+            kind="checkpoint_corrupt",
+            severity=severity,
+            timeline=onset[0],
+            start_step=onset[1],
+            end_step=max(step, onset[2]),
+            ranks=(),
+            score=float(count),
+            summary=f"{count} checkpoint{'s' if count > 1 else ''} failed verification (latest: {path or 'unnamed'})",
+            evidence={
+                "checkpoints": checkpoints,
+                "count": count,
+                "critical_count": self.critical_count,
+                "newest_good_checkpoint_step": fallback,
+            },
             suggested_action=SuggestedAction(
-                "investigate", {}, "check the checkpoint storage (disk, filesystem, copies) and take a fresh "
-                                   "checkpoint: a rewind or restart can only fall back past the corrupt ones"),
-            active=True, detector=self.name)
+                "investigate",
+                {},
+                "check the checkpoint storage (disk, filesystem, copies) and take a fresh "
+                "checkpoint: a rewind or restart can only fall back past the corrupt ones",
+            ),
+            active=True,
+            detector=self.name,
+        )
         return self._open
 
     def _saved(self, step: int) -> Finding | None:
@@ -81,8 +102,12 @@ class CheckpointCorruptDetector(Detector):
 def _described(path: str | None, reason: str | None) -> dict[str, object]:
     """One corrupt checkpoint as evidence: its path, the (timeline, step) its name says, and what failed."""
     match = _NAME.search(path or "")
-    return {"path": path, "step": int(match[1]) if match else None, "timeline": int(match[2]) if match else None,
-            "reason": reason}
+    return {
+        "path": path,
+        "step": int(match[1]) if match else None,
+        "timeline": int(match[2]) if match else None,
+        "reason": reason,
+    }
 
 
 def _text(value: object) -> str | None:

@@ -6,6 +6,7 @@ higher-order terms that matter only when C approaches M). Waste per unit of time
 interval ``T`` is about ``C / T`` (time spent saving) plus ``T / (2 M)`` (work lost,
 on average half an interval, per interruption).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,5 +42,6 @@ def advise(save_s: float, span_s: float, interruptions: int, current_interval_s:
     mtbf = span_s / max(interruptions, 1)
     optimal = math.sqrt(2.0 * save_s * mtbf)
     current_waste = expected_waste(current_interval_s, save_s, mtbf) if current_interval_s else None
-    return CheckpointAdvice(save_s, mtbf, interruptions, current_interval_s, optimal, current_waste,
-                            expected_waste(optimal, save_s, mtbf))
+    return CheckpointAdvice(
+        save_s, mtbf, interruptions, current_interval_s, optimal, current_waste, expected_waste(optimal, save_s, mtbf)
+    )

@@ -6,6 +6,7 @@ reported it) or hopeless (the newest step on its timeline is ``lag`` steps furth
 rank has stopped), and releases steps strictly in (timeline, step) order, so that
 feeding a run in one batch or in many releases the same steps in the same order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,8 +88,11 @@ class StepAssembler:
         starts = np.concatenate([[0], np.flatnonzero(step_ends)[:-1] + 1])
         counts = np.flatnonzero(step_ends) + 1 - starts
         steps_t, steps_s = t[step_ends], s[step_ends]
-        ready = len(counts) if final else self._ready_prefix(steps_t, steps_s, counts,
-                                                              world_size or len(self._ranks_seen), give_up)
+        ready = (
+            len(counts)
+            if final
+            else self._ready_prefix(steps_t, steps_s, counts, world_size or len(self._ranks_seen), give_up)
+        )
         if not ready:
             return None
         last = (int(steps_t[ready - 1]), int(steps_s[ready - 1]))
@@ -99,8 +103,9 @@ class StepAssembler:
         take = kept[done[kept] & ~late[kept]]
         return self._matrix({name: column[take] for name, column in pending.items()})
 
-    def _ready_prefix(self, timelines: np.ndarray, steps: np.ndarray, counts: np.ndarray, world: int,
-                      give_up: bool) -> int:
+    def _ready_prefix(
+        self, timelines: np.ndarray, steps: np.ndarray, counts: np.ndarray, world: int, give_up: bool
+    ) -> int:
         """How many of the sorted pending steps can go: a prefix of complete or hopeless ones."""
         newest = np.zeros(len(steps), dtype=np.int64)
         for timeline in np.unique(timelines):

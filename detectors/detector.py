@@ -1,4 +1,5 @@
 """The detector interface: what every detector declares (name, kinds, settings' ranges) and does."""
+
 from __future__ import annotations
 
 import inspect
@@ -40,14 +41,17 @@ class Detector(ABC):
             return  # a base that concrete detectors specialise
         kinds = getattr(cls, "kinds", ())
         if not kinds or not all(isinstance(kind, FindingKind) for kind in kinds):
-            raise DetectorConfigError(f"detector {cls.name!r} must declare kinds: the FindingKind of each finding "
-                                      "it emits")
+            raise DetectorConfigError(
+                f"detector {cls.name!r} must declare kinds: the FindingKind of each finding it emits"
+            )
         settings = [p.name for p in list(inspect.signature(cls.__init__).parameters.values())[1:]]
         limits = getattr(cls, "limits", None)
         if limits is None or set(limits) != set(settings):
             declared = sorted(limits or ())
-            raise DetectorConfigError(f"detector {cls.name!r} must declare the range of each setting in limits: "
-                                      f"its settings are {sorted(settings)}, its limits {declared}")
+            raise DetectorConfigError(
+                f"detector {cls.name!r} must declare the range of each setting in limits: "
+                f"its settings are {sorted(settings)}, its limits {declared}"
+            )
 
     def __new__(cls, *args: Any, **settings: Any) -> Self:
         chosen = cls.settings(*args, **settings)

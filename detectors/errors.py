@@ -1,4 +1,5 @@
 """Named exceptions of the detectors (a base of their own: detectors import nothing of the collectors)."""
+
 from __future__ import annotations
 
 

@@ -12,6 +12,7 @@ the eval, and without this they would never re-enter the fit). A second rule see
 same failure without a forecast: over the last ``trend_evals`` evals the held-out score
 is flat or rising while the training loss keeps falling (the job memorises what it is fed).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -45,13 +46,34 @@ class EvalStallDetector(Detector):
     """Held-out eval that stopped improving against the compute spent."""
 
     name = "eval_stall"
-    kinds = (FindingKind("eval_stall", Family.LEARNING, tolerance=400,
-                         cause="the job computes but the model stopped improving", precedence=50),)
-    limits = ranges(min_evals=Range(3, integer=True), band_z=POSITIVE, min_rel_sigma=POSITIVE, patience=COUNT,
-                    trend_evals=Range(2, integer=True), train_drop=Range(0, 1, high_open=True))
+    kinds = (
+        FindingKind(
+            "eval_stall",
+            Family.LEARNING,
+            tolerance=400,
+            cause="the job computes but the model stopped improving",
+            precedence=50,
+        ),
+    )
+    limits = ranges(
+        min_evals=Range(3, integer=True),
+        band_z=POSITIVE,
+        min_rel_sigma=POSITIVE,
+        patience=COUNT,
+        trend_evals=Range(2, integer=True),
+        train_drop=Range(0, 1, high_open=True),
+    )
 
-    def __init__(self, *, min_evals: int = 6, band_z: float = 3.0, min_rel_sigma: float = 0.001,
-                 patience: int = 2, trend_evals: int = 5, train_drop: float = 0.02) -> None:
+    def __init__(
+        self,
+        *,
+        min_evals: int = 6,
+        band_z: float = 3.0,
+        min_rel_sigma: float = 0.001,
+        patience: int = 2,
+        trend_evals: int = 5,
+        train_drop: float = 0.02,
+    ) -> None:
         super().__init__()
         self.min_evals, self.band_z, self.min_rel_sigma = min_evals, band_z, min_rel_sigma
         self.patience, self.trend_evals, self.train_drop = patience, trend_evals, train_drop
@@ -66,8 +88,9 @@ class EvalStallDetector(Detector):
         evals = evals[evals["name"].isin(LOSS_SCORES)]
         out = []
         for row in evals.itertuples(index=False):
-            found = self._observe(int(row.timeline), str(row.split), str(row.name), int(row.step),
-                                  _compute(row), float(row.value))
+            found = self._observe(
+                int(row.timeline), str(row.split), str(row.name), int(row.step), _compute(row), float(row.value)
+            )
             if found is not None:
                 out.append(found)
         return out
@@ -81,11 +104,10 @@ class EvalStallDetector(Detector):
             losses = self._train.setdefault(int(timeline), [])
             for step, loss in zip(group["step"].to_numpy(int)[keep], group["loss"].to_numpy(float)[keep]):
                 if losses and step <= losses[-1][0]:
-                    del losses[bisect.bisect_left(losses, (step, -math.inf)):]
+                    del losses[bisect.bisect_left(losses, (step, -math.inf)) :]
                 losses.append((int(step), float(loss)))
 
-    def _observe(self, timeline: int, split: str, name: str, step: int, compute: float,
-                 value: float) -> Finding | None:
+    def _observe(self, timeline: int, split: str, name: str, step: int, compute: float, value: float) -> Finding | None:
         if not (math.isfinite(value) and math.isfinite(compute) and compute > 0):
             return None
         series = self._series_for(timeline, split, name, step)
@@ -133,21 +155,22 @@ class EvalStallDetector(Detector):
 
     def _still_improving(self, evals: list[tuple], sigma: float) -> bool:
         """The last ``trend_evals`` evals (step, compute, value, ...) fall, by more than the band, first to last."""
-        recent = np.array([e[2] for e in evals[-self.trend_evals:]])
+        recent = np.array([e[2] for e in evals[-self.trend_evals :]])
         if len(recent) < self.trend_evals or math.log(recent[0] / recent[-1]) <= self.band_z * sigma:
             return False
         return bool(stats.spearmanr(np.arange(len(recent)), recent).statistic < 0.0)
 
     def _train_falls_eval_flat(self, timeline: int, series: _Series, step: int) -> bool:
         """Over the last ``trend_evals`` evals: eval not improving while the training loss keeps falling."""
-        recent = (series.points + [s[:3] for s in series.suspects])[-self.trend_evals:]
+        recent = (series.points + [s[:3] for s in series.suspects])[-self.trend_evals :]
         if len(recent) < self.trend_evals or len(series.points) < self.min_evals:
             return False
         evals = np.array([r[2] for r in recent])
         first_step = recent[0][0]
         losses = self._train.get(timeline, [])  # in step order: bisect rather than scan the whole run
-        train = losses[bisect.bisect_left(losses, (first_step, -math.inf)):
-                       bisect.bisect_right(losses, (step, math.inf))]
+        train = losses[
+            bisect.bisect_left(losses, (first_step, -math.inf)) : bisect.bisect_right(losses, (step, math.inf))
+        ]
         if len(train) < 2 * self.trend_evals:
             return False
         bins = np.array_split(np.array([v for _, v in train]), self.trend_evals)
@@ -156,29 +179,47 @@ class EvalStallDetector(Detector):
         train_drop = 1.0 - medians[-1] / medians[0]
         return bool(eval_rho >= 0.0 and evals[-1] >= evals[0] and train_drop >= self.train_drop)
 
-    def _open_or_grow(self, timeline: int, split: str, name: str, series: _Series, sigma: float,
-                      rule: str) -> Finding:
+    def _open_or_grow(self, timeline: int, split: str, name: str, series: _Series, sigma: float, rule: str) -> Finding:
         suspects = series.suspects
-        start = series.finding.start_step if series.finding and series.finding.active else (
-            suspects[0][0] if suspects else series.points[-self.trend_evals][0])
+        start = (
+            series.finding.start_step
+            if series.finding and series.finding.active
+            else (suspects[0][0] if suspects else series.points[-self.trend_evals][0])
+        )
         last = suspects[-1] if suspects else (*series.points[-1], float("nan"))
         excess = [math.log(v / f) / sigma for _, _, v, f in suspects] or [0.0]
         evidence = {
-            "split": split, "score": name, "rule": rule, "evals_above_band": len(suspects),
+            "split": split,
+            "score": name,
+            "rule": rule,
+            "evals_above_band": len(suspects),
             "last_eval": {"step": last[0], "value": last[2], "forecast": last[3], "cum_flops": last[1]},
-            "band_z": self.band_z, "sigma_log": sigma, "excess_sigma": max(excess),
+            "band_z": self.band_z,
+            "sigma_log": sigma,
+            "excess_sigma": max(excess),
             "fitted_evals": len(series.points),
         }
-        why = ("held-out eval is above the compute forecast" if rule == "forecast"
-               else "training loss falls while held-out eval does not")
+        why = (
+            "held-out eval is above the compute forecast"
+            if rule == "forecast"
+            else "training loss falls while held-out eval does not"
+        )
         series.finding = Finding(
-            kind="eval_stall", severity=Severity.WARNING, timeline=timeline, start_step=start, end_step=last[0],
-            ranks=(), score=round(max(excess), 3),
+            kind="eval_stall",
+            severity=Severity.WARNING,
+            timeline=timeline,
+            start_step=start,
+            end_step=last[0],
+            ranks=(),
+            score=round(max(excess), 3),
             summary=f"{split} {name} stopped improving against compute from step {start}: {why}",
             evidence=evidence,
-            suggested_action=SuggestedAction("investigate", {"step": start},
-                                             "check the data pipeline (repeated or mislabelled batches) and the LR"),
-            active=True, detector=self.name)
+            suggested_action=SuggestedAction(
+                "investigate", {"step": start}, "check the data pipeline (repeated or mislabelled batches) and the LR"
+            ),
+            active=True,
+            detector=self.name,
+        )
         return series.finding
 
 
@@ -195,8 +236,9 @@ def _compute(row: object) -> float:
     return float("nan")
 
 
-def forecast_evals(compute: np.ndarray, values: np.ndarray, at: np.ndarray, *, min_rel_sigma: float = 0.001
-                   ) -> tuple[np.ndarray, float] | None:
+def forecast_evals(
+    compute: np.ndarray, values: np.ndarray, at: np.ndarray, *, min_rel_sigma: float = 0.001
+) -> tuple[np.ndarray, float] | None:
     """The saturating power law through (compute, values), evaluated at ``at``, and its relative sigma.
 
     The band the detector holds evals to is ``center * exp(±band_z * sigma)``; None when
@@ -223,9 +265,13 @@ def _fit_power_law(c: np.ndarray, v: np.ndarray) -> tuple[float, float, float, f
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             (e, a, alpha), _ = optimize.curve_fit(
-                lambda x, e, a, alpha: _power_law(x, e, a, alpha, c0), c, v,
+                lambda x, e, a, alpha: _power_law(x, e, a, alpha, c0),
+                c,
+                v,
                 p0=(0.5 * floor, max(float(v[0]) - 0.5 * floor, 1e-6), 0.3),
-                bounds=([0.0, 0.0, 0.0], [floor, np.inf, 3.0]), maxfev=2000)
+                bounds=([0.0, 0.0, 0.0], [floor, np.inf, 3.0]),
+                maxfev=2000,
+            )
     except (RuntimeError, ValueError, optimize.OptimizeWarning):
         return None
     return float(e), float(a), float(alpha), c0

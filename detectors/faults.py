@@ -9,6 +9,7 @@ inject their own set (``TRAINER_FAULTS``, ``SIMULATED_FAULTS``): a name both kno
 (``straggler``, ``bad_shard``, ...) takes the keys its injector implements and expects the
 finding its signature gives there. Standard library only: the trainer imports this module.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,21 +110,37 @@ exponent bit makes the rank's local gradient norm an outlier (the sdc detector n
 the all-reduced norm infinite, which the nonfinite finding reports as well."""
 
 SIMULATED_FAULTS = _catalog(
-    FaultType("spike", "loss_spike", ONE_STEP, "job", {"sigma": Setting(8.0, 0.0), "lead": Setting(5, 0, integer=True)},
-              {"shape": ("single", "grad_leading", "divergent")}, magnitude="sigma"),
+    FaultType(
+        "spike",
+        "loss_spike",
+        ONE_STEP,
+        "job",
+        {"sigma": Setting(8.0, 0.0), "lead": Setting(5, 0, integer=True)},
+        {"shape": ("single", "grad_leading", "divergent")},
+        magnitude="sigma",
+    ),
     FaultType("nan", "nonfinite", TIMING, "rank_or_zero"),
     FaultType("inf", "nonfinite", TIMING, "rank_or_zero"),
-    FaultType("straggler", "straggler", TIMING, "node", {"factor": Setting(2.0, 1.0, 100.0)},
-              {"phase": ("compute", "data")}, magnitude="factor"),
-    FaultType("sdc_grad", "sdc", TIMING, "rank", {"scale_log2": Setting(4, 0, 60, integer=True)},
-              magnitude="scale_log2"),
+    FaultType(
+        "straggler",
+        "straggler",
+        TIMING,
+        "node",
+        {"factor": Setting(2.0, 1.0, 100.0)},
+        {"phase": ("compute", "data")},
+        magnitude="factor",
+    ),
+    FaultType(
+        "sdc_grad", "sdc", TIMING, "rank", {"scale_log2": Setting(4, 0, 60, integer=True)}, magnitude="scale_log2"
+    ),
     FaultType("sdc_quiet", "sdc", TIMING, "rank", {"rel": Setting(0.001, 0.0, 0.5)}, magnitude="rel"),
     FaultType("param_corrupt", "sdc", ONE_STEP, "rank"),
     FaultType("eval_stall", "eval_stall", ONSET, "job"),
     FaultType("hang", "hang", ONE_STEP, "node", {"timeout_s": Setting(600.0, 0.0)}),
     FaultType("bad_shard", "bad_shard", SPAN, "job", {"excess": Setting(1.0, 0.0)}, magnitude="excess", shards=True),
-    FaultType("throughput_drop", "throughput_drop", SPAN, "job", {"factor": Setting(0.8, 0.0, 0.99)},
-              magnitude="factor"),
+    FaultType(
+        "throughput_drop", "throughput_drop", SPAN, "job", {"factor": Setting(0.8, 0.0, 0.99)}, magnitude="factor"
+    ),
 )
 """The simulator's faults (detectors/datasets/effects.py). A name the trainer knows too differs from the
 trainer's only in the facts ``SHARED_FAULT_DIFFERENCES`` (tests/test_scoring.py) allows, each for the reason
@@ -229,8 +246,9 @@ def window_of(spec: Spec, ftype: FaultType) -> Window:
     return Window(first, None if steps is None else first + steps - 1, spec.get("every", 1))
 
 
-def target_ranks(spec: Spec, ftype: FaultType, world_size: int, hosts: Sequence[tuple[int, ...]] = ()
-                 ) -> tuple[int, ...]:
+def target_ranks(
+    spec: Spec, ftype: FaultType, world_size: int, hosts: Sequence[tuple[int, ...]] = ()
+) -> tuple[int, ...]:
     """The ranks a fault hits: every rank for a job-wide fault, a host's ranks (``hosts``) for ``host=``."""
     if ftype.targets == "job":
         return tuple(range(world_size))
@@ -255,11 +273,19 @@ def target_ranks(spec: Spec, ftype: FaultType, world_size: int, hosts: Sequence[
 # -- ground truth ---------------------------------------------------------------------
 
 
-def label_args(spec: str, ftype: FaultType, window: Window, settings: Mapping[str, Any], **notes: Any
-               ) -> dict[str, Any]:
+def label_args(
+    spec: str, ftype: FaultType, window: Window, settings: Mapping[str, Any], **notes: Any
+) -> dict[str, Any]:
     """The ``args`` of a fault's ``fault_injected`` record: spec, window, ``notes``, expected kind, settings."""
-    return {"spec": spec, "first": window.first, "last": window.last, "every": window.every, **notes,
-            "expected_kind": ftype.expected_kind, **settings}
+    return {
+        "spec": spec,
+        "first": window.first,
+        "last": window.last,
+        "every": window.every,
+        **notes,
+        "expected_kind": ftype.expected_kind,
+        **settings,
+    }
 
 
 @dataclass(frozen=True)
@@ -296,5 +322,12 @@ class Label:
         ranks = json.loads(target_ranks) if isinstance(target_ranks, str) else (target_ranks or [])
         first = int(a.get("first", step))
         window = Window(first, None if a.get("last") is None else int(a["last"]), int(a.get("every") or 1))
-        return cls(fault, a["expected_kind"], window, tuple(int(r) for r in ranks), a.get("spec", ""),
-                   a.get("magnitude"), int(timeline))
+        return cls(
+            fault,
+            a["expected_kind"],
+            window,
+            tuple(int(r) for r in ranks),
+            a.get("spec", ""),
+            a.get("magnitude"),
+            int(timeline),
+        )

@@ -1,4 +1,5 @@
 """The one output type of every detector: a ``Finding`` with its evidence and suggested action."""
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,18 @@ def declared_kinds() -> tuple[str, ...]:
 ACTION_NAMES = ("rewind", "skip", "quarantine", "evict", "investigate", "none")
 """What a finding can suggest; rewind, skip and quarantine map onto control requests."""
 
-JSON_KEYS = ("kind", "severity", "timeline", "start_step", "end_step", "ranks", "score",
-             "summary", "evidence", "suggested_action")
+JSON_KEYS = (
+    "kind",
+    "severity",
+    "timeline",
+    "start_step",
+    "end_step",
+    "ranks",
+    "score",
+    "summary",
+    "evidence",
+    "suggested_action",
+)
 """The keys of a finding as ``bedside detect --json`` prints it, in this order."""
 
 
@@ -103,10 +114,16 @@ class Finding:
     def to_json(self) -> dict[str, Any]:
         """The finding as ``bedside detect --json`` prints it: exactly ``JSON_KEYS``."""
         return {
-            "kind": self.kind, "severity": self.severity.value, "timeline": self.timeline,
-            "start_step": self.start_step, "end_step": self.end_step, "ranks": list(self.ranks),
-            "score": json_number(self.score), "summary": self.summary,
-            "evidence": json_safe(self.evidence), "suggested_action": self.suggested_action.to_json(),
+            "kind": self.kind,
+            "severity": self.severity.value,
+            "timeline": self.timeline,
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+            "ranks": list(self.ranks),
+            "score": json_number(self.score),
+            "summary": self.summary,
+            "evidence": json_safe(self.evidence),
+            "suggested_action": self.suggested_action.to_json(),
         }
 
 

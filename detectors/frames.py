@@ -5,6 +5,7 @@
 mode (``update`` then ``finish``, each result placed in an ``IncidentBook``) and returns
 the findings and the incidents.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,10 +31,20 @@ from .telemetry import (
     empty_frame,
 )
 
-FRAMES = {"steps": STEP_COLUMNS, "rank_steps": RANK_STEP_COLUMNS, "evals": EVAL_COLUMNS,
-          "checkpoints": CHECKPOINT_COLUMNS, "events": EVENT_COLUMNS}
-REQUIRED = {"steps": ("step",), "rank_steps": ("step", "rank"), "evals": ("step", "name", "value"),
-            "checkpoints": ("step", "event"), "events": ("step", "kind")}
+FRAMES = {
+    "steps": STEP_COLUMNS,
+    "rank_steps": RANK_STEP_COLUMNS,
+    "evals": EVAL_COLUMNS,
+    "checkpoints": CHECKPOINT_COLUMNS,
+    "events": EVENT_COLUMNS,
+}
+REQUIRED = {
+    "steps": ("step",),
+    "rank_steps": ("step", "rank"),
+    "evals": ("step", "name", "value"),
+    "checkpoints": ("step", "event"),
+    "events": ("step", "kind"),
+}
 """The columns a frame cannot do without; every other column may be left out."""
 INTEGER_COLUMNS = ("timeline", "step", "rank", "seq")
 TEXT_COLUMNS = ("shards", "param_checksum", "split", "name", "event", "path", "message", "kind", "host")
@@ -47,10 +58,18 @@ class Detection:
     incidents: list[Incident]
 
 
-def detect(*, steps: pd.DataFrame | None = None, rank_steps: pd.DataFrame | None = None,
-           evals: pd.DataFrame | None = None, checkpoints: pd.DataFrame | None = None,
-           events: pd.DataFrame | None = None, topology: pd.DataFrame | None = None, world_size: int | None = None,
-           settings: dict[str, dict[str, Any]] | None = None, only: list[str] | None = None) -> Detection:
+def detect(
+    *,
+    steps: pd.DataFrame | None = None,
+    rank_steps: pd.DataFrame | None = None,
+    evals: pd.DataFrame | None = None,
+    checkpoints: pd.DataFrame | None = None,
+    events: pd.DataFrame | None = None,
+    topology: pd.DataFrame | None = None,
+    world_size: int | None = None,
+    settings: dict[str, dict[str, Any]] | None = None,
+    only: list[str] | None = None,
+) -> Detection:
     """Run the registered detectors (or those in ``only``, with ``settings`` by name) over whole frames.
 
     A frame left out is empty; a column left out is missing (NaN), except ``timeline``
@@ -60,8 +79,11 @@ def detect(*, steps: pd.DataFrame | None = None, rank_steps: pd.DataFrame | None
     run = RunState(world_size=world_size, topology=_topology(topology))
     runner = DetectorRunner(build_detectors(settings, only), run)
     book = IncidentBook()
-    book.add(runner.update(telemetry_batch(steps=steps, rank_steps=rank_steps, evals=evals,
-                                           checkpoints=checkpoints, events=events)))
+    book.add(
+        runner.update(
+            telemetry_batch(steps=steps, rank_steps=rank_steps, evals=evals, checkpoints=checkpoints, events=events)
+        )
+    )
     book.add(runner.finish())
     findings = runner.ordered()
     incidents = [book.describe(i) for i in dict.fromkeys(book.incident_of(f) for f in findings)]

@@ -16,6 +16,7 @@ cadence): ``pause_factor`` x the longest such pause seen, ``first_pause_s`` befo
 was seen. A rank whose latest record is ``run_end`` is finished, not hung. A hang clears
 when its rank steps again (or writes ``run_end``); a job hang when any rank steps.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,8 +32,7 @@ from .telemetry import TelemetryBatch
 
 EDGES = np.logspace(-4, 6, 201)
 """Bins of the step-interval histogram: 20 per decade from 0.1 ms to 11.6 days."""
-STATE = {"rank": np.int64, "time": float, "pt": float, "ps": np.int64, "ptl": np.int64, "stepped": bool,
-         "end": bool}
+STATE = {"rank": np.int64, "time": float, "pt": float, "ps": np.int64, "ptl": np.int64, "stepped": bool, "end": bool}
 """Per known rank: its last record's time; its last step's time, step, timeline (its first record's
 before it has stepped: ``stepped`` False); whether its last record is run_end."""
 PAUSES = ("checkpoint", "eval")
@@ -132,11 +132,19 @@ class HangDetector(Detector):
 
     name = "hang"
     kinds = (FindingKind("hang", Family.PERFORMANCE, tolerance=50, cause="a rank stopped stepping", precedence=30),)
-    limits = ranges(min_seconds=POSITIVE, factor=POSITIVE, quantile=FRACTION, pause_factor=POSITIVE,
-                    first_pause_s=POSITIVE)
+    limits = ranges(
+        min_seconds=POSITIVE, factor=POSITIVE, quantile=FRACTION, pause_factor=POSITIVE, first_pause_s=POSITIVE
+    )
 
-    def __init__(self, *, min_seconds: float = 60.0, factor: float = 5.0, quantile: float = 0.99,
-                 pause_factor: float = 2.0, first_pause_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        *,
+        min_seconds: float = 60.0,
+        factor: float = 5.0,
+        quantile: float = 0.99,
+        pause_factor: float = 2.0,
+        first_pause_s: float = 600.0,
+    ) -> None:
         super().__init__()
         self.timing = _Timing(min_seconds, factor, quantile, pause_factor, first_pause_s)
         self._state: Columns = {name: np.zeros(0, dtype) for name, dtype in STATE.items()}
@@ -171,17 +179,30 @@ class HangDetector(Detector):
         steps = live["ps"][newest]
         behind = live["rank"][newest][steps < steps.max()].tolist()
         timeline, step = int(live["ptl"].max()), int(steps.min())
-        hang = _Hang((), timeline, step, {
-            "scope": "job", "how": "every live rank silent (wall clock)", "last_step": int(steps.max()),
-            "silent_s": round(now - float(live["time"].max()), 3), "threshold_s": round(float(thr.max()), 3),
-            "stopped_first": behind, "restart_from_step": self.run.checkpoint_before(timeline, step + 1)})
+        hang = _Hang(
+            (),
+            timeline,
+            step,
+            {
+                "scope": "job",
+                "how": "every live rank silent (wall clock)",
+                "last_step": int(steps.max()),
+                "silent_s": round(now - float(live["time"].max()), 3),
+                "threshold_s": round(float(thr.max()), 3),
+                "stopped_first": behind,
+                "restart_from_step": self.run.checkpoint_before(timeline, step + 1),
+            },
+        )
         self._open[(None, timeline, step)] = hang
         return [self._finding(hang)]
 
     def _learn_intervals(self, seg: Columns) -> None:
         """Intervals between each rank's consecutive steps (its last step before this batch included)."""
-        keep = seg["stepped"] & np.isfinite(seg["next_pt"]) & (
-            (seg["next_ps"] != seg["ps"]) | (seg["next_ptl"] != seg["ptl"]))  # a step written twice counts once
+        keep = (
+            seg["stepped"]
+            & np.isfinite(seg["next_pt"])
+            & ((seg["next_ps"] != seg["ps"]) | (seg["next_ptl"] != seg["ptl"]))
+        )  # a step written twice counts once
         self.timing.learn(seg["ptl"][keep], seg["ps"][keep], seg["next_pt"][keep] - seg["pt"][keep])
 
     def _evidence(self, rows: Columns) -> dict[str, np.ndarray]:
@@ -189,14 +210,18 @@ class HangDetector(Detector):
         step-interval threshold of its own previous one (so a job resuming after a pause everywhere is not
         evidence against the ranks that resume a moment later)."""
         base = self.timing.base
-        return {"any": rows["time"][rows["real"] & (rows["gap"] <= base)],
-                "step": rows["time"][rows["real"] & (rows["step_gap"] <= base)]}
+        return {
+            "any": rows["time"][rows["real"] & (rows["gap"] <= base)],
+            "step": rows["time"][rows["real"] & (rows["step_gap"] <= base)],
+        }
 
     # -- detection -----------------------------------------------------------------------
     def _detect(self, rows: Columns, seg: Columns, evidence: dict[str, np.ndarray]) -> list[_Hang]:
         """Open a hang for each stretch without steps in which either test fires."""
-        times = {name: np.sort(np.concatenate([found, self._held[name], [self._newest[name]]]))
-                 for name, found in evidence.items()}
+        times = {
+            name: np.sort(np.concatenate([found, self._held[name], [self._newest[name]]]))
+            for name, found in evidence.items()
+        }
         # Files read unevenly (a backlog): no rank is judged past the time every rank has been read to;
         # the evidence beyond it waits for the next batch.
         mark = np.inf if self.run.caught_up else _watermark(rows)
@@ -211,33 +236,46 @@ class HangDetector(Detector):
             key = (int(seg["rank"][i]), int(seg["ptl"][i]), int(seg["ps"][i]))
             if key in self._open:
                 continue
-            row = seg["first_row"][i] + int(np.argmin(silent[seg["first_row"][i]:seg["last_row"][i] + 1]))
-            self._open[key] = self._rank_hang(key, seg["pt"][i], (stopped[i], seg["pt"][i]),
-                                              (first_silent[i], rows["time"][row]))
+            row = seg["first_row"][i] + int(np.argmin(silent[seg["first_row"][i] : seg["last_row"][i] + 1]))
+            self._open[key] = self._rank_hang(
+                key, seg["pt"][i], (stopped[i], seg["pt"][i]), (first_silent[i], rows["time"][row])
+            )
             opened.append(self._open[key])
         return opened
 
-    def _first_after(self, times: np.ndarray, start: np.ndarray, timelines: np.ndarray, steps: np.ndarray,
-                     until: np.ndarray) -> np.ndarray:
+    def _first_after(
+        self, times: np.ndarray, start: np.ndarray, timelines: np.ndarray, steps: np.ndarray, until: np.ndarray
+    ) -> np.ndarray:
         """Per gap: the first of ``times`` past the gap's threshold and before it ends (inf: none)."""
         thr = self.timing.thresholds(timelines, steps)
         first = np.append(times, np.inf)[np.searchsorted(times, start + thr, side="right")]
         return np.where(first < until, first, np.inf)
 
-    def _rank_hang(self, key: tuple[int, int, int], last_step_time: float, stop: tuple[float, float],
-                   silence: tuple[float, float]) -> _Hang:
+    def _rank_hang(
+        self, key: tuple[int, int, int], last_step_time: float, stop: tuple[float, float], silence: tuple[float, float]
+    ) -> _Hang:
         """A rank's hang; ``stop`` and ``silence``: (when that test fired (inf: never), since when)."""
         rank, timeline, step = key
         stopped = stop[0] <= silence[0]
         detected, since = stop if stopped else silence
         thr = float(self.timing.thresholds(np.array([timeline]), np.array([step]))[0])
-        return _Hang((rank,), timeline, step, {
-            "scope": "rank", "how": "no step while other ranks step" if stopped
-            else "silent while other ranks still write", "place": self.run.place_of(rank), "last_step": step,
-            "last_step_time": float(last_step_time), "detected_at": float(detected),
-            "silent_s": round(float(detected - since), 3),
-            "threshold_s": round(thr, 3), "step_interval_threshold_s": round(self.timing.base, 3),
-            "restart_from_step": self.run.checkpoint_before(timeline, step + 1)})
+        return _Hang(
+            (rank,),
+            timeline,
+            step,
+            {
+                "scope": "rank",
+                "how": "no step while other ranks step" if stopped else "silent while other ranks still write",
+                "place": self.run.place_of(rank),
+                "last_step": step,
+                "last_step_time": float(last_step_time),
+                "detected_at": float(detected),
+                "silent_s": round(float(detected - since), 3),
+                "threshold_s": round(thr, 3),
+                "step_interval_threshold_s": round(self.timing.base, 3),
+                "restart_from_step": self.run.checkpoint_before(timeline, step + 1),
+            },
+        )
 
     def _close(self, rows: Columns, seg: Columns) -> list[_Hang]:
         """Clear hangs whose rank stepped again or ended; a job hang clears at any step."""
@@ -270,28 +308,50 @@ class HangDetector(Detector):
         if ev["scope"] == "rank":
             host = ev["place"].get("host")
             args.update({"host": host} if host else {})
-            summary = (f"rank {hang.ranks[0]}{f' (host {host})' if host else ''} hangs after step {hang.step}: "
-                       f"{ev['how']} for {ev['silent_s']:g} s (threshold {ev['threshold_s']:g} s)")
+            summary = (
+                f"rank {hang.ranks[0]}{f' (host {host})' if host else ''} hangs after step {hang.step}: "
+                f"{ev['how']} for {ev['silent_s']:g} s (threshold {ev['threshold_s']:g} s)"
+            )
         else:
             first = ev["stopped_first"]
-            summary = (f"the job hangs after step {hang.step}: {ev['how']} for {ev['silent_s']:g} s"
-                       + (f"; rank(s) {', '.join(map(str, first))} stopped a step earlier" if first else ""))
+            summary = f"the job hangs after step {hang.step}: {ev['how']} for {ev['silent_s']:g} s" + (
+                f"; rank(s) {', '.join(map(str, first))} stopped a step earlier" if first else ""
+            )
         why = "find what it is blocked on (stack dump, dmesg, collective logs)" + (
-            f"; if it does not recover, restart from the checkpoint of step {restart}" if restart is not None else "")
-        return Finding("hang", Severity.CRITICAL, hang.timeline, hang.step,
-                       hang.step if hang.end_step is None else hang.end_step, hang.ranks, float(ev["silent_s"]),
-                       summary, ev, SuggestedAction("investigate", args, why), hang.end_step is None, self.name)
+            f"; if it does not recover, restart from the checkpoint of step {restart}" if restart is not None else ""
+        )
+        return Finding(
+            "hang",
+            Severity.CRITICAL,
+            hang.timeline,
+            hang.step,
+            hang.step if hang.end_step is None else hang.end_step,
+            hang.ranks,
+            float(ev["silent_s"]),
+            summary,
+            ev,
+            SuggestedAction("investigate", args, why),
+            hang.end_step is None,
+            self.name,
+        )
 
 
 def _records(batch: TelemetryBatch) -> Columns | None:
     """Every record of the batch as columns: ``rank``, ``time``, ``step``, ``timeline``, ``progress`` (a step
     record), ``end`` (run_end); None when there is none."""
     sources = ((batch.steps, True), (batch.rank_steps, True), (batch.checkpoints, False), (batch.events, False))
-    parts = [{"rank": f["rank"].to_numpy(np.int64), "time": f["time"].to_numpy(float),
-              "step": f["step"].to_numpy(np.int64), "timeline": f["timeline"].to_numpy(np.int64),
-              "progress": np.full(len(f), progress),
-              "end": f["kind"].eq("run_end").to_numpy(bool) if f is batch.events else np.zeros(len(f), bool)}
-             for f, progress in sources if len(f)]
+    parts = [
+        {
+            "rank": f["rank"].to_numpy(np.int64),
+            "time": f["time"].to_numpy(float),
+            "step": f["step"].to_numpy(np.int64),
+            "timeline": f["timeline"].to_numpy(np.int64),
+            "progress": np.full(len(f), progress),
+            "end": f["kind"].eq("run_end").to_numpy(bool) if f is batch.events else np.zeros(len(f), bool),
+        }
+        for f, progress in sources
+        if len(f)
+    ]
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} if parts else None
 
 
@@ -304,10 +364,17 @@ def _rows(new: Columns, state: Columns) -> Columns:
     """
     n = len(state["rank"])
     real = np.r_[np.zeros(n, bool), np.ones(len(new["rank"]), bool)]
-    rows = {"rank": np.r_[state["rank"], new["rank"]], "time": np.r_[state["time"], new["time"]],
-            "step": np.r_[state["ps"], new["step"]], "timeline": np.r_[state["ptl"], new["timeline"]],
-            "progress": np.r_[np.zeros(n, bool), new["progress"]], "end": np.r_[state["end"], new["end"]],
-            "real": real, "pt": np.r_[state["pt"], new["time"]], "stepped": np.r_[state["stepped"], new["progress"]]}
+    rows = {
+        "rank": np.r_[state["rank"], new["rank"]],
+        "time": np.r_[state["time"], new["time"]],
+        "step": np.r_[state["ps"], new["step"]],
+        "timeline": np.r_[state["ptl"], new["timeline"]],
+        "progress": np.r_[np.zeros(n, bool), new["progress"]],
+        "end": np.r_[state["end"], new["end"]],
+        "real": real,
+        "pt": np.r_[state["pt"], new["time"]],
+        "stepped": np.r_[state["stepped"], new["progress"]],
+    }
     order = np.lexsort((rows["time"], rows["real"], rows["rank"]))
     rows = {name: values[order] for name, values in rows.items()}
     first = np.r_[True, rows["rank"][1:] != rows["rank"][:-1]]

@@ -7,6 +7,7 @@ incident's id is stable while it grows (what alerts and acknowledgements refer t
 An incident is resolved when every finding in it has cleared, or when an operator closes it by
 hand; a closed incident takes no new findings (they open a new incident).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -48,8 +49,9 @@ class Incident:
 class IncidentBook:
     """Assigns findings to incidents (remembering past assignments) and describes each incident."""
 
-    def __init__(self, assignments: dict[str, str] | None = None, *, closed: set[str] | None = None,
-                 gap: int = 25) -> None:
+    def __init__(
+        self, assignments: dict[str, str] | None = None, *, closed: set[str] | None = None, gap: int = 25
+    ) -> None:
         self.gap = gap
         self._incident_of: dict[str, str] = dict(assignments or {})
         self._members: dict[str, dict[str, Finding]] = {}
@@ -102,13 +104,21 @@ class IncidentBook:
         family = family_of(members[0].kind)
         extra = len(members) - 1
         return Incident(
-            incident_id=incident_id, title=f"{family.heading}: {', '.join(kinds)}",
-            severity=worst.severity, resolved=not any(f.active for f in members), cause=_cause(members),
-            timeline=members[0].timeline, start_step=min(f.start_step for f in members),
-            end_step=max(f.end_step for f in members), kinds=kinds,
-            ranks=tuple(sorted({r for f in members for r in f.ranks})), findings=tuple(members),
+            incident_id=incident_id,
+            title=f"{family.heading}: {', '.join(kinds)}",
+            severity=worst.severity,
+            resolved=not any(f.active for f in members),
+            cause=_cause(members),
+            timeline=members[0].timeline,
+            start_step=min(f.start_step for f in members),
+            end_step=max(f.end_step for f in members),
+            kinds=kinds,
+            ranks=tuple(sorted({r for f in members for r in f.ranks})),
+            findings=tuple(members),
             summary=worst.summary + (f" (+{extra} related finding{'s' if extra > 1 else ''})" if extra else ""),
-            suggested_action=_action(members, worst), closed_by_hand=incident_id in self._closed)
+            suggested_action=_action(members, worst),
+            closed_by_hand=incident_id in self._closed,
+        )
 
 
 def worst_of(findings: Iterable[Finding]) -> Finding:

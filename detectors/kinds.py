@@ -1,5 +1,6 @@
 """What a detector declares of each kind of finding it emits: its incident family, the cause it points to,
 and how far from a fault the benchmark lets it date a finding."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,8 +18,12 @@ class Family(StrEnum):
     @property
     def heading(self) -> str:
         """How an incident of this family is titled."""
-        return {"training": "Training instability", "performance": "Slow or stuck ranks",
-                "learning": "Not learning", "checkpoints": "Checkpoints lost"}[self.value]
+        return {
+            "training": "Training instability",
+            "performance": "Slow or stuck ranks",
+            "learning": "Not learning",
+            "checkpoints": "Checkpoints lost",
+        }[self.value]
 
 
 @dataclass(frozen=True)

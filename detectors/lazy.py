@@ -1,4 +1,5 @@
 """Packages whose names load on first use, so that importing them costs nothing (the CLI's start-up)."""
+
 from __future__ import annotations
 
 import importlib
@@ -8,6 +9,7 @@ from typing import Any
 
 def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``package``: ``name`` comes from its submodule ``where[name]``, imported then."""
+
     def __getattr__(name: str) -> Any:
         if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
 """What a detector's settings may be: the range of each, checked when the detector is made."""
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,9 @@ class Range:
     def __str__(self) -> str:
         what = "an integer" if self.integer else "a number"
         if self.low is not None and self.high is not None:
-            return f"{what} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return (
+                f"{what} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            )
         if self.low is not None:
             return f"{what} {'>' if self.low_open else '>='} {self.low:g}"
         if self.high is not None:
@@ -42,8 +45,9 @@ class Range:
     def check(self, detector: str, setting: str, value: object) -> None:
         """Raise ``DetectorConfigError`` naming the detector, the setting, the value and this range."""
         if not self.admits(value):
-            raise DetectorConfigError(f"detector {detector!r}: setting {setting} = {value!r} is out of range "
-                                      f"(expected {self})")
+            raise DetectorConfigError(
+                f"detector {detector!r}: setting {setting} = {value!r} is out of range (expected {self})"
+            )
 
 
 POSITIVE = Range(0, low_open=True)
@@ -71,8 +75,9 @@ class Below:
         assert isinstance(low, Real) and isinstance(high, Real)  # each passed its range first
         if not (low <= high if self.or_equal else low < high):
             relation = "at most" if self.or_equal else "below"
-            raise DetectorConfigError(f"detector {detector!r}: setting {self.lower} = {low!r} must be {relation} "
-                                      f"{self.upper} = {high!r}")
+            raise DetectorConfigError(
+                f"detector {detector!r}: setting {self.lower} = {low!r} must be {relation} {self.upper} = {high!r}"
+            )
 
 
 def ranges(**limits: Range) -> MappingProxyType[str, Range]:

@@ -5,6 +5,7 @@ job-level finding never waits for the other ranks. Per-rank rows go through a
 ``StepAssembler``: a step's non-finite ranks are named once every rank has reported
 it, so that the ranks of a finding do not depend on how the rows were batched.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -141,8 +142,14 @@ class NonFiniteDetector(Detector):
             return []
         mask = nonfinite_mask(rows, JOB_METRICS, self._job.measured)[:, None]
         values = {name: numbers(rows[name])[:, None] for name in JOB_METRICS}
-        return self._scan(self._job, numbers(rows["timeline"]).astype(int), numbers(rows["step"]).astype(int),
-                          np.array([JOB]), values, mask)
+        return self._scan(
+            self._job,
+            numbers(rows["timeline"]).astype(int),
+            numbers(rows["step"]).astype(int),
+            np.array([JOB]),
+            values,
+            mask,
+        )
 
     def _released(self, matrix: StepMatrix | None) -> list[Finding]:
         if matrix is None:
@@ -151,8 +158,15 @@ class NonFiniteDetector(Detector):
         mask = np.nan_to_num(matrix.values[MASK], nan=0.0).astype(np.int64)
         return self._scan(self._ranks, matrix.timelines, matrix.steps, matrix.ranks, values, mask)
 
-    def _scan(self, stream: _Stream, timelines: np.ndarray, steps: np.ndarray, labels: np.ndarray,
-              values: dict[str, np.ndarray], mask: np.ndarray) -> list[Finding]:
+    def _scan(
+        self,
+        stream: _Stream,
+        timelines: np.ndarray,
+        steps: np.ndarray,
+        labels: np.ndarray,
+        values: dict[str, np.ndarray],
+        mask: np.ndarray,
+    ) -> list[Finding]:
         """Walk rows in step order: open, grow and close episodes of non-finite steps."""
         changed, done = [], 0
         for i in _rows_to_visit(np.any(mask, axis=1), stream.open is not None):
@@ -165,8 +179,9 @@ class NonFiniteDetector(Detector):
         stream.last.update(steps[done:], labels, {n: v[done:] for n, v in values.items()})
         return changed
 
-    def _step(self, stream: _Stream, timeline: int, step: int, labels: np.ndarray,
-              bad: dict[int, Decoded]) -> list[Finding]:
+    def _step(
+        self, stream: _Stream, timeline: int, step: int, labels: np.ndarray, bad: dict[int, Decoded]
+    ) -> list[Finding]:
         """One step of a stream: the ``labels`` with non-finite values (none: a clean step), the first detailed."""
         changed, episode = [], stream.open
         if episode is not None and (not len(labels) or timeline != episode.timeline or step <= episode.end):
@@ -187,24 +202,47 @@ class NonFiniteDetector(Detector):
         metrics = sorted({name for per in episode.onset["values"].values() for name in per})
         where = f"rank{'s' if len(episode.ranks) > 1 else ''} {_listed(episode.ranks)}" if episode.ranks else "the job"
         span = f"step {episode.start}" if episode.end == episode.start else f"steps {episode.start}-{episode.end}"
-        evidence = {"level": "rank" if episode.ranks else "job", "onset": episode.onset, "latest": episode.latest,
-                    "nonfinite_steps": episode.steps, "last_finite": episode.last_finite}
-        return Finding("nonfinite", Severity.CRITICAL, episode.timeline, episode.start, episode.end, episode.ranks,
-                       float(episode.steps), f"non-finite {', '.join(metrics)} on {where} at {span}", evidence,
-                       self._action(episode.timeline, episode.start), episode.active, self.name)
+        evidence = {
+            "level": "rank" if episode.ranks else "job",
+            "onset": episode.onset,
+            "latest": episode.latest,
+            "nonfinite_steps": episode.steps,
+            "last_finite": episode.last_finite,
+        }
+        return Finding(
+            "nonfinite",
+            Severity.CRITICAL,
+            episode.timeline,
+            episode.start,
+            episode.end,
+            episode.ranks,
+            float(episode.steps),
+            f"non-finite {', '.join(metrics)} on {where} at {span}",
+            evidence,
+            self._action(episode.timeline, episode.start),
+            episode.active,
+            self.name,
+        )
 
     def _action(self, timeline: int, start: int) -> SuggestedAction:
         to_step = self.run.checkpoint_before(timeline, start)
         if to_step is None:
-            return SuggestedAction("investigate", {}, f"no good checkpoint before step {start}: find the cause "
-                                                      "(data, learning rate, hardware) before going on")
-        return SuggestedAction("rewind", {"to_step": to_step},
-                               f"step {to_step} is the newest good checkpoint before the first non-finite step {start}")
+            return SuggestedAction(
+                "investigate",
+                {},
+                f"no good checkpoint before step {start}: find the cause "
+                "(data, learning rate, hardware) before going on",
+            )
+        return SuggestedAction(
+            "rewind",
+            {"to_step": to_step},
+            f"step {to_step} is the newest good checkpoint before the first non-finite step {start}",
+        )
 
 
 def _rows_to_visit(bad: np.ndarray, open_before: bool) -> np.ndarray:
     """Rows that open, grow or close an episode: the non-finite ones and the first clean row after each run."""
-    after = np.concatenate(([open_before], bad[:-1]))[:len(bad)] & ~bad
+    after = np.concatenate(([open_before], bad[:-1]))[: len(bad)] & ~bad
     return np.flatnonzero(bad | after)
 
 

@@ -1,6 +1,7 @@
 """Every detector bedside ships, found by looking: each module of this package is imported once, and each
 concrete ``Detector`` subclass defined there is registered by its ``name``. Adding a detector is adding its
 file; nothing has to be imported first."""
+
 from __future__ import annotations
 
 import importlib
@@ -59,8 +60,7 @@ def finding_kinds() -> MappingProxyType[str, FindingKind]:
     return MappingProxyType(kinds)
 
 
-def build_detectors(settings: dict[str, dict[str, Any]] | None = None,
-                    only: list[str] | None = None) -> list[Detector]:
+def build_detectors(settings: dict[str, dict[str, Any]] | None = None, only: list[str] | None = None) -> list[Detector]:
     """One instance of every registered detector (or those in ``only``), with ``settings`` by name."""
     settings = {_current(name): value for name, value in (settings or {}).items()}
     wanted = None if only is None else {_current(name) for name in only}
@@ -75,6 +75,7 @@ def _current(name: str) -> str:
     """The detector's name now; an old name is taken with a warning."""
     if name not in RENAMED:
         return name
-    warnings.warn(f"detector {name!r} is now named {RENAMED[name]!r}; the old name will stop working",
-                  FutureWarning, stacklevel=3)
+    warnings.warn(
+        f"detector {name!r} is now named {RENAMED[name]!r}; the old name will stop working", FutureWarning, stacklevel=3
+    )
     return RENAMED[name]

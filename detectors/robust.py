@@ -1,4 +1,5 @@
 """Robust statistics shared by the detectors: median/MAD scale, robust z-scores, one-sided CUSUM."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Runs every detector over batches of new telemetry and keeps the latest version of each finding."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

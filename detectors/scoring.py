@@ -11,6 +11,7 @@ only ranks of the label. A finding is a **false alarm** when it is neither of a 
 within the label's margin on its timeline (whatever ranks it names: a straggler's peers wait
 too) nor the known consequence of a fault nearby on the same timeline (``CONSEQUENCES``: a NaN also moves the gradient norm).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,16 @@ import pandas as pd
 from .faults import Label
 from .finding import Finding
 
-CONSEQUENCES = {"loss_spike": {"grad_spike", "nonfinite", "bad_shard"}, "nonfinite": {"loss_spike", "grad_spike"},
-                "bad_shard": {"loss_spike", "grad_spike"}, "hang": {"throughput_drop", "straggler"},
-                "sdc": {"grad_spike", "loss_spike", "nonfinite"}, "straggler": {"throughput_drop"},
-                "throughput_drop": {"straggler"}, "eval_stall": set()}
+CONSEQUENCES = {
+    "loss_spike": {"grad_spike", "nonfinite", "bad_shard"},
+    "nonfinite": {"loss_spike", "grad_spike"},
+    "bad_shard": {"loss_spike", "grad_spike"},
+    "hang": {"throughput_drop", "straggler"},
+    "sdc": {"grad_spike", "loss_spike", "nonfinite"},
+    "straggler": {"throughput_drop"},
+    "throughput_drop": {"straggler"},
+    "eval_stall": set(),
+}
 """The finding kinds each expected kind also causes: not false alarms near such a fault."""
 CONSEQUENCE_STEPS = (5, 200)
 """Steps before a fault's first step and after its last where its consequences are expected."""
@@ -77,14 +84,35 @@ def match(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd
     for label in labels:
         hits = [f for f in _candidates(findings, label, margin) if _blames(f["ranks"], label)]
         first = _closest(hits, label)
-        rows.append({"timeline": label.timeline, "step": label.first, "fault": label.fault,
-                     "kind": label.expected_kind,
-                     "target_ranks": list(label.ranks), "magnitude": label.magnitude, "found": first is not None,
-                     "finding_id": first["finding_id"] if first else None,
-                     "delay": first["start_step"] - label.first if first else None,
-                     "culprit": _culprit(first["ranks"], label) if first else None})
-    return pd.DataFrame(rows, columns=["timeline", "step", "fault", "kind", "target_ranks", "magnitude", "found", "finding_id",
-                                       "delay", "culprit"])
+        rows.append(
+            {
+                "timeline": label.timeline,
+                "step": label.first,
+                "fault": label.fault,
+                "kind": label.expected_kind,
+                "target_ranks": list(label.ranks),
+                "magnitude": label.magnitude,
+                "found": first is not None,
+                "finding_id": first["finding_id"] if first else None,
+                "delay": first["start_step"] - label.first if first else None,
+                "culprit": _culprit(first["ranks"], label) if first else None,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "timeline",
+            "step",
+            "fault",
+            "kind",
+            "target_ranks",
+            "magnitude",
+            "found",
+            "finding_id",
+            "delay",
+            "culprit",
+        ],
+    )
 
 
 def false_alarms(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd.DataFrame:
@@ -105,12 +133,18 @@ def precision_recall(matches: pd.DataFrame, alarms: pd.DataFrame, steps: int) ->
     for kind, group in matches.groupby("kind"):
         delays, culprits = group["delay"].dropna(), group["culprit"].dropna()
         found, fa = int(group["found"].sum()), counts.get(kind, 0)
-        rows.append({"kind": kind, "faults": len(group), "recall": round(group["found"].mean(), 3),
-                     "precision": round(found / (found + fa), 3) if found + fa else float("nan"),
-                     "median_delay": delays.median() if len(delays) else None,
-                     "p90_delay": delays.quantile(0.9) if len(delays) else None,
-                     "false_alarms_per_10k": _per_10k(fa, steps),
-                     "culprit_accuracy": round(culprits.astype(float).mean(), 3) if len(culprits) else None})
+        rows.append(
+            {
+                "kind": kind,
+                "faults": len(group),
+                "recall": round(group["found"].mean(), 3),
+                "precision": round(found / (found + fa), 3) if found + fa else float("nan"),
+                "median_delay": delays.median() if len(delays) else None,
+                "p90_delay": delays.quantile(0.9) if len(delays) else None,
+                "false_alarms_per_10k": _per_10k(fa, steps),
+                "culprit_accuracy": round(culprits.astype(float).mean(), 3) if len(culprits) else None,
+            }
+        )
     for kind in sorted(set(counts) - set(matches["kind"])):
         rows.append({"kind": kind, "faults": 0, "false_alarms_per_10k": _per_10k(counts[kind], steps)})
     return pd.DataFrame(rows)
@@ -123,12 +157,17 @@ def scorecard(records: pd.DataFrame, findings: pd.DataFrame, margin: int) -> pd.
     either side of each fault's window.
     """
     matches = match(findings, labels_of(records), Margin(margin, margin))
-    return pd.DataFrame({
-        "step": matches["step"].astype("int64"), "fault": matches["fault"],
-        "target_ranks": [json.dumps(ranks, separators=(",", ":")) for ranks in matches["target_ranks"]],
-        "found_as": pd.Series([k if found else None for k, found in zip(matches["kind"], matches["found"])],
-                              dtype=object),
-        "delay_steps": matches["delay"].astype("Int64")})  # whole steps, missing where nothing caught it
+    return pd.DataFrame(
+        {
+            "step": matches["step"].astype("int64"),
+            "fault": matches["fault"],
+            "target_ranks": [json.dumps(ranks, separators=(",", ":")) for ranks in matches["target_ranks"]],
+            "found_as": pd.Series(
+                [k if found else None for k, found in zip(matches["kind"], matches["found"])], dtype=object
+            ),
+            "delay_steps": matches["delay"].astype("Int64"),
+        }
+    )  # whole steps, missing where nothing caught it
 
 
 def _candidates(findings: pd.DataFrame, label: Label, margin: Margin) -> list[dict[str, Any]]:
@@ -146,8 +185,11 @@ def _consequences(findings: pd.DataFrame, label: Label) -> list[dict[str, Any]]:
 
 def _near(findings: pd.DataFrame, label: Label, kinds: set[str], low: int, high: int) -> pd.DataFrame:
     """The findings of ``kinds`` on the label's timeline that start from step ``low`` to ``high``."""
-    return findings[(findings["timeline"] == label.timeline) & findings["kind"].isin(kinds)
-                    & findings["start_step"].between(low, high)]
+    return findings[
+        (findings["timeline"] == label.timeline)
+        & findings["kind"].isin(kinds)
+        & findings["start_step"].between(low, high)
+    ]
 
 
 def _closest(hits: list[dict[str, Any]], label: Label) -> dict[str, Any] | None:

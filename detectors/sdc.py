@@ -14,6 +14,7 @@ Both signals come from complete steps (a ``StepAssembler``), walked in step orde
 Evidence against one rank on one timeline is one finding (both signals together),
 active while its checksum still disagrees or within ``gap`` steps of its last outlier.
 """
+
 from __future__ import annotations
 
 import math
@@ -159,13 +160,34 @@ class SdcDetector(Detector):
     """Silent data corruption: replica checksum mismatches and one-rank local gradient norm outliers."""
 
     name = "sdc"
-    kinds = (FindingKind("sdc", Family.TRAINING, tolerance=10,
-                         cause="hardware-suspect: silent data corruption on rank {ranks}", precedence=10),)
-    limits = ranges(false_alarms_per_step=FRACTION, half_life=POSITIVE, warmup=OPTIONAL_COUNT,
-                    min_ratio_log2=NON_NEGATIVE, gap=OPTIONAL_COUNT, lag=COUNT)
+    kinds = (
+        FindingKind(
+            "sdc",
+            Family.TRAINING,
+            tolerance=10,
+            cause="hardware-suspect: silent data corruption on rank {ranks}",
+            precedence=10,
+        ),
+    )
+    limits = ranges(
+        false_alarms_per_step=FRACTION,
+        half_life=POSITIVE,
+        warmup=OPTIONAL_COUNT,
+        min_ratio_log2=NON_NEGATIVE,
+        gap=OPTIONAL_COUNT,
+        lag=COUNT,
+    )
 
-    def __init__(self, *, false_alarms_per_step: float = 1e-5, half_life: int = 1000, warmup: int = 400,
-                 min_ratio_log2: float = 1.0, gap: int = 100, lag: int = 20) -> None:
+    def __init__(
+        self,
+        *,
+        false_alarms_per_step: float = 1e-5,
+        half_life: int = 1000,
+        warmup: int = 400,
+        min_ratio_log2: float = 1.0,
+        gap: int = 100,
+        lag: int = 20,
+    ) -> None:
         super().__init__()
         self.false_alarms_per_step = false_alarms_per_step
         self.half_life = half_life
@@ -227,10 +249,17 @@ class SdcDetector(Detector):
     def _mismatch(self, timeline: int, step: int, rank: int, vote: Vote, j: int) -> _Case:
         case = self._case(timeline, rank, step)
         before = case.checksum or {"first_step": step, "mismatched_checks": 0}
-        case.checksum = {**before, "step": step, "mismatched_checks": before["mismatched_checks"] + 1,
-                         "checksum": vote.names[vote.own[j]], "majority_checksum": vote.names[vote.majority[j]],
-                         "majority": int(vote.votes[j]), "replicas": int(vote.voters[j]),
-                         "last_agreeing_check": self._agreed.get(rank), "agrees_again_at": None}
+        case.checksum = {
+            **before,
+            "step": step,
+            "mismatched_checks": before["mismatched_checks"] + 1,
+            "checksum": vote.names[vote.own[j]],
+            "majority_checksum": vote.names[vote.majority[j]],
+            "majority": int(vote.votes[j]),
+            "replicas": int(vote.voters[j]),
+            "last_agreeing_check": self._agreed.get(rank),
+            "agrees_again_at": None,
+        }
         case.disagreeing, case.end, case.score = True, max(case.end, step), case.score + 1.0
         return case
 
@@ -257,15 +286,32 @@ class SdcDetector(Detector):
 
     def _split_finding(self, timeline: int, step: int, ranks: np.ndarray, vote: Vote, members: np.ndarray) -> Finding:
         to_step = self.run.checkpoint_before(timeline, step)
-        action = (SuggestedAction("rewind", {"to_step": to_step}, f"step {to_step} is the newest good checkpoint "
-                                  "before the replicas split; no majority tells which rank is corrupt")
-                  if to_step is not None else
-                  SuggestedAction("investigate", {"ranks": ranks.tolist()}, "no majority tells which rank is corrupt"))
+        action = (
+            SuggestedAction(
+                "rewind",
+                {"to_step": to_step},
+                f"step {to_step} is the newest good checkpoint "
+                "before the replicas split; no majority tells which rank is corrupt",
+            )
+            if to_step is not None
+            else SuggestedAction("investigate", {"ranks": ranks.tolist()}, "no majority tells which rank is corrupt")
+        )
         checksums = {int(r): vote.names[o] for r, o in zip(ranks, vote.own[members])}
-        return Finding("sdc", Severity.CRITICAL, timeline, step, step, tuple(int(r) for r in ranks), 1.0,
-                       f"replicas {', '.join(map(str, ranks))} agreed at their last check and disagree at step {step}, "
-                       "with no majority to name the corrupt one", {"checksums": checksums, "hardware_suspect": True,
-                                                                     "majority": None}, action, True, self.name)
+        return Finding(
+            "sdc",
+            Severity.CRITICAL,
+            timeline,
+            step,
+            step,
+            tuple(int(r) for r in ranks),
+            1.0,
+            f"replicas {', '.join(map(str, ranks))} agreed at their last check and disagree at step {step}, "
+            "with no majority to name the corrupt one",
+            {"checksums": checksums, "hardware_suspect": True, "majority": None},
+            action,
+            True,
+            self.name,
+        )
 
     def _end_splits(self) -> list[Finding]:
         """A rewind started a new timeline: the splits on the old one are over."""
@@ -281,8 +327,9 @@ class SdcDetector(Detector):
         return self._groups[1]
 
     # -- gradient norms ------------------------------------------------------------
-    def _gradients(self, timeline: int, step: int, ranks: np.ndarray, norms: np.ndarray,
-                   deviations: np.ndarray, median_log2: float) -> list[_Case]:
+    def _gradients(
+        self, timeline: int, step: int, ranks: np.ndarray, norms: np.ndarray, deviations: np.ndarray, median_log2: float
+    ) -> list[_Case]:
         compared = ~np.isnan(deviations)
         if compared.sum() < 2:
             return []
@@ -290,11 +337,24 @@ class SdcDetector(Detector):
         outliers = compared & ((deviations > threshold) | np.isposinf(deviations))
         sigma = self._tail.scale() if outliers.any() else 0.0
         self._tail.add(deviations[compared & ~outliers & np.isfinite(deviations)])
-        return [self._outlier(timeline, step, int(ranks[j]), {
-            "local_grad_norm": float(norms[j]), "median_local_grad_norm": float(2.0 ** median_log2),
-            "ratio_log2": float(deviations[j]), "robust_z": float(deviations[j] / max(sigma, 1e-12)),
-            "threshold_z": threshold / max(sigma, 1e-12), "threshold_log2": threshold, "scale_log2": sigma,
-            "ranks_compared": int(compared.sum())}) for j in np.flatnonzero(outliers)]
+        return [
+            self._outlier(
+                timeline,
+                step,
+                int(ranks[j]),
+                {
+                    "local_grad_norm": float(norms[j]),
+                    "median_local_grad_norm": float(2.0**median_log2),
+                    "ratio_log2": float(deviations[j]),
+                    "robust_z": float(deviations[j] / max(sigma, 1e-12)),
+                    "threshold_z": threshold / max(sigma, 1e-12),
+                    "threshold_log2": threshold,
+                    "scale_log2": sigma,
+                    "ranks_compared": int(compared.sum()),
+                },
+            )
+            for j in np.flatnonzero(outliers)
+        ]
 
     def _threshold(self, ranks: int) -> float:
         """The log2 deviation above which one of ``ranks`` is an outlier (infinite while warming up: then only
@@ -306,9 +366,14 @@ class SdcDetector(Detector):
     def _outlier(self, timeline: int, step: int, rank: int, seen: dict) -> _Case:
         case = self._case(timeline, rank, step)
         before = case.gradient or {"first_step": step, "hits": 0, "hit_steps": [], "max_ratio_log2": -math.inf}
-        case.gradient = {**before, "step": step, **seen, "hits": before["hits"] + 1,
-                         "hit_steps": (before["hit_steps"] + [step])[-HIT_STEPS:],
-                         "max_ratio_log2": max(before["max_ratio_log2"], seen["ratio_log2"])}
+        case.gradient = {
+            **before,
+            "step": step,
+            **seen,
+            "hits": before["hits"] + 1,
+            "hit_steps": (before["hit_steps"] + [step])[-HIT_STEPS:],
+            "max_ratio_log2": max(before["max_ratio_log2"], seen["ratio_log2"]),
+        }
         case.last_hit, case.end = step, max(case.end, step)
         excess = seen["ratio_log2"] / seen["threshold_log2"] if math.isfinite(seen["threshold_log2"]) else SCORE_CAP
         case.score += min(excess, SCORE_CAP)
@@ -334,8 +399,11 @@ class SdcDetector(Detector):
 
     def _expire(self, step: int) -> list[_Case]:
         """Close the cases whose checksum agrees (again) and that had no outlier within ``gap`` steps."""
-        closed = [case for case in self._cases.values()
-                  if not case.disagreeing and (case.last_hit is None or step > case.last_hit + self.gap)]
+        closed = [
+            case
+            for case in self._cases.values()
+            if not case.disagreeing and (case.last_hit is None or step > case.last_hit + self.gap)
+        ]
         for case in closed:
             case.active = False
             del self._cases[case.rank]
@@ -346,11 +414,27 @@ class SdcDetector(Detector):
         place = self.run.place_of(case.rank)
         host = f" ({place['host']})" if "host" in place else ""
         what = "; ".join(part for part in (_checksum_summary(case.checksum), _gradient_summary(case.gradient)) if part)
-        evidence = {"rank": case.rank, "place": place, "hardware_suspect": True,
-                    "checksum": case.checksum, "gradient": case.gradient}
-        return Finding("sdc", Severity.CRITICAL if critical else Severity.WARNING, case.timeline, case.start,
-                       case.end, (case.rank,), case.score, f"rank {case.rank}{host}: {what}", evidence,
-                       self._action(case, place.get("host")), case.active, self.name)
+        evidence = {
+            "rank": case.rank,
+            "place": place,
+            "hardware_suspect": True,
+            "checksum": case.checksum,
+            "gradient": case.gradient,
+        }
+        return Finding(
+            "sdc",
+            Severity.CRITICAL if critical else Severity.WARNING,
+            case.timeline,
+            case.start,
+            case.end,
+            (case.rank,),
+            case.score,
+            f"rank {case.rank}{host}: {what}",
+            evidence,
+            self._action(case, place.get("host")),
+            case.active,
+            self.name,
+        )
 
     def _action(self, case: _Case, host: str | None) -> SuggestedAction:
         machine = f"host {host}" if host else f"rank {case.rank}'s host"
@@ -358,24 +442,35 @@ class SdcDetector(Detector):
             agreed = case.checksum["last_agreeing_check"]
             to_step = self.run.checkpoint_before(case.timeline, case.start if agreed is None else agreed + 1)
             if to_step is not None:
-                return SuggestedAction("rewind", {"to_step": to_step},
-                                       f"replica {case.rank} diverged from its peers; step {to_step} is the newest "
-                                       f"good checkpoint before it did; evict {machine} if it happens again")
+                return SuggestedAction(
+                    "rewind",
+                    {"to_step": to_step},
+                    f"replica {case.rank} diverged from its peers; step {to_step} is the newest "
+                    f"good checkpoint before it did; evict {machine} if it happens again",
+                )
         elif case.hits < 2:
-            return SuggestedAction("investigate", {"rank": case.rank},
-                                   f"one corrupted gradient from rank {case.rank} entered the all-reduce at step "
-                                   f"{case.start}; evict {machine} if it happens again")
+            return SuggestedAction(
+                "investigate",
+                {"rank": case.rank},
+                f"one corrupted gradient from rank {case.rank} entered the all-reduce at step "
+                f"{case.start}; evict {machine} if it happens again",
+            )
         why = "its parameters differ from its replicas'" if case.checksum else f"{case.hits} corrupted gradients"
-        return SuggestedAction("evict", {"rank": case.rank, **({"host": host} if host else {})},
-                               f"rank {case.rank}: {why}; take {machine} out of the job")
+        return SuggestedAction(
+            "evict",
+            {"rank": case.rank, **({"host": host} if host else {})},
+            f"rank {case.rank}: {why}; take {machine} out of the job",
+        )
 
 
 def _checksum_summary(checksum: dict | None) -> str:
     if checksum is None:
         return ""
     state = "agreed again" if checksum["agrees_again_at"] is not None else "still differs"
-    return (f"parameter checksum differs from the one {checksum['majority']} of the {checksum['replicas']} "
-            f"replicas share, at {checksum['mismatched_checks']} check(s) from step {checksum['first_step']} ({state})")
+    return (
+        f"parameter checksum differs from the one {checksum['majority']} of the {checksum['replicas']} "
+        f"replicas share, at {checksum['mismatched_checks']} check(s) from step {checksum['first_step']} ({state})"
+    )
 
 
 def _gradient_summary(gradient: dict | None) -> str:
@@ -385,5 +480,7 @@ def _gradient_summary(gradient: dict | None) -> str:
     ranks, step = gradient["ranks_compared"], gradient["step"]
     if not math.isfinite(gradient["ratio_log2"]):
         return f"infinite local gradient norm among {ranks} ranks at step {step}{repeated}"
-    return (f"local gradient norm 2^{gradient['ratio_log2']:.1f} x the median of {ranks} ranks at step {step} "
-            f"(robust z {gradient['robust_z']:.0f} > {gradient['threshold_z']:.0f}){repeated}")
+    return (
+        f"local gradient norm 2^{gradient['ratio_log2']:.1f} x the median of {ranks} ranks at step {step} "
+        f"(robust z {gradient['robust_z']:.0f} > {gradient['threshold_z']:.0f}){repeated}"
+    )

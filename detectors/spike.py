@@ -10,6 +10,7 @@ once; consecutive elevated points grow it; it closes when the series stays below
 For ``settle_steps`` after a restart (a checkpoint loaded) the bar is ``settle_factor``
 times higher: a resumed job's small bump is expected, not an incident.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,14 +51,32 @@ class SpikeDetector(Detector):
     kind: str
     metric: str
     label: str
-    limits = ranges(z_alarm=POSITIVE, z_recover=POSITIVE, recover_steps=COUNT, diverge_steps=COUNT,
-                    critical_ratio=POSITIVE, window=Range(2, integer=True), min_points=Range(2, integer=True),
-                    settle_steps=OPTIONAL_COUNT, settle_factor=POSITIVE)
+    limits = ranges(
+        z_alarm=POSITIVE,
+        z_recover=POSITIVE,
+        recover_steps=COUNT,
+        diverge_steps=COUNT,
+        critical_ratio=POSITIVE,
+        window=Range(2, integer=True),
+        min_points=Range(2, integer=True),
+        settle_steps=OPTIONAL_COUNT,
+        settle_factor=POSITIVE,
+    )
     orders = (Below("z_recover", "z_alarm"), Below("min_points", "window", or_equal=True))
 
-    def __init__(self, *, z_alarm: float = 4.0, z_recover: float = 2.5, recover_steps: int = 2,
-                 diverge_steps: int = 50, critical_ratio: float = 4.0, window: int = 100,
-                 min_points: int = 30, settle_steps: int = 20, settle_factor: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        z_alarm: float = 4.0,
+        z_recover: float = 2.5,
+        recover_steps: int = 2,
+        diverge_steps: int = 50,
+        critical_ratio: float = 4.0,
+        window: int = 100,
+        min_points: int = 30,
+        settle_steps: int = 20,
+        settle_factor: float = 2.0,
+    ) -> None:
         super().__init__()
         self.z_alarm, self.z_recover, self.recover_steps = z_alarm, z_recover, recover_steps
         self.settle_steps, self.settle_factor = settle_steps, settle_factor
@@ -103,8 +122,11 @@ class SpikeDetector(Detector):
         self._diverged = None
         if ended is None:
             return None
-        return replace(ended, active=False,
-                       evidence={**ended.evidence, "ended_by": f"rewind to step {step} on timeline {timeline}"})
+        return replace(
+            ended,
+            active=False,
+            evidence={**ended.evidence, "ended_by": f"rewind to step {step} on timeline {timeline}"},
+        )
 
     def _maybe_open(self, timeline: int, step: int, value: float, y: float, score: Score) -> Finding | None:
         threshold = self.z_alarm * score.tail
@@ -113,8 +135,9 @@ class SpikeDetector(Detector):
         if score.z < threshold:
             self.trend.admit(step, y, score)
             return None
-        self._episode = _Episode(timeline, step, math.exp(score.predicted), threshold, score.tail, score.sigma,
-                                 score.z, value, step)
+        self._episode = _Episode(
+            timeline, step, math.exp(score.predicted), threshold, score.tail, score.sigma, score.z, value, step
+        )
         return self._finding(self._episode, active=True)
 
     def _follow(self, step: int, value: float, y: float, score: Score) -> Finding | None:
@@ -142,35 +165,58 @@ class SpikeDetector(Detector):
         self._diverged = self._finding(ep, active=True, diverged_at=step)
         return self._diverged
 
-    def _finding(self, ep: _Episode, *, active: bool, diverged_at: int | None = None,
-                 recovered_at: int | None = None) -> Finding:
+    def _finding(
+        self, ep: _Episode, *, active: bool, diverged_at: int | None = None, recovered_at: int | None = None
+    ) -> Finding:
         ratio = ep.peak_value / ep.baseline
         evidence = {
-            "metric": self.metric, "onset_step": ep.start, "peak_step": ep.peak_step, "peak_value": ep.peak_value,
-            "baseline_value": ep.baseline, "ratio_to_baseline": ratio, "peak_z": ep.peak_z,
-            "threshold_z": ep.threshold, "tail_factor": ep.tail, "sigma_log": ep.sigma,
+            "metric": self.metric,
+            "onset_step": ep.start,
+            "peak_step": ep.peak_step,
+            "peak_value": ep.peak_value,
+            "baseline_value": ep.baseline,
+            "ratio_to_baseline": ratio,
+            "peak_z": ep.peak_z,
+            "threshold_z": ep.threshold,
+            "tail_factor": ep.tail,
+            "sigma_log": ep.sigma,
             "last_elevated_step": ep.last_high,
         }
         if diverged_at is not None:
             evidence["diverged_at_step"] = diverged_at
         if recovered_at is not None:
             evidence["recovered_at_step"] = recovered_at
-        what = (f"{self.label} diverged: no recovery in {diverged_at - ep.start} steps" if diverged_at is not None
-                else f"{self.label} spiked")
+        what = (
+            f"{self.label} diverged: no recovery in {diverged_at - ep.start} steps"
+            if diverged_at is not None
+            else f"{self.label} spiked"
+        )
         return Finding(
-            kind=self.kind, severity=Severity.CRITICAL if diverged_at is not None or ratio >= self.critical_ratio
-            else Severity.WARNING, timeline=ep.timeline, start_step=ep.start, end_step=diverged_at or ep.last_high,
-            ranks=(), score=round(ep.peak_z, 3),
-            summary=(f"{what} from step {ep.start}: peak {ep.peak_value:.4g} at step {ep.peak_step}, "
-                     f"{ratio:.2f}x the trend ({ep.peak_z:.1f} robust sigma)"),
-            evidence=evidence, suggested_action=self._action(ep.timeline, ep.start, active, diverged_at is not None),
-            active=active, detector=self.name)
+            kind=self.kind,
+            severity=Severity.CRITICAL if diverged_at is not None or ratio >= self.critical_ratio else Severity.WARNING,
+            timeline=ep.timeline,
+            start_step=ep.start,
+            end_step=diverged_at or ep.last_high,
+            ranks=(),
+            score=round(ep.peak_z, 3),
+            summary=(
+                f"{what} from step {ep.start}: peak {ep.peak_value:.4g} at step {ep.peak_step}, "
+                f"{ratio:.2f}x the trend ({ep.peak_z:.1f} robust sigma)"
+            ),
+            evidence=evidence,
+            suggested_action=self._action(ep.timeline, ep.start, active, diverged_at is not None),
+            active=active,
+            detector=self.name,
+        )
 
     def _action(self, timeline: int, start: int, active: bool, diverged: bool) -> SuggestedAction:
         target = self.run.checkpoint_before(timeline, start)
         if not active and not diverged:
-            return SuggestedAction("investigate", {"step": start},
-                                   "recovered on its own; if spikes recur, rewind before them and skip their batches")
+            return SuggestedAction(
+                "investigate",
+                {"step": start},
+                "recovered on its own; if spikes recur, rewind before them and skip their batches",
+            )
         if target is None:
             return SuggestedAction("investigate", {"step": start}, "no good checkpoint before the onset to rewind to")
         return SuggestedAction("rewind", {"to_step": target}, f"the newest good checkpoint before step {start}")

@@ -21,6 +21,7 @@ on several hosts, is a stage imbalance; most of its host, a slow node. Ranks slo
 info, never suggested for eviction. An episode clears when its ranks' mean ``z`` stays
 under ``k``: a recovery CUSUM ``R = max(0, R + k - mean z)`` passes ``clear_h``.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,17 +83,17 @@ class _Reference:
         self.filled = self.pos = 0
         self._sort(np.sort(values))
         self.add(values)
-        self._sort(np.sort(self.ring[:self.filled]))
+        self._sort(np.sort(self.ring[: self.filled]))
 
     def add(self, values: np.ndarray) -> None:
         """Take residuals (outliers beyond ``outlier_sigmas`` kept out); re-sort once half of it is new."""
-        values = values[np.abs(values - self.center) <= self.outlier_sigmas * self.sigma][-len(self.ring):]
+        values = values[np.abs(values - self.center) <= self.outlier_sigmas * self.sigma][-len(self.ring) :]
         self.ring[(self.pos + np.arange(len(values))) % len(self.ring)] = values
         self.pos = (self.pos + len(values)) % len(self.ring)
         self.filled = min(len(self.ring), self.filled + len(values))
         self.fresh += len(values)
         if self.fresh * 2 >= len(self.ring):
-            self._sort(np.sort(self.ring[:self.filled]))
+            self._sort(np.sort(self.ring[: self.filled]))
 
     def median_se(self, count: int) -> float:
         """Standard error of a median of ``count`` residuals: 1 / (2 f(0) sqrt(count)), f from the middle 20%."""
@@ -120,16 +121,36 @@ class StragglerDetector(Detector):
     """Persistently slow ranks and nodes from per-rank phase times (see the module docstring)."""
 
     name = "straggler"
-    kinds = (FindingKind("straggler", Family.PERFORMANCE, tolerance=1000, cause="slow worker(s)", precedence=40,
-                         lead=100),)
-    limits = ranges(k=POSITIVE, false_alarm_steps=Range(1), clear_h=POSITIVE, warmup_steps=COUNT,
-                    horizon_steps=COUNT, reference_size=Range(8, integer=True), outlier_sigmas=POSITIVE,
-                    group_fraction=Range(0, 1, low_open=True), structural_min=NON_NEGATIVE, lag=COUNT)
+    kinds = (
+        FindingKind("straggler", Family.PERFORMANCE, tolerance=1000, cause="slow worker(s)", precedence=40, lead=100),
+    )
+    limits = ranges(
+        k=POSITIVE,
+        false_alarm_steps=Range(1),
+        clear_h=POSITIVE,
+        warmup_steps=COUNT,
+        horizon_steps=COUNT,
+        reference_size=Range(8, integer=True),
+        outlier_sigmas=POSITIVE,
+        group_fraction=Range(0, 1, low_open=True),
+        structural_min=NON_NEGATIVE,
+        lag=COUNT,
+    )
 
-    def __init__(self, *, k: float = 0.25, false_alarm_steps: float = 1e6, clear_h: float = 8.0,
-                 warmup_steps: int = 100,
-                 horizon_steps: int = 2000, reference_size: int = 8192, outlier_sigmas: float = 20.0,
-                 group_fraction: float = 0.5, structural_min: float = 0.05, lag: int = 20) -> None:
+    def __init__(
+        self,
+        *,
+        k: float = 0.25,
+        false_alarm_steps: float = 1e6,
+        clear_h: float = 8.0,
+        warmup_steps: int = 100,
+        horizon_steps: int = 2000,
+        reference_size: int = 8192,
+        outlier_sigmas: float = 20.0,
+        group_fraction: float = 0.5,
+        structural_min: float = 0.05,
+        lag: int = 20,
+    ) -> None:
         super().__init__()
         self.k, self.false_alarm_steps, self.clear_h = k, false_alarm_steps, clear_h
         self.warmup_steps, self.horizon_steps = warmup_steps, horizon_steps
@@ -187,12 +208,21 @@ class StragglerDetector(Detector):
         work[~(work > 0)] = np.nan
         d = np.log(work) - row_median(np.log(work))
         median = row_median(work)
-        excess = {name: np.nan_to_num(full[f"{name}_time"] - row_median(full[f"{name}_time"]))
-                  for name in ("compute", "data", "comm")}
+        excess = {
+            name: np.nan_to_num(full[f"{name}_time"] - row_median(full[f"{name}_time"]))
+            for name in ("compute", "data", "comm")
+        }
         valid = ~np.isnan(d)
-        columns = {"resid": np.zeros_like(d), "cost": work - median, "compute": excess["compute"],
-                   "data": excess["data"], "wait": -excess["comm"], "median": np.broadcast_to(median, d.shape),
-                   "phased": np.broadcast_to(phased, d.shape), "count": np.ones_like(d)}
+        columns = {
+            "resid": np.zeros_like(d),
+            "cost": work - median,
+            "compute": excess["compute"],
+            "data": excess["data"],
+            "wait": -excess["comm"],
+            "median": np.broadcast_to(median, d.shape),
+            "phased": np.broadcast_to(phased, d.shape),
+            "count": np.ones_like(d),
+        }
         obs = np.stack([np.where(valid, columns[name], 0.0) for name in OBS], axis=1)
         return d, obs
 
@@ -239,8 +269,10 @@ class StragglerDetector(Detector):
         self._reference.reset(_valid(warm - self._b))
         floor = max(math.log1p(self.structural_min), 4 * se)
         timeline, first = start
-        found = [_Episode("structural", ranks, timeline, first, step, step, stage=stage, active=False)
-                 for stage, ranks in self._by_stage(np.flatnonzero(self._b > floor))]
+        found = [
+            _Episode("structural", ranks, timeline, first, step, step, stage=stage, active=False)
+            for stage, ranks in self._by_stage(np.flatnonzero(self._b > floor))
+        ]
         for episode in found:
             episode.frozen = self._evidence(episode)
         return found
@@ -257,9 +289,9 @@ class StragglerDetector(Detector):
         for members in self._stages(len(raw)):
             values = raw[members]
             center = np.nanmedian(values) if (~np.isnan(values)).any() else 0.0
-            tau2 = max(0.0, float(mad_sigma(values)) ** 2 - se ** 2)
+            tau2 = max(0.0, float(mad_sigma(values)) ** 2 - se**2)
             dev = values - center
-            b[members] = np.where(dev > 4 * se, values, center + dev * tau2 / (tau2 + se ** 2))
+            b[members] = np.where(dev > 4 * se, values, center + dev * tau2 / (tau2 + se**2))
         return b
 
     def _stages(self, size: int) -> list[np.ndarray]:
@@ -288,8 +320,16 @@ class StragglerDetector(Detector):
             if self._claimed[rank]:
                 continue  # taken by a node or stage episode opened this step
             scope, members, host, stage = self._group(int(rank))
-            episode = _Episode(scope, members, int(self._run_timeline[members].min()),
-                               int(self._run_start[members].min()), step, step, host=host, stage=stage)
+            episode = _Episode(
+                scope,
+                members,
+                int(self._run_timeline[members].min()),
+                int(self._run_start[members].min()),
+                step,
+                step,
+                host=host,
+                stage=stage,
+            )
             self._claimed[members] = True
             self._episodes.append(episode)
             opened.append(episode)
@@ -338,37 +378,61 @@ class StragglerDetector(Detector):
     def _evidence(self, episode: _Episode) -> dict[str, Any]:
         if episode.scope == "structural":
             offsets = {str(r): round(math.exp(self._b[r]), 4) for r in episode.ranks.tolist()}
-            return {"scope": "structural", "pp_stage": episode.stage, "warmup_steps": self.warmup_steps,
-                    "slowdown": max(offsets.values()), "offsets": offsets}
+            return {
+                "scope": "structural",
+                "pp_stage": episode.stage,
+                "warmup_steps": self.warmup_steps,
+                "slowdown": max(offsets.values()),
+                "offsets": offsets,
+            }
         acc = self._acc[:, episode.ranks]
         mean = {name: acc[i] / np.maximum(acc[OBS.index("count")], 1) for i, name in enumerate(OBS)}
         phase = "step" if not mean["phased"].any() else max(("compute", "data"), key=lambda p: mean[p].sum())
         place = {"place": self.run.place_of(int(episode.ranks[0]))} if episode.scope == "rank" else {}
-        return {"scope": episode.scope, "host": episode.host, "pp_stage": episode.stage, **place,
-                "slowdown": round(math.exp(float(mean["resid"].mean())), 4), "phase": phase,
-                "job_cost_s_per_step": round(float(mean["cost"].max()), 6),
-                "peers_wait_s_per_step": round(float(mean["wait"].max()), 6),
-                "baseline_work_s": round(float(np.median(mean["median"])), 6),
-                "structural_offset": round(math.exp(float(self._b[episode.ranks].mean())), 4),
-                "cusum": round(float(self._cusum.s[episode.ranks].max()), 3), "threshold": round(self._cusum.h, 3),
-                "k": self.k,
-                "alarm_step": episode.alarm_step}
+        return {
+            "scope": episode.scope,
+            "host": episode.host,
+            "pp_stage": episode.stage,
+            **place,
+            "slowdown": round(math.exp(float(mean["resid"].mean())), 4),
+            "phase": phase,
+            "job_cost_s_per_step": round(float(mean["cost"].max()), 6),
+            "peers_wait_s_per_step": round(float(mean["wait"].max()), 6),
+            "baseline_work_s": round(float(np.median(mean["median"])), 6),
+            "structural_offset": round(math.exp(float(self._b[episode.ranks].mean())), 4),
+            "cusum": round(float(self._cusum.s[episode.ranks].max()), 3),
+            "threshold": round(self._cusum.h, 3),
+            "k": self.k,
+            "alarm_step": episode.alarm_step,
+        }
 
     def _finding(self, episode: _Episode) -> Finding:
         evidence = episode.frozen or self._evidence(episode)
         ranks = episode.ranks.tolist()
         structural = episode.scope in ("structural", "pp_stage")
-        return Finding("straggler", Severity.INFO if structural else Severity.WARNING, episode.timeline,
-                       episode.start_step, max(episode.end_step, episode.start_step), tuple(ranks),
-                       float(evidence["slowdown"]),
-                       _summary(episode, evidence), evidence, _action(episode, ranks), episode.active, self.name)
+        return Finding(
+            "straggler",
+            Severity.INFO if structural else Severity.WARNING,
+            episode.timeline,
+            episode.start_step,
+            max(episode.end_step, episode.start_step),
+            tuple(ranks),
+            float(evidence["slowdown"]),
+            _summary(episode, evidence),
+            evidence,
+            _action(episode, ranks),
+            episode.active,
+            self.name,
+        )
 
 
 def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
     if episode.scope == "structural":
         where = f"pipeline stage {episode.stage}" if episode.stage is not None else f"rank(s) {_list(episode.ranks)}"
-        return (f"{where} slower than the median rank from the start (up to x{ev['slowdown']}): "
-                f"structural imbalance, learned as the baseline")
+        return (
+            f"{where} slower than the median rank from the start (up to x{ev['slowdown']}): "
+            f"structural imbalance, learned as the baseline"
+        )
     slower = f"{(ev['slowdown'] - 1) * 100:.1f}% slower in {ev['phase']} since step {episode.start_step}"
     cost = f"the job loses {ev['job_cost_s_per_step']:.3g} s per step"
     if episode.scope == "pp_stage":
@@ -382,12 +446,17 @@ def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
 
 def _action(episode: _Episode, ranks: list[int]) -> SuggestedAction:
     if episode.scope in ("structural", "pp_stage"):
-        return SuggestedAction("investigate", {"ranks": ranks},
-                               "structural imbalance (pipeline stage or data layout), not a sick worker: rebalance, "
-                               "do not evict")
+        return SuggestedAction(
+            "investigate",
+            {"ranks": ranks},
+            "structural imbalance (pipeline stage or data layout), not a sick worker: rebalance, do not evict",
+        )
     if episode.scope == "host":
-        return SuggestedAction("evict", {"host": episode.host, "ranks": ranks},
-                               f"most ranks of host {episode.host} are slow together: a sick node")
+        return SuggestedAction(
+            "evict",
+            {"host": episode.host, "ranks": ranks},
+            f"most ranks of host {episode.host} are slow together: a sick node",
+        )
     args = {"ranks": ranks, **({"host": episode.host} if episode.host else {})}
     return SuggestedAction("evict", args, f"rank {ranks[0]} is persistently slower than its peers: a sick worker")
 

@@ -1,4 +1,5 @@
 """What detectors read: new telemetry rows as DataFrames, and what is known of the run so far."""
+
 from __future__ import annotations
 
 import bisect
@@ -10,8 +11,20 @@ import numpy as np
 import pandas as pd
 
 STEP_COLUMNS = ("timeline", "step", "time", "rank", "seq", "loss", "grad_norm", "lr", "tokens", "flops", "shards")
-RANK_STEP_COLUMNS = ("timeline", "step", "time", "rank", "seq", "step_time", "data_time", "compute_time",
-                     "comm_time", "optimizer_time", "local_grad_norm", "param_checksum")
+RANK_STEP_COLUMNS = (
+    "timeline",
+    "step",
+    "time",
+    "rank",
+    "seq",
+    "step_time",
+    "data_time",
+    "compute_time",
+    "comm_time",
+    "optimizer_time",
+    "local_grad_norm",
+    "param_checksum",
+)
 EVAL_COLUMNS = ("timeline", "step", "time", "split", "name", "value", "cum_tokens", "cum_flops")
 CHECKPOINT_COLUMNS = ("timeline", "step", "time", "rank", "event", "duration_s", "path", "message")
 EVENT_COLUMNS = ("timeline", "step", "time", "rank", "kind")
@@ -69,15 +82,19 @@ class TelemetryBatch:
         times = np.concatenate([f["time"].to_numpy(float) for f in self.frames()])
         cuts = np.quantile(times, np.linspace(0, 1, parts + 1)[1:-1]) if len(times) else []
         bounds = [-np.inf, *cuts, np.inf]
-        return [TelemetryBatch(*(f[(f["time"] > lo) & (f["time"] <= hi)] for f in self.frames()))
-                for lo, hi in itertools.pairwise(bounds)]
+        return [
+            TelemetryBatch(*(f[(f["time"] > lo) & (f["time"] <= hi)] for f in self.frames()))
+            for lo, hi in itertools.pairwise(bounds)
+        ]
 
     def split(self, parts: int) -> list[TelemetryBatch]:
         """This batch cut into ``parts`` consecutive pieces, each frame at its own row counts (a feed whose
         files lag each other), to replay it in chunks."""
+
         def cut(frame: pd.DataFrame) -> list[pd.DataFrame]:
             bounds = np.linspace(0, len(frame), parts + 1).astype(int)
             return [frame.iloc[a:b] for a, b in itertools.pairwise(bounds)]
+
         frames = [cut(f) for f in self.frames()]
         return [TelemetryBatch(*(f[i] for f in frames)) for i in range(parts)]
 
@@ -145,7 +162,8 @@ class RunState:
     def checkpoint_before(self, timeline: int, step: int) -> int | None:
         """The newest good checkpoint strictly before ``step`` (on ``timeline`` or, failing that, any)."""
         candidates = self.good_checkpoints.get(timeline) or sorted(
-            {s for steps in self.good_checkpoints.values() for s in steps})
+            {s for steps in self.good_checkpoints.values() for s in steps}
+        )
         i = bisect.bisect_left(candidates, step)
         return candidates[i - 1] if i else None
 

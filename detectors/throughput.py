@@ -11,6 +11,7 @@ of the two medians; the baseline is then frozen until the rate is back within
 ``min_drop / 2`` of it. The first ``warmup_steps`` (compilation, allocator and loader
 warm-up) are not a baseline.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,13 +52,23 @@ class ThroughputDetector(Detector):
     """Sustained drops of tokens per second against a rolling robust baseline (see the module docstring)."""
 
     name = "throughput_drop"
-    kinds = (FindingKind("throughput_drop", Family.PERFORMANCE, tolerance=200, cause="throughput", precedence=90,
-                         lead=50),)
-    limits = ranges(window=COUNT, baseline_steps=COUNT, min_drop=FRACTION, z=POSITIVE,
-                    warmup_steps=OPTIONAL_COUNT, lag=COUNT)
+    kinds = (
+        FindingKind("throughput_drop", Family.PERFORMANCE, tolerance=200, cause="throughput", precedence=90, lead=50),
+    )
+    limits = ranges(
+        window=COUNT, baseline_steps=COUNT, min_drop=FRACTION, z=POSITIVE, warmup_steps=OPTIONAL_COUNT, lag=COUNT
+    )
 
-    def __init__(self, *, window: int = 50, baseline_steps: int = 500, min_drop: float = 0.10, z: float = 4.0,
-                 warmup_steps: int = 100, lag: int = 20) -> None:
+    def __init__(
+        self,
+        *,
+        window: int = 50,
+        baseline_steps: int = 500,
+        min_drop: float = 0.10,
+        z: float = 4.0,
+        warmup_steps: int = 100,
+        lag: int = 20,
+    ) -> None:
         super().__init__()
         self.window, self.baseline_steps, self.min_drop, self.z = window, baseline_steps, min_drop, z
         self.warmup_steps, self.lag = warmup_steps, lag
@@ -76,8 +87,10 @@ class ThroughputDetector(Detector):
         self._take_durations(self._assembler.add(batch.rank_steps, self.run))
         rows = batch.steps
         tokens = numbers(rows["tokens"])
-        self._queue.extend(((int(tl), int(s)), float(t), float(n))
-                           for tl, s, t, n in zip(rows["timeline"], rows["step"], rows["time"], tokens))
+        self._queue.extend(
+            ((int(tl), int(s)), float(t), float(n))
+            for tl, s, t, n in zip(rows["timeline"], rows["step"], rows["time"], tokens)
+        )
         return self._drain(final=False)
 
     def finish(self) -> list[Finding]:
@@ -102,8 +115,12 @@ class ThroughputDetector(Detector):
         newest = max((key for key, _, _ in self._queue), default=(-1, -1))
         while self._queue:
             key, time, tokens = self._queue[0]
-            settled = key in self._durations or key <= self._released or final or (
-                newest[0] > key[0] or newest[1] >= key[1] + self.lag)
+            settled = (
+                key in self._durations
+                or key <= self._released
+                or final
+                or (newest[0] > key[0] or newest[1] >= key[1] + self.lag)
+            )
             if not settled:
                 break
             self._queue.popleft()
@@ -142,7 +159,7 @@ class ThroughputDetector(Detector):
         values = np.array([v for _, v in self._history])
         if len(values) < 3 * self.window:
             return None
-        current = float(np.median(values[-self.window:]))
+        current = float(np.median(values[-self.window :]))
         if self._drop is not None:
             if key[0] == self._drop.timeline:
                 self._drop.end_step = max(key[1], self._drop.start_step)
@@ -150,7 +167,7 @@ class ThroughputDetector(Detector):
             if current > self._drop.baseline + math.log1p(-self.min_drop / 2):
                 return self._close(self._drop)
             return None
-        older = values[:-self.window]
+        older = values[: -self.window]
         baseline = float(np.median(older))
         se = 1.2533 * float(mad_sigma(older)) * math.sqrt(1 / self.window + 1 / len(older))
         if current <= baseline + math.log1p(-self.min_drop) and baseline - current >= self.z * se:
@@ -161,12 +178,13 @@ class ThroughputDetector(Detector):
     def _open(self, key: Key, values: np.ndarray, baseline: float) -> _Drop:
         """The drop's onset: the recent step from which the count of steps below the half-drop level, less
         the count above it, is largest (a sign CUSUM read backwards)."""
-        recent = values[-self.window:]
+        recent = values[-self.window :]
         signs = np.where(recent < baseline + math.log1p(-self.min_drop / 2), 1, -1)
         first = int(np.argmax(np.cumsum(signs[::-1])[::-1]))
         onset = list(self._history)[-self.window + first][0]
-        return _Drop(key[0], onset[1] if onset[0] == key[0] else key[1], key[1], baseline, key[1],
-                     float(np.median(recent)))
+        return _Drop(
+            key[0], onset[1] if onset[0] == key[0] else key[1], key[1], baseline, key[1], float(np.median(recent))
+        )
 
     def _close(self, drop: _Drop) -> _Drop:
         drop.evidence, drop.active = self._evidence(drop), False
@@ -174,21 +192,44 @@ class ThroughputDetector(Detector):
         return drop
 
     def _evidence(self, drop: _Drop) -> dict[str, Any]:
-        current = float(np.median([v for _, v in list(self._history)[-self.window:]]))
+        current = float(np.median([v for _, v in list(self._history)[-self.window :]]))
         unit = "tokens/s" if math.isfinite(self._tokens) else "steps/s"
-        return {"baseline_per_s": round(math.exp(drop.baseline), 6), "current_per_s": round(math.exp(current), 6),
-                "drop": round(1 - math.exp(current - drop.baseline), 4),
-                "largest_drop": round(1 - math.exp(drop.lowest - drop.baseline), 4), "unit": unit,
-                "min_drop": self.min_drop, "z": self.z,
-                "window_steps": self.window, "baseline_steps": self.baseline_steps, "alarm_step": drop.alarm_step,
-                "duration_from": self._source}
+        return {
+            "baseline_per_s": round(math.exp(drop.baseline), 6),
+            "current_per_s": round(math.exp(current), 6),
+            "drop": round(1 - math.exp(current - drop.baseline), 4),
+            "largest_drop": round(1 - math.exp(drop.lowest - drop.baseline), 4),
+            "unit": unit,
+            "min_drop": self.min_drop,
+            "z": self.z,
+            "window_steps": self.window,
+            "baseline_steps": self.baseline_steps,
+            "alarm_step": drop.alarm_step,
+            "duration_from": self._source,
+        }
 
     def _finding(self, drop: _Drop) -> Finding:
         ev = drop.evidence
-        summary = (f"throughput down {ev['largest_drop'] * 100:.1f}% from its baseline since step {drop.start_step}"
-                   f" (now {ev['current_per_s']:.4g} vs {ev['baseline_per_s']:.4g} {ev['unit']})")
-        action = SuggestedAction("investigate", {}, "look for stragglers, a slow data pipeline or network, "
-                                 "or a change of the job's configuration")
-        return Finding("throughput_drop", Severity.WARNING, drop.timeline, drop.start_step,
-                       max(drop.end_step, drop.start_step), (), float(ev["largest_drop"]), summary, ev, action,
-                       drop.active, self.name)
+        summary = (
+            f"throughput down {ev['largest_drop'] * 100:.1f}% from its baseline since step {drop.start_step}"
+            f" (now {ev['current_per_s']:.4g} vs {ev['baseline_per_s']:.4g} {ev['unit']})"
+        )
+        action = SuggestedAction(
+            "investigate",
+            {},
+            "look for stragglers, a slow data pipeline or network, or a change of the job's configuration",
+        )
+        return Finding(
+            "throughput_drop",
+            Severity.WARNING,
+            drop.timeline,
+            drop.start_step,
+            max(drop.end_step, drop.start_step),
+            (),
+            float(ev["largest_drop"]),
+            summary,
+            ev,
+            action,
+            drop.active,
+            self.name,
+        )

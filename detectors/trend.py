@@ -10,6 +10,7 @@ outlier is scored against the baseline and not admitted to it,
 so a spike or a divergence cannot drag the baseline up behind it. A rewind starts a new
 timeline from the parent's points before the branch step.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,16 @@ class Score:
 class RobustTrend:
     """Rolling robust linear trend of log values, with the spread and tails of its forecast errors."""
 
-    def __init__(self, *, window: int = 100, min_points: int = 30, sigma_floor: float = 1e-4,
-                 memory: int = 200, tail_memory: int = 2000, tail_power: float = 2.5) -> None:
+    def __init__(
+        self,
+        *,
+        window: int = 100,
+        min_points: int = 30,
+        sigma_floor: float = 1e-4,
+        memory: int = 200,
+        tail_memory: int = 2000,
+        tail_power: float = 2.5,
+    ) -> None:
         self.window, self.min_points, self.sigma_floor, self.tail_power = window, min_points, sigma_floor, tail_power
         self._points: dict[int | None, deque[tuple[int, float]]] = {}  # None: points seen before any timeline
         self._residuals: deque[float] = deque(maxlen=memory)

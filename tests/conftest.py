@@ -1,4 +1,5 @@
 """Shared fixtures: a run directory, raw rank files, an ingested store, the real CLI."""
+
 from __future__ import annotations
 
 import json
@@ -87,11 +88,13 @@ def _cli(*args: str | Path) -> list[str]:
 def bedside() -> Callable[..., subprocess.CompletedProcess]:
     """Run the real ``bedside`` CLI in a new process and wait for it (text output captured)."""
 
-    def run(*args: str | Path, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess:
+    def run(
+        *args: str | Path, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         """``env`` adds to (or overrides) this process's environment."""
-        return subprocess.run(_cli(*args), capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **env} if env else None)
+        return subprocess.run(
+            _cli(*args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
+        )
 
     return run
 
@@ -135,8 +138,13 @@ def read_records() -> Callable[[Path], list[dict]]:
 @pytest.fixture
 def tiny_faults(tmp_path: Path) -> Path:
     """A private copy of sample_runs/tiny-faults (2 ranks, a bad shard, a straggler, bit flips, a NaN), no store."""
-    run = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults",
-                               tmp_path / "tiny-faults", ignore=shutil.ignore_patterns("bedside.duckdb*")))
+    run = Path(
+        shutil.copytree(
+            Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults",
+            tmp_path / "tiny-faults",
+            ignore=shutil.ignore_patterns("bedside.duckdb*"),
+        )
+    )
     ensure_control_key(RunLayout(run))  # as its trainer did when it started: requests can be signed
     return run
 

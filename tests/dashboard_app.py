@@ -1,5 +1,6 @@
 """The dashboard under AppTest: private copies of the sample runs, the app opened on a page as a link opens it,
 and what a page shows (its tiles, its plotly figures with their arrays decoded, the operator's unlock)."""
+
 from __future__ import annotations
 
 import base64

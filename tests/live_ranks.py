@@ -7,6 +7,7 @@ follows the run in this process as ``bedside collect --follow`` does (a Follower
 pass), and once a second samples how many steps the store is behind the writer and the process's RSS.
 Used by ``tests/test_soak.py`` (CI's size) and ``bench/many_files.py`` (the full figures).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -81,8 +82,9 @@ class LiveFigures:
 def follow_live_ranks(run: Path, ranks: int, seconds: int) -> LiveFigures:
     """Follow ``ranks`` live writers for ``seconds`` steps with detection; the figures sampled once a second
     (and, once the writer is done, until the store holds its last step), and the rank_steps rows held."""
-    writer = subprocess.Popen([sys.executable, __file__, str(run), str(ranks), str(seconds)],
-                              stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, __file__, str(run), str(ranks), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     written = [0]
     reader = threading.Thread(target=_count_steps, args=(writer, written), daemon=True)
     reader.start()

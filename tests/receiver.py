@@ -5,6 +5,7 @@ status, ``(status, headers)``, or ``HANG`` (hold the request past the sender's t
 then drop it). ``down()`` closes the listening socket (connections are refused) and
 ``up()`` opens it again on the same port.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -100,8 +101,11 @@ class Receiver:
     def delivered(self, path_prefix: str = "") -> list[Request]:
         """The requests answered with a 2xx."""
         with self._lock:
-            return [r for r in self.requests if isinstance(r.status, int) and 200 <= r.status < 300
-                    and r.path.startswith(path_prefix)]
+            return [
+                r
+                for r in self.requests
+                if isinstance(r.status, int) and 200 <= r.status < 300 and r.path.startswith(path_prefix)
+            ]
 
     def wait_for(self, count: int, timeout_s: float = 30.0, path_prefix: str = "") -> list[Request]:
         """Wait until ``count`` requests were answered with a 2xx; those requests (fails on timeout)."""
@@ -111,8 +115,10 @@ class Receiver:
             if len(done) >= count:
                 return done
             time.sleep(0.02)
-        raise AssertionError(f"{len(self.delivered(path_prefix))} of {count} deliveries after {timeout_s} s; "
-                             f"requests: {[(r.path, r.status) for r in self.requests]}")
+        raise AssertionError(
+            f"{len(self.delivered(path_prefix))} of {count} deliveries after {timeout_s} s; "
+            f"requests: {[(r.path, r.status) for r in self.requests]}"
+        )
 
     def wait_for_requests(self, count: int, timeout_s: float = 30.0) -> list[Request]:
         """Wait until ``count`` requests arrived, whatever they were answered; those requests (fails on timeout)."""

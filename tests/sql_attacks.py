@@ -4,6 +4,7 @@ Shared by the console's own tests, ``bedside query`` and the dashboard's SQL pag
 ``{secret}`` stands for a file whose contents must never come back; ``{store}`` for the store's path;
 ``{out}`` for a path that must never be created.
 """
+
 from __future__ import annotations
 
 ATTACKS: dict[str, str] = {

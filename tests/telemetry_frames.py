@@ -7,6 +7,7 @@ show the wait as a longer ``comm_time``, and ``step_time`` is the same on every 
 Tests apply their faults to the work matrices (``compute[t, r] *= 1.1``) before
 ``rank_step_frame`` turns them into rows, so the ground truth is the test's own edit.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,26 +56,33 @@ def log_noise(rng: np.random.Generator, kind: str, n: int, sigma: float, *, ar_p
     if kind == "gaussian":
         eps = rng.standard_normal(n)
     elif kind == "ar1":
-        eps = signal.lfilter([math.sqrt(1 - ar_phi ** 2)], [1.0, -ar_phi], rng.standard_normal(n))
+        eps = signal.lfilter([math.sqrt(1 - ar_phi**2)], [1.0, -ar_phi], rng.standard_normal(n))
     elif kind == "student_t3":
         eps = rng.standard_t(3, n) / math.sqrt(3.0)
     elif kind == "lognormal":
         shape = 0.5
         x = rng.lognormal(0.0, shape, n)
-        eps = (x - math.exp(shape ** 2 / 2)) / math.sqrt((math.exp(shape ** 2) - 1) * math.exp(shape ** 2))
+        eps = (x - math.exp(shape**2 / 2)) / math.sqrt((math.exp(shape**2) - 1) * math.exp(shape**2))
     else:
         raise ValueError(f"unknown noise {kind!r}")
     return sigma * eps
 
 
-def work(rng: np.random.Generator, steps: int, ranks: int, base_s: float, *, kind: str = "gaussian",
-         scale: float = 0.03) -> np.ndarray:
+def work(
+    rng: np.random.Generator, steps: int, ranks: int, base_s: float, *, kind: str = "gaussian", scale: float = 0.03
+) -> np.ndarray:
     """A steps x ranks matrix of per-rank seconds of work around ``base_s``."""
     return base_s * noise(rng, kind, (steps, ranks), scale)
 
 
-def synchronous(compute: np.ndarray, data: np.ndarray | None = None, *, comm_s: float | None = None,
-                optimizer_s: float | None = None, pause_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def synchronous(
+    compute: np.ndarray,
+    data: np.ndarray | None = None,
+    *,
+    comm_s: float | None = None,
+    optimizer_s: float | None = None,
+    pause_s: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """Per-rank phase times and per-step wall times of a synchronous job from its work matrices.
 
     ``pause_s[t]`` is time spent between step ``t - 1`` and step ``t`` outside any phase
@@ -85,9 +93,14 @@ def synchronous(compute: np.ndarray, data: np.ndarray | None = None, *, comm_s: 
     optimizer_s = 0.05 * float(np.nanmedian(compute)) if optimizer_s is None else optimizer_s
     timing = compose_timing(data.T, compute.T, np.full_like(compute.T, optimizer_s), np.full(len(compute), comm_s))
     pause = np.zeros(len(compute)) if pause_s is None else pause_s
-    return {"data_time": data, "compute_time": compute, "comm_time": timing.comm.T,
-            "optimizer_time": timing.optimizer.T, "step_time": np.repeat(timing.step_time[:, None], compute.shape[1], 1),
-            "end": T0 + np.cumsum(timing.step_time + pause)}
+    return {
+        "data_time": data,
+        "compute_time": compute,
+        "comm_time": timing.comm.T,
+        "optimizer_time": timing.optimizer.T,
+        "step_time": np.repeat(timing.step_time[:, None], compute.shape[1], 1),
+        "end": T0 + np.cumsum(timing.step_time + pause),
+    }
 
 
 def asynchronous(compute: np.ndarray, *, pause_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -97,36 +110,64 @@ def asynchronous(compute: np.ndarray, *, pause_s: np.ndarray | None = None) -> d
     """
     pause = np.zeros_like(compute) if pause_s is None else pause_s
     zero = np.zeros_like(compute)
-    return {"data_time": zero, "compute_time": compute, "comm_time": zero, "optimizer_time": zero,
-            "step_time": compute.copy(), "end": T0 + np.cumsum(compute + pause, axis=0)}
+    return {
+        "data_time": zero,
+        "compute_time": compute,
+        "comm_time": zero,
+        "optimizer_time": zero,
+        "step_time": compute.copy(),
+        "end": T0 + np.cumsum(compute + pause, axis=0),
+    }
 
 
-def rank_step_frame(timing: dict[str, np.ndarray], *, first_step: int = 1, timeline: int = 0,
-                    ranks: Iterable[int] | None = None) -> pd.DataFrame:
+def rank_step_frame(
+    timing: dict[str, np.ndarray], *, first_step: int = 1, timeline: int = 0, ranks: Iterable[int] | None = None
+) -> pd.DataFrame:
     """``rank_steps`` rows of ``synchronous`` or ``asynchronous`` timings, in time order (ranks interleaved,
     as a live run arrives)."""
     steps, width = timing["compute_time"].shape
     ranks = np.arange(width) if ranks is None else np.asarray(list(ranks))
     step_no = np.repeat(np.arange(first_step, first_step + steps), width)
     end = timing["end"] if timing["end"].ndim == 2 else timing["end"][:, None]
-    frame = pd.DataFrame({
-        "timeline": timeline, "step": step_no, "time": np.broadcast_to(end, (steps, width)).ravel(),
-        "rank": np.tile(ranks, steps), "seq": step_no - first_step,
-        **{name: timing[name].ravel() for name in ("step_time", "data_time", "compute_time", "comm_time",
-                                                   "optimizer_time")},
-        "local_grad_norm": 1.0, "param_checksum": None,
-    })
+    frame = pd.DataFrame(
+        {
+            "timeline": timeline,
+            "step": step_no,
+            "time": np.broadcast_to(end, (steps, width)).ravel(),
+            "rank": np.tile(ranks, steps),
+            "seq": step_no - first_step,
+            **{
+                name: timing[name].ravel()
+                for name in ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time")
+            },
+            "local_grad_norm": 1.0,
+            "param_checksum": None,
+        }
+    )
     return in_time_order(frame[list(RANK_STEP_COLUMNS)])
 
 
-def steps_frame(end: np.ndarray, *, tokens: float | np.ndarray = 524_288.0, first_step: int = 1,
-                timeline: int = 0) -> pd.DataFrame:
+def steps_frame(
+    end: np.ndarray, *, tokens: float | np.ndarray = 524_288.0, first_step: int = 1, timeline: int = 0
+) -> pd.DataFrame:
     """Job-level ``steps`` rows written by rank 0 at the times ``end``."""
     count = len(end)
     step_no = np.arange(first_step, first_step + count)
-    frame = pd.DataFrame({"timeline": timeline, "step": step_no, "time": end, "rank": 0, "seq": step_no,
-                          "loss": 2.0, "grad_norm": 1.0, "lr": 3e-4, "tokens": np.broadcast_to(tokens, count),
-                          "flops": 1e15, "shards": None})
+    frame = pd.DataFrame(
+        {
+            "timeline": timeline,
+            "step": step_no,
+            "time": end,
+            "rank": 0,
+            "seq": step_no,
+            "loss": 2.0,
+            "grad_norm": 1.0,
+            "lr": 3e-4,
+            "tokens": np.broadcast_to(tokens, count),
+            "flops": 1e15,
+            "shards": None,
+        }
+    )
     return frame[list(STEP_COLUMNS)]
 
 
@@ -145,8 +186,9 @@ def heartbeats(rank: int, start: float, stop: float, every_s: float, step: int) 
 def run_ends(frame: pd.DataFrame, status_s: float = 0.1) -> list[tuple[int, float, int, str]]:
     """A ``run_end`` event for each rank of ``frame``, ``status_s`` after its last record there."""
     last = frame.sort_values("time").groupby("rank").tail(1)
-    return [(int(r), float(t) + status_s, int(s), "run_end")
-            for r, t, s in zip(last["rank"], last["time"], last["step"])]
+    return [
+        (int(r), float(t) + status_s, int(s), "run_end") for r, t, s in zip(last["rank"], last["time"], last["step"])
+    ]
 
 
 def checkpoint_frame(rows: Iterable[tuple[int, float, int, str]], *, timeline: int = 0) -> pd.DataFrame:
@@ -159,8 +201,9 @@ def checkpoint_frame(rows: Iterable[tuple[int, float, int, str]], *, timeline: i
 def eval_frame(rows: Iterable[tuple[float, int]], *, timeline: int = 0) -> pd.DataFrame:
     """``evals`` rows (one held-out loss) from (time, step) tuples."""
     frame = pd.DataFrame(list(rows), columns=["time", "step"])
-    frame = frame.assign(timeline=timeline, split="heldout", name="loss", value=2.0, cum_tokens=np.nan,
-                         cum_flops=np.nan)
+    frame = frame.assign(
+        timeline=timeline, split="heldout", name="loss", value=2.0, cum_tokens=np.nan, cum_flops=np.nan
+    )
     return frame[list(EVAL_COLUMNS)]
 
 
@@ -168,8 +211,16 @@ def topology(world: int, *, per_host: int = 8, pp: int = 1) -> pd.DataFrame:
     """Hosts of ``per_host`` consecutive ranks; ``pp`` pipeline stages, the outermost mesh dimension."""
     rank = np.arange(world)
     per_stage = world // pp
-    return pd.DataFrame({"rank": rank, "host": [f"node-{r // per_host:03d}" for r in rank],
-                         "local_rank": rank % per_host, "dp": rank % per_stage, "tp": 0, "pp": rank // per_stage})
+    return pd.DataFrame(
+        {
+            "rank": rank,
+            "host": [f"node-{r // per_host:03d}" for r in rank],
+            "local_rank": rank % per_host,
+            "dp": rank % per_stage,
+            "tp": 0,
+            "pp": rank // per_stage,
+        }
+    )
 
 
 def in_time_order(frame: pd.DataFrame) -> pd.DataFrame:
@@ -177,8 +228,15 @@ def in_time_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
 
-def replay(detector: Detector, batch: TelemetryBatch, *, parts: int = 1, by_time: bool = False,
-           run: RunState | None = None, finish: bool = True) -> dict[str, Finding]:
+def replay(
+    detector: Detector,
+    batch: TelemetryBatch,
+    *,
+    parts: int = 1,
+    by_time: bool = False,
+    run: RunState | None = None,
+    finish: bool = True,
+) -> dict[str, Finding]:
     """Feed ``batch`` in ``parts`` consecutive pieces (``TelemetryBatch.split_by_time`` or ``split``), as the
     runner does; the latest version of each finding."""
     run = run or RunState()
@@ -213,13 +271,15 @@ def faulty_run(*, seed: int = 3, rewind_at: int | None = None, faults: bool = Tr
     restart = float(keep.steps["time"].max()) + 30.0
     loaded = checkpoint_frame([(0, restart, back, "loaded")], timeline=1)
     second = _faulty_segment(rng, np.arange(back + 1, back + 301), timeline=1, t0=restart, faults=faults)
-    steps, rank_steps, evals, checkpoints, events = (in_time_order(pd.concat(pair, ignore_index=True))
-                                                     for pair in zip(keep.frames(), second.frames()))
+    steps, rank_steps, evals, checkpoints, events = (
+        in_time_order(pd.concat(pair, ignore_index=True)) for pair in zip(keep.frames(), second.frames())
+    )
     return TelemetryBatch(steps, rank_steps, evals, in_time_order(pd.concat([checkpoints, loaded])), events)
 
 
-def _faulty_segment(rng: np.random.Generator, steps: np.ndarray, *, timeline: int, t0: float,
-                    faults: bool) -> TelemetryBatch:
+def _faulty_segment(
+    rng: np.random.Generator, steps: np.ndarray, *, timeline: int, t0: float, faults: bool
+) -> TelemetryBatch:
     """One timeline's frames over ``steps``, the faults in place unless ``faults`` is False."""
     compute = work(rng, len(steps), FAULTY_RANKS, 0.5)
     compute[(steps >= 400) & faults, 5] *= 1.3
@@ -228,11 +288,15 @@ def _faulty_segment(rng: np.random.Generator, steps: np.ndarray, *, timeline: in
     ranks = rank_step_frame({**timing, "end": end}, first_step=int(steps[0]), timeline=timeline)
     ranks["local_grad_norm"] = np.exp(0.05 * rng.standard_normal(len(ranks)))
     if faults:
-        ranks.loc[(ranks["step"] == 700) & (ranks["rank"] == 6), "local_grad_norm"] *= 2.0 ** 12
+        ranks.loc[(ranks["step"] == 700) & (ranks["rank"] == 6), "local_grad_norm"] *= 2.0**12
         ranks = ranks[~((ranks["rank"] == 3) & (ranks["step"] > 1050))]
     job = _faulty_job(rng, steps_frame(end, first_step=int(steps[0]), timeline=timeline), faults)
-    return TelemetryBatch(steps=job, rank_steps=ranks, evals=_faulty_evals(rng, steps, end, timeline, faults),
-                          checkpoints=_faulty_checkpoints(steps, end, timeline, faults))
+    return TelemetryBatch(
+        steps=job,
+        rank_steps=ranks,
+        evals=_faulty_evals(rng, steps, end, timeline, faults),
+        checkpoints=_faulty_checkpoints(steps, end, timeline, faults),
+    )
 
 
 def _faulty_job(rng: np.random.Generator, job: pd.DataFrame, faults: bool) -> pd.DataFrame:
@@ -240,7 +304,7 @@ def _faulty_job(rng: np.random.Generator, job: pd.DataFrame, faults: bool) -> pd
     steps = job["step"].to_numpy()
     reads = np.array([rng.choice(FAULTY_SHARDS, 2, replace=False) for _ in steps])
     bad = (reads == 7).any(axis=1) & (steps >= 300) & faults
-    loss = 3.0 * steps ** -0.1 * np.exp(0.01 * rng.standard_normal(len(steps)) + 0.05 * bad)
+    loss = 3.0 * steps**-0.1 * np.exp(0.01 * rng.standard_normal(len(steps)) + 0.05 * bad)
     grad = np.exp(0.05 * rng.standard_normal(len(steps)))
     if faults:
         loss[steps == 600] *= 3.0
@@ -249,8 +313,9 @@ def _faulty_job(rng: np.random.Generator, job: pd.DataFrame, faults: bool) -> pd
     return job.assign(loss=loss, grad_norm=grad, shards=[json.dumps(r.tolist()) for r in reads])
 
 
-def _faulty_evals(rng: np.random.Generator, steps: np.ndarray, end: np.ndarray, timeline: int,
-                  faults: bool) -> pd.DataFrame:
+def _faulty_evals(
+    rng: np.random.Generator, steps: np.ndarray, end: np.ndarray, timeline: int, faults: bool
+) -> pd.DataFrame:
     """A held-out loss every 50 steps on a power law in compute (flat from step 800 with ``faults``)."""
     every = steps[steps % 50 == 0]
     value = 2.0 + 40.0 * (np.minimum(every, 750) if faults else every) ** -0.5

@@ -1,6 +1,7 @@
 """``bedside action`` records each request it files in the run's audit trail, through the writer the dashboard's
 actions use (``audit.file_request``), and ``bedside audit verify``, run in a new process, accepts the trail.
 A request that is refused leaves no entry."""
+
 from __future__ import annotations
 
 import contextlib
@@ -44,16 +45,26 @@ def test_each_filed_request_is_one_chained_entry_of_the_audit_trail(layout: RunL
     rewind = action(layout, "rewind", "--to-step", "40", "--reason", "loss spike", "--operator", "ana")
     pause = action(layout, "pause", "--reason", "look first", "--operator", "bob")
     first, second = entries(layout)
-    assert first == {"seq": 0, "time": first["time"], "operator": "ana", "what": "rewind", "incident_id": None,
-                     "request_id": rewind, "args": {"to_step": 40}, "reason": "loss spike", "prev": audit.GENESIS,
-                     "hash": audit.entry_hash(first)}
+    assert first == {
+        "seq": 0,
+        "time": first["time"],
+        "operator": "ana",
+        "what": "rewind",
+        "incident_id": None,
+        "request_id": rewind,
+        "args": {"to_step": 40},
+        "reason": "loss spike",
+        "prev": audit.GENESIS,
+        "hash": audit.entry_hash(first),
+    }
     assert (second["seq"], second["what"], second["request_id"], second["prev"]) == (1, "pause", pause, first["hash"])
     assert sorted(p.stem for p in layout.control_requests.glob("*.json")) == sorted([rewind, pause])
 
 
 def test_audit_verify_in_a_new_process_accepts_the_trail_bedside_action_wrote(layout: RunLayout, bedside) -> None:
-    action(layout, "skip", "--first-batch", "180", "--last-batch", "199", "--reason", "bad batches",
-           "--operator", "ana")
+    action(
+        layout, "skip", "--first-batch", "180", "--last-batch", "199", "--reason", "bad batches", "--operator", "ana"
+    )
     done = bedside("audit", "verify", layout.root)
     assert done.returncode == 0, done.stderr
     head = entries(layout)[-1]["hash"]

@@ -1,5 +1,6 @@
 """``bedside.toml``: every notifier type parses, ``${VAR}`` comes from the environment given, each mistake is
 one ``AlertConfigError`` naming the file and the key, and secrets never show in errors or destinations."""
+
 from __future__ import annotations
 
 import sys
@@ -23,8 +24,13 @@ DISCORD_TOKEN = "123456/discord-token-abc"
 SIGNING_SECRET = "signing-secret-123"
 BOT_TOKEN = "bot-token-456"
 PAGER_KEY = "pager-key-789"
-ENVIRON = {"SLACK_TOKEN": SLACK_TOKEN, "DISCORD_TOKEN": DISCORD_TOKEN, "SIGNING_SECRET": SIGNING_SECRET,
-           "BOT_TOKEN": BOT_TOKEN, "PAGER_KEY": PAGER_KEY}
+ENVIRON = {
+    "SLACK_TOKEN": SLACK_TOKEN,
+    "DISCORD_TOKEN": DISCORD_TOKEN,
+    "SIGNING_SECRET": SIGNING_SECRET,
+    "BOT_TOKEN": BOT_TOKEN,
+    "PAGER_KEY": PAGER_KEY,
+}
 SECRETS = tuple(ENVIRON.values())
 
 VALID = f'''
@@ -83,31 +89,45 @@ def config_error(tmp_path: Path, text: str, environ: dict[str, str] = ENVIRON) -
 
 def notifier_toml(body: str, name: str = "hook", kind: str = "webhook") -> str:
     """One notifier's table; ``body`` adds or overrides keys (a url is given for the http types)."""
-    url = '' if kind not in ("slack", "discord", "webhook") or "url =" in body else 'url = "https://example.com/h"\n'
+    url = "" if kind not in ("slack", "discord", "webhook") or "url =" in body else 'url = "https://example.com/h"\n'
     return f'[notifiers.{name}]\ntype = "{kind}"\n{url}{body}\n'
 
 
 # -- a valid file ---------------------------------------------------------------------------------------------
 
+
 def test_a_file_with_all_five_notifier_types_parses_with_references_resolved(tmp_path: Path) -> None:
     path = write_config(tmp_path, VALID)
     settings = load_settings(path, ENVIRON)
     assert settings.source == path
-    assert (settings.dashboard_url, settings.give_up_after_s, settings.retry_base_s, settings.retry_max_s,
-            settings.digest_window_s, settings.digest_min_findings) == ("http://oncall-box:8501", 600, 0.5, 30,
-                                                                        120, 4)
+    assert (
+        settings.dashboard_url,
+        settings.give_up_after_s,
+        settings.retry_base_s,
+        settings.retry_max_s,
+        settings.digest_window_s,
+        settings.digest_min_findings,
+    ) == ("http://oncall-box:8501", 600, 0.5, 30, 120, 4)
     by_name = {n.name: n for n in settings.notifiers}
     assert [n.type for n in settings.notifiers] == ["slack", "discord", "webhook", "command", "log"]
 
     slack = by_name["team-slack"]
     assert slack.url == f"https://hooks.slack.com/services/{SLACK_TOKEN}"
-    assert (slack.min_severity, slack.kinds, slack.per_minute, slack.burst, slack.timeout_s) == \
-           (Severity.WARNING, (), 10.0, 5, 5.0)
+    assert (slack.min_severity, slack.kinds, slack.per_minute, slack.burst, slack.timeout_s) == (
+        Severity.WARNING,
+        (),
+        10.0,
+        5,
+        5.0,
+    )
     discord = by_name["infra-discord"]
     assert (discord.kinds, discord.per_minute, discord.burst) == (("sdc", "hang", "straggler"), 2.5, 2)
     bot = by_name["incident-bot"]
-    assert (bot.secret, dict(bot.headers), bot.timeout_s) == (SIGNING_SECRET, {"Authorization": f"Bearer {BOT_TOKEN}"},
-                                                              0.5)
+    assert (bot.secret, dict(bot.headers), bot.timeout_s) == (
+        SIGNING_SECRET,
+        {"Authorization": f"Bearer {BOT_TOKEN}"},
+        0.5,
+    )
     pager = by_name["pager"]
     assert pager.command == (sys.executable, "-c", "pass", f"--key={PAGER_KEY}")
     assert pager.min_severity is Severity.CRITICAL
@@ -164,7 +184,7 @@ MISTAKES = {
     "unknown notifier key": (notifier_toml('colour = "red"'), "'notifiers.hook.colour'"),
     "key of another type": (notifier_toml('path = "/tmp/x"'), "'notifiers.hook.path'"),
     "unknown type": (notifier_toml("", kind="teams"), "notifiers.hook.type"),
-    "missing type": ("[notifiers.hook]\nurl = \"https://example.com\"\n", "notifiers.hook.type"),
+    "missing type": ('[notifiers.hook]\nurl = "https://example.com"\n', "notifiers.hook.type"),
     "bad min_severity": (notifier_toml('min_severity = "urgent"'), "notifiers.hook.min_severity"),
     "unknown kind": (notifier_toml('kinds = ["loss_spike", "oom"]'), "notifiers.hook.kinds"),
     "kinds not a list": (notifier_toml('kinds = "sdc"'), "notifiers.hook.kinds"),
@@ -185,8 +205,10 @@ MISTAKES = {
     "nan retry_max_s": ("[alerts]\nretry_max_s = nan\n", "alerts.retry_max_s"),
     "zero digest_window_s": ("[alerts]\ndigest_window_s = 0\n", "alerts.digest_window_s"),
     "zero digest_min_findings": ("[alerts]\ndigest_min_findings = 0\n", "alerts.digest_min_findings"),
-    "command program not found": (notifier_toml('command = ["no-such-program-bedside", "-x"]', kind="command"),
-                                   "notifiers.hook.command"),
+    "command program not found": (
+        notifier_toml('command = ["no-such-program-bedside", "-x"]', kind="command"),
+        "notifiers.hook.command",
+    ),
     "empty command": (notifier_toml("command = []", kind="command"), "notifiers.hook.command"),
     "empty secret": (notifier_toml('secret = ""'), "notifiers.hook.secret"),
     "header not text": (notifier_toml("headers = { X-Retries = 3 }"), "notifiers.hook.headers.X-Retries"),
@@ -221,17 +243,30 @@ def test_a_parsed_document_without_a_file_is_named_bedside_toml() -> None:
 # -- secrets --------------------------------------------------------------------------------------------------
 
 SECRET_MISTAKES = {
-    "bad url made of a secret": (notifier_toml('url = "hooks.slack.com/${SLACK_TOKEN}"', kind="slack"),
-                                 "notifiers.hook.url"),
+    "bad url made of a secret": (
+        notifier_toml('url = "hooks.slack.com/${SLACK_TOKEN}"', kind="slack"),
+        "notifiers.hook.url",
+    ),
     "bad literal url": (notifier_toml(f'url = "ftp://hooks.example/{SLACK_TOKEN}"'), "notifiers.hook.url"),
-    "bad key after secrets": (notifier_toml('url = "https://h.example/${SLACK_TOKEN}"\nsecret = "${SIGNING_SECRET}"\n'
-                                            'headers = { A = "${BOT_TOKEN}" }\nburst = 0'), "notifiers.hook.burst"),
-    "missing variable beside a secret": (notifier_toml('url = "https://h.example/${SLACK_TOKEN}/${NOT_SET_X}"'),
-                                         "notifiers.hook.url"),
-    "empty header beside a secret": (notifier_toml('secret = "${SIGNING_SECRET}"\nheaders = { A = "" }'),
-                                     "notifiers.hook.headers.A"),
-    "command missing beside a secret": (notifier_toml('command = ["no-such-program-bedside", "--key=${PAGER_KEY}"]',
-                                                      kind="command"), "notifiers.hook.command"),
+    "bad key after secrets": (
+        notifier_toml(
+            'url = "https://h.example/${SLACK_TOKEN}"\nsecret = "${SIGNING_SECRET}"\n'
+            'headers = { A = "${BOT_TOKEN}" }\nburst = 0'
+        ),
+        "notifiers.hook.burst",
+    ),
+    "missing variable beside a secret": (
+        notifier_toml('url = "https://h.example/${SLACK_TOKEN}/${NOT_SET_X}"'),
+        "notifiers.hook.url",
+    ),
+    "empty header beside a secret": (
+        notifier_toml('secret = "${SIGNING_SECRET}"\nheaders = { A = "" }'),
+        "notifiers.hook.headers.A",
+    ),
+    "command missing beside a secret": (
+        notifier_toml('command = ["no-such-program-bedside", "--key=${PAGER_KEY}"]', kind="command"),
+        "notifiers.hook.command",
+    ),
 }
 
 
@@ -246,8 +281,10 @@ def test_destinations_show_scheme_host_and_port_only(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path, VALID), ENVIRON)
     shown = {n.name: n.destination for n in settings.notifiers}
     assert shown == {
-        "team-slack": f"https://hooks.slack.com/{MASK}", "infra-discord": f"https://discord.com/{MASK}",
-        "incident-bot": f"https://bot.internal:8443/{MASK}", "pager": f"command {sys.executable}",
+        "team-slack": f"https://hooks.slack.com/{MASK}",
+        "infra-discord": f"https://discord.com/{MASK}",
+        "incident-bot": f"https://bot.internal:8443/{MASK}",
+        "pager": f"command {sys.executable}",
         "journal": "/var/log/bedside-alerts.log",
     }
     assert not [s for s in SECRETS for d in shown.values() if s in d]

@@ -1,6 +1,7 @@
 """Delivering the outbox: the sender's threads against a real HTTP receiver (and a real command), for every
 answer a receiver can give: 2xx, 5xx, 429 with Retry-After, a hang past the timeout, refused connections, a
 wrong URL, and a receiver gone for longer than the give-up horizon. The outbox is that of a real run."""
+
 from __future__ import annotations
 
 import json
@@ -94,6 +95,7 @@ def owning(run: Path, settings: AlertSettings) -> Iterator[Owner]:
 
 # -- delivered ------------------------------------------------------------------------------------------------
 
+
 def test_the_outbox_is_delivered_in_order_and_once_each(tiny_faults: Path, receiver: Receiver) -> None:
     with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message delivered")
@@ -108,8 +110,9 @@ def test_the_outbox_is_delivered_in_order_and_once_each(tiny_faults: Path, recei
         VALIDATOR.validate(request.json())
 
 
-def test_server_errors_are_retried_with_the_same_idempotency_key_until_delivered(tiny_faults: Path,
-                                                                                  receiver: Receiver) -> None:
+def test_server_errors_are_retried_with_the_same_idempotency_key_until_delivered(
+    tiny_faults: Path, receiver: Receiver
+) -> None:
     receiver.script = [500, 502, 503, 408]
     with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message delivered")
@@ -132,8 +135,9 @@ def test_a_429_is_retried_no_sooner_than_its_retry_after(tiny_faults: Path, rece
     assert set(receiver.delivered_keys().values()) == {1}
 
 
-def test_a_receiver_that_hangs_past_the_timeout_is_retried_and_delivers_once(tiny_faults: Path,
-                                                                             receiver: Receiver) -> None:
+def test_a_receiver_that_hangs_past_the_timeout_is_retried_and_delivers_once(
+    tiny_faults: Path, receiver: Receiver
+) -> None:
     receiver.script, receiver.hang_s = [HANG, HANG], 2.0
     with owning(tiny_faults, settings_for({"hook": webhook(receiver, timeout_s=0.3)})) as owner:
         eventually(owner.settled, "every message delivered")
@@ -161,8 +165,9 @@ def test_refused_connections_are_retried_until_the_receiver_is_back(tiny_faults:
 
 
 @pytest.mark.parametrize("status, reason", [(403, "Forbidden"), (404, "Not Found"), (410, "Gone")])
-def test_a_wrong_url_or_token_is_not_retried_and_is_recorded_failed(tiny_faults: Path, receiver: Receiver, status: int,
-                                                                    reason: str) -> None:
+def test_a_wrong_url_or_token_is_not_retried_and_is_recorded_failed(
+    tiny_faults: Path, receiver: Receiver, status: int, reason: str
+) -> None:
     receiver.default = status
     with owning(tiny_faults, settings_for({"hook": webhook(receiver)})) as owner:
         eventually(owner.settled, "every message recorded")  # failed is final: nothing is sent again
@@ -251,16 +256,21 @@ def test_a_command_gets_the_payload_on_stdin_and_a_failing_exit_is_retried(tiny_
     assert [g["stdin"] for g in got] == [json.loads(p) for p in rows["payload"]]
     for g, (_, row) in zip(got, rows.iterrows()):
         VALIDATOR.validate(g["stdin"])
-        assert g["env"] == {"BEDSIDE_ALERT_ID": row["message_id"], "BEDSIDE_ALERT_EVENT": row["event"],
-                            "BEDSIDE_ALERT_SEVERITY": row["severity"]}
+        assert g["env"] == {
+            "BEDSIDE_ALERT_ID": row["message_id"],
+            "BEDSIDE_ALERT_EVENT": row["event"],
+            "BEDSIDE_ALERT_SEVERITY": row["severity"],
+        }
     [failing] = [w for w in owner.warnings if "failing" in w]
     assert f"command {sys.executable} exited with 3: the pager service said no" in failing
 
 
 def test_a_command_that_runs_past_its_timeout_is_retried(tiny_faults: Path, tmp_path: Path) -> None:
     marker = tmp_path / "slow-once"
-    slow = f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n" \
-           "if not p.exists():\n    p.write_text('x')\n    time.sleep(30)\nsys.stdin.read()\n"
+    slow = (
+        f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n"
+        "if not p.exists():\n    p.write_text('x')\n    time.sleep(30)\nsys.stdin.read()\n"
+    )
     pager = {"type": "command", "command": [sys.executable, "-c", slow], "timeout_s": 1}
     with owning(tiny_faults, settings_for({"pager": pager})) as owner:
         eventually(owner.settled, "every message delivered", timeout=60)
@@ -279,6 +289,7 @@ def test_a_log_notifier_appends_one_line_per_message(tiny_faults: Path, tmp_path
 
 
 # -- timing rules ---------------------------------------------------------------------------------------------
+
 
 def test_retry_after_reads_seconds_or_an_http_date_and_is_capped() -> None:
     now = 1_796_000_000.0

@@ -1,5 +1,6 @@
 """What notifiers receive: the payload (v1, against its JSON Schema) for every event, Slack Block Kit and Discord
 embeds within each platform's limits and escaped, and signed webhook bodies checked by a real receiver."""
+
 from __future__ import annotations
 
 import hashlib
@@ -37,13 +38,31 @@ SLACK_BLOCKS = ("header", "section", "context", "actions", "divider")
 SLACK_TEXT_TYPES = ("plain_text", "mrkdwn")
 
 
-def finding(kind: str, start: int, severity: str = "warning", *, active: bool = True, ranks: tuple[int, ...] = (),
-            summary: str = "", evidence: dict | None = None, action: SuggestedAction | None = None) -> Finding:
-    return Finding(kind=kind, severity=severity, timeline=0, start_step=start, end_step=start + 3, ranks=ranks,
-                   score=9.3, summary=summary or f"{kind} from step {start}",
-                   evidence=evidence if evidence is not None else {"peak": 3.3921, "z": 9.3, "trend": [1, 2]},
-                   suggested_action=action or SuggestedAction("rewind", {"to_step": start - 10}, "before the spike"),
-                   active=active, detector=kind)
+def finding(
+    kind: str,
+    start: int,
+    severity: str = "warning",
+    *,
+    active: bool = True,
+    ranks: tuple[int, ...] = (),
+    summary: str = "",
+    evidence: dict | None = None,
+    action: SuggestedAction | None = None,
+) -> Finding:
+    return Finding(
+        kind=kind,
+        severity=severity,
+        timeline=0,
+        start_step=start,
+        end_step=start + 3,
+        ranks=ranks,
+        score=9.3,
+        summary=summary or f"{kind} from step {start}",
+        evidence=evidence if evidence is not None else {"peak": 3.3921, "z": 9.3, "trend": [1, 2]},
+        suggested_action=action or SuggestedAction("rewind", {"to_step": start - 10}, "before the spike"),
+        active=active,
+        detector=kind,
+    )
 
 
 def incident(*findings: Finding) -> Incident:
@@ -58,24 +77,57 @@ def incident_payloads(dashboard_url: str = "") -> dict[str, dict[str, Any]]:
     spike = finding("loss_spike", 85)
     nan = finding("nonfinite", 90, "critical", ranks=(1,))
     cleared = [finding("loss_spike", 85, active=False), finding("nonfinite", 90, "critical", active=False, ranks=(1,))]
-    cases = {"opened": (incident(spike), None), "escalated": (incident(spike, nan), None),
-             "resolved": (incident(*cleared), None),
-             "acknowledged": (incident(spike, nan), Acknowledgement("alice", "looking at shard 3"))}
-    return {event: incident_payload(f"{RUN.run_id}/hook/{made.incident_id}/{event}/1", event, RUN, made,
-                                    notifier="hook", ack=ack, dashboard_url=dashboard_url, now=NOW)
-            for event, (made, ack) in cases.items()}
+    cases = {
+        "opened": (incident(spike), None),
+        "escalated": (incident(spike, nan), None),
+        "resolved": (incident(*cleared), None),
+        "acknowledged": (incident(spike, nan), Acknowledgement("alice", "looking at shard 3")),
+    }
+    return {
+        event: incident_payload(
+            f"{RUN.run_id}/hook/{made.incident_id}/{event}/1",
+            event,
+            RUN,
+            made,
+            notifier="hook",
+            ack=ack,
+            dashboard_url=dashboard_url,
+            now=NOW,
+        )
+        for event, (made, ack) in cases.items()
+    }
 
 
 def digest(dashboard_url: str = "", held: int = 3) -> dict[str, Any]:
-    incidents = [{"id": f"straggler@0:{100 * i}/r{i}", "title": "Slow or stuck ranks: straggler", "severity": "warning",
-                  "status": "open", "event": "opened"} for i in range(held)]
-    return digest_payload(f"{RUN.run_id}/hook/digest/1", RUN, notifier="hook", severity="warning", findings=14,
-                          since=NOW - 300, held=incidents, dashboard_url=dashboard_url, now=NOW)
+    incidents = [
+        {
+            "id": f"straggler@0:{100 * i}/r{i}",
+            "title": "Slow or stuck ranks: straggler",
+            "severity": "warning",
+            "status": "open",
+            "event": "opened",
+        }
+        for i in range(held)
+    ]
+    return digest_payload(
+        f"{RUN.run_id}/hook/digest/1",
+        RUN,
+        notifier="hook",
+        severity="warning",
+        findings=14,
+        since=NOW - 300,
+        held=incidents,
+        dashboard_url=dashboard_url,
+        now=NOW,
+    )
 
 
 def every_payload(dashboard_url: str = "") -> dict[str, dict[str, Any]]:
-    return {**incident_payloads(dashboard_url), "digest": digest(dashboard_url),
-            "test": probe_payload(f"{RUN.name}/hook/test/1", RUN, notifier="hook", now=NOW)}
+    return {
+        **incident_payloads(dashboard_url),
+        "digest": digest(dashboard_url),
+        "test": probe_payload(f"{RUN.name}/hook/test/1", RUN, notifier="hook", now=NOW),
+    }
 
 
 def hostile_payloads() -> list[dict[str, Any]]:
@@ -85,21 +137,47 @@ def hostile_payloads() -> list[dict[str, Any]]:
     summary = (HOSTILE + " ") * 120
     evidence = {f"value_{i}": "x" * 80 for i in range(20)} | {"note": HOSTILE}
     action = SuggestedAction("evict", {"ranks": list(ranks), "why": HOSTILE}, HOSTILE * 20)
-    wide = incident(finding("sdc", 170, "critical", ranks=ranks, summary=summary, evidence=evidence, action=action),
-                    *[finding("nonfinite", 170 + i, "critical", ranks=(i,), summary=summary) for i in range(1, 30)])
+    wide = incident(
+        finding("sdc", 170, "critical", ranks=ranks, summary=summary, evidence=evidence, action=action),
+        *[finding("nonfinite", 170 + i, "critical", ranks=(i,), summary=summary) for i in range(1, 30)],
+    )
     run = RunRef("r" * 64, ("gpt-7b <!here> & friends " * 20).strip())
     ack = Acknowledgement("<@U024BE7LH> & co", (HOSTILE + " ") * 100)
-    built = [incident_payload(f"{run.run_id}/hook/{wide.incident_id}/{event}/1", event, run, wide, notifier="hook",
-                              ack=ack if event == "acknowledged" else None, dashboard_url=DASHBOARD, now=NOW)
-             for event in ("opened", "escalated", "acknowledged")]
-    held = [{"id": f"sdc@0:{i}/r{i}", "title": HOSTILE * 3, "severity": "critical", "status": "open",
-             "event": "opened"} for i in range(40)]
-    built.append(digest_payload(f"{run.run_id}/hook/digest/1", run, notifier="hook", severity="critical",
-                                findings=10_000, since=NOW - 300, held=held, dashboard_url=DASHBOARD, now=NOW))
+    built = [
+        incident_payload(
+            f"{run.run_id}/hook/{wide.incident_id}/{event}/1",
+            event,
+            run,
+            wide,
+            notifier="hook",
+            ack=ack if event == "acknowledged" else None,
+            dashboard_url=DASHBOARD,
+            now=NOW,
+        )
+        for event in ("opened", "escalated", "acknowledged")
+    ]
+    held = [
+        {"id": f"sdc@0:{i}/r{i}", "title": HOSTILE * 3, "severity": "critical", "status": "open", "event": "opened"}
+        for i in range(40)
+    ]
+    built.append(
+        digest_payload(
+            f"{run.run_id}/hook/digest/1",
+            run,
+            notifier="hook",
+            severity="critical",
+            findings=10_000,
+            since=NOW - 300,
+            held=held,
+            dashboard_url=DASHBOARD,
+            now=NOW,
+        )
+    )
     return built
 
 
 # -- the payload ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dashboard_url", ["", DASHBOARD])
 def test_every_event_s_payload_validates_against_the_schema(dashboard_url: str) -> None:
@@ -117,31 +195,47 @@ def test_every_event_s_payload_validates_against_the_schema(dashboard_url: str) 
 def test_the_payload_tells_the_incident_s_state_and_links_to_the_dashboard() -> None:
     payloads = every_payload(DASHBOARD)
     assert {e: p["incident"]["status"] for e, p in payloads.items() if p["incident"]} == {
-        "opened": "open", "escalated": "open", "resolved": "resolved", "acknowledged": "acknowledged"}
+        "opened": "open",
+        "escalated": "open",
+        "resolved": "resolved",
+        "acknowledged": "acknowledged",
+    }
     escalated = payloads["escalated"]["incident"]
-    assert (escalated["severity"], escalated["kinds"], escalated["ranks"], escalated["findings"]) == \
-           ("critical", ["loss_spike", "nonfinite"], [1], 2)
+    assert (escalated["severity"], escalated["kinds"], escalated["ranks"], escalated["findings"]) == (
+        "critical",
+        ["loss_spike", "nonfinite"],
+        [1],
+        2,
+    )
     assert escalated["url"] == f"{DASHBOARD}/incidents?run=gpt-7b&incident=loss_spike%400%3A85"
     assert escalated["evidence"] == {"peak": 3.3921, "z": 9.3}  # scalars only
     acknowledged = payloads["acknowledged"]
-    assert (acknowledged["incident"]["acknowledged_by"], acknowledged["incident"]["ack_note"]) == \
-           ("alice", "looking at shard 3")
+    assert (acknowledged["incident"]["acknowledged_by"], acknowledged["incident"]["ack_note"]) == (
+        "alice",
+        "looking at shard 3",
+    )
     assert payloads["digest"]["digest"]["url"] == f"{DASHBOARD}/incidents?run=gpt-7b"
-    assert payloads["digest"]["text"] == \
-           "[WARNING] gpt-7b: 14 more findings in the last 5 minutes (3 messages held back)"
+    assert (
+        payloads["digest"]["text"] == "[WARNING] gpt-7b: 14 more findings in the last 5 minutes (3 messages held back)"
+    )
     assert all(p["incident"] is None and p["digest"] is None for e, p in payloads.items() if e == "test")
     assert every_payload("")["opened"]["incident"]["url"] is None
 
 
 def test_the_schema_refuses_a_payload_that_breaks_the_contract() -> None:
     payload = every_payload()["opened"]
-    for broken in ({**payload, "event": "exploded"}, {**payload, "digest": digest()["digest"]},
-                   {**payload, "extra": 1}, {k: v for k, v in payload.items() if k != "id"},
-                   {**payload, "incident": {**payload["incident"], "status": "closed"}}):
+    for broken in (
+        {**payload, "event": "exploded"},
+        {**payload, "digest": digest()["digest"]},
+        {**payload, "extra": 1},
+        {k: v for k, v in payload.items() if k != "id"},
+        {**payload, "incident": {**payload["incident"], "status": "closed"}},
+    ):
         assert list(VALIDATOR.iter_errors(broken))
 
 
 # -- Slack ----------------------------------------------------------------------------------------------------
+
 
 def text_object_problems(obj: Any, limit: int, where: str, types: tuple[str, ...] = SLACK_TEXT_TYPES) -> list[str]:
     if not isinstance(obj, dict) or obj.get("type") not in types:
@@ -228,14 +322,16 @@ def test_slack_messages_stay_within_limits_and_escaped_whatever_the_data() -> No
 
 def test_slack_escapes_what_the_data_holds_but_keeps_its_own_formatting() -> None:
     spike = finding("loss_spike", 85, summary="loss > 2 & <rising>")
-    payload = incident_payload("id", "opened", RunRef("", "a<b>&c"), incident(spike), notifier="hook", ack=None,
-                               dashboard_url="", now=NOW)
+    payload = incident_payload(
+        "id", "opened", RunRef("", "a<b>&c"), incident(spike), notifier="hook", ack=None, dashboard_url="", now=NOW
+    )
     texts = slack_texts(slack_message(payload))
     assert "loss &gt; 2 &amp; &lt;rising&gt;" in texts
     assert "*Run*\na&lt;b&gt;&amp;c" in texts
 
 
 # -- Discord --------------------------------------------------------------------------------------------------
+
 
 def discord_problems(message: dict[str, Any]) -> list[str]:
     """Everything in ``message`` that Discord's webhook API would refuse (embed limits)."""
@@ -248,13 +344,19 @@ def discord_problems(message: dict[str, Any]) -> list[str]:
     total = 0
     for i, embed in enumerate(embeds):
         fields = embed.get("fields", [])
-        sizes = {"title": (len(embed.get("title", "")), 256), "description": (len(embed.get("description", "")), 4096),
-                 "footer": (len(embed.get("footer", {}).get("text", "")), 2048), "fields": (len(fields), 25)}
+        sizes = {
+            "title": (len(embed.get("title", "")), 256),
+            "description": (len(embed.get("description", "")), 4096),
+            "footer": (len(embed.get("footer", {}).get("text", "")), 2048),
+            "fields": (len(fields), 25),
+        }
         found += [f"embed {i}: {name} of {n} (at most {limit})" for name, (n, limit) in sizes.items() if n > limit]
         for j, field in enumerate(fields):
             if not 1 <= len(field["name"]) <= 256 or not 1 <= len(field["value"]) <= 1024:
-                found.append(f"embed {i} field {j}: name {len(field['name'])} (1 to 256), "
-                             f"value {len(field['value'])} (1 to 1024)")
+                found.append(
+                    f"embed {i} field {j}: name {len(field['name'])} (1 to 256), "
+                    f"value {len(field['value'])} (1 to 1024)"
+                )
         if not 0 <= embed.get("color", 0) <= 0xFFFFFF:
             found.append(f"embed {i}: color {embed['color']}")
         total += sizes["title"][0] + sizes["description"][0] + sizes["footer"][0]
@@ -289,6 +391,7 @@ def test_discord_marks_a_resolved_incident_green_and_others_by_severity() -> Non
 
 # -- on the wire ----------------------------------------------------------------------------------------------
 
+
 def verifies(secret: str, body: bytes, header: str | None) -> bool:
     """A receiver's check of the signature header, written from the documentation, not from our code."""
     expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
@@ -296,12 +399,19 @@ def verifies(secret: str, body: bytes, header: str | None) -> bool:
 
 
 def notifiers(receiver: Receiver, secret: str) -> dict[str, NotifierConfig]:
-    document = {"notifiers": {
-        "hook": {"type": "webhook", "url": f"{receiver.url}/hook", "secret": "${SIGNING_SECRET}",
-                 "headers": {"Authorization": "Bearer ${BOT_TOKEN}"}, "timeout_s": 2},
-        "slack": {"type": "slack", "url": f"{receiver.url}/slack/T0/B0/x", "timeout_s": 2},
-        "discord": {"type": "discord", "url": f"{receiver.url}/discord/1/y", "timeout_s": 2},
-    }}
+    document = {
+        "notifiers": {
+            "hook": {
+                "type": "webhook",
+                "url": f"{receiver.url}/hook",
+                "secret": "${SIGNING_SECRET}",
+                "headers": {"Authorization": "Bearer ${BOT_TOKEN}"},
+                "timeout_s": 2,
+            },
+            "slack": {"type": "slack", "url": f"{receiver.url}/slack/T0/B0/x", "timeout_s": 2},
+            "discord": {"type": "discord", "url": f"{receiver.url}/discord/1/y", "timeout_s": 2},
+        }
+    }
     settings = parse_settings(document, {"SIGNING_SECRET": secret, "BOT_TOKEN": "bot-token"})
     return {n.name: n for n in settings.notifiers}
 
@@ -318,8 +428,11 @@ def test_a_webhook_receives_the_payload_signed_with_the_shared_secret(receiver: 
         assert request.json() == payload
         VALIDATOR.validate(request.json())
         assert request.key == payload["id"]
-        assert (request.headers["Content-Type"], request.headers["User-Agent"], request.headers["Authorization"]) == \
-               ("application/json", "bedside-alerts/1", "Bearer bot-token")
+        assert (request.headers["Content-Type"], request.headers["User-Agent"], request.headers["Authorization"]) == (
+            "application/json",
+            "bedside-alerts/1",
+            "Bearer bot-token",
+        )
         signature = request.headers["X-Bedside-Signature-256"]
         assert verifies(secret, request.body, signature)
         assert not verifies("another-secret", request.body, signature)

@@ -2,6 +2,7 @@
 follow-ups only when it rises, clears, reopens or is acknowledged, token buckets and digests in a flood, and
 replays after a restart that say nothing twice. Real findings, incidents, router and store files throughout;
 the findings come from a scripted detector (told what to report), or from the real detectors over a real run."""
+
 from __future__ import annotations
 
 import json
@@ -57,11 +58,29 @@ class Scripted(Detector):
         return taken
 
 
-def finding(kind: str, start: int, severity: str = "warning", *, active: bool = True, ranks: tuple[int, ...] = (),
-            timeline: int = 0, end: int | None = None) -> Finding:
-    return Finding(kind=kind, severity=severity, timeline=timeline, start_step=start, end_step=end or start,
-                   ranks=ranks, score=5.0, summary=f"{kind} at step {start}", evidence={"z": 5.0},
-                   active=active, detector="scripted")
+def finding(
+    kind: str,
+    start: int,
+    severity: str = "warning",
+    *,
+    active: bool = True,
+    ranks: tuple[int, ...] = (),
+    timeline: int = 0,
+    end: int | None = None,
+) -> Finding:
+    return Finding(
+        kind=kind,
+        severity=severity,
+        timeline=timeline,
+        start_step=start,
+        end_step=end or start,
+        ranks=ranks,
+        score=5.0,
+        summary=f"{kind} at step {start}",
+        evidence={"z": 5.0},
+        active=active,
+        detector="scripted",
+    )
 
 
 def alert_settings(alerts: dict[str, Any] | None = None, **notifiers: dict[str, Any]) -> AlertSettings:
@@ -121,11 +140,22 @@ def payload(row: pd.Series) -> dict[str, Any]:
 
 # -- who is told ----------------------------------------------------------------------------------------------
 
+
 def test_each_notifier_gets_the_incidents_at_or_above_its_severity_and_with_its_kinds(open_desk) -> None:
-    desk = open_desk(alert_settings(everything={}, warnings={"min_severity": "warning"},
-                                    pages={"min_severity": "critical"}, numerics={"kinds": ["nonfinite", "sdc"]}))
-    desk.say(finding("loss_spike", 100, "info"), finding("straggler", 100, ranks=(1,)),
-             finding("nonfinite", 100, "critical", timeline=1), at=T0)
+    desk = open_desk(
+        alert_settings(
+            everything={},
+            warnings={"min_severity": "warning"},
+            pages={"min_severity": "critical"},
+            numerics={"kinds": ["nonfinite", "sdc"]},
+        )
+    )
+    desk.say(
+        finding("loss_spike", 100, "info"),
+        finding("straggler", 100, ranks=(1,)),
+        finding("nonfinite", 100, "critical", timeline=1),
+        at=T0,
+    )
     spike, straggler, nan = "loss_spike@0:100", "straggler@0:100/r1", "nonfinite@1:100"
     assert sorted(desk.told("everything")) == sorted([(spike, "opened"), (straggler, "opened"), (nan, "opened")])
     assert sorted(desk.told("warnings")) == sorted([(straggler, "opened"), (nan, "opened")])
@@ -148,6 +178,7 @@ def test_an_incident_is_sent_once_it_rises_to_a_notifier_s_threshold_or_gains_it
 
 # -- one message per incident ---------------------------------------------------------------------------------
 
+
 def test_later_findings_send_nothing_until_the_incident_rises_clears_or_reopens(open_desk) -> None:
     desk = open_desk(alert_settings(ops={}))
     incident = "loss_spike@0:100"
@@ -158,8 +189,13 @@ def test_later_findings_send_nothing_until_the_incident_rises_clears_or_reopens(
     desk.say(finding("nonfinite", 108, "critical"), at=T0 + 3)
     desk.say(finding("nonfinite", 109, "critical", ranks=(1,)), at=T0 + 4)
     assert desk.told("ops") == [(incident, "opened"), (incident, "escalated")]
-    desk.say(*[finding(f.kind, f.start_step, f.severity.value, ranks=f.ranks, end=f.end_step, active=False)
-               for f in desk.detection.runner.ordered()], at=T0 + 5)
+    desk.say(
+        *[
+            finding(f.kind, f.start_step, f.severity.value, ranks=f.ranks, end=f.end_step, active=False)
+            for f in desk.detection.runner.ordered()
+        ],
+        at=T0 + 5,
+    )
     desk.say(at=T0 + 6)
     desk.say(finding("loss_spike", 115), at=T0 + 7)
     rows = desk.outbox("ops")
@@ -185,8 +221,9 @@ def test_an_acknowledgement_is_announced_to_the_notifiers_that_were_told_of_the_
     assert desk.told("pages") == []
     ack = payload(desk.outbox("ops").iloc[1])["incident"]
     assert (ack["status"], ack["acknowledged_by"], ack["ack_note"]) == ("acknowledged", "alice", "looking at shard 3")
-    [[status]] = desk.store.cursor().execute(
-        "SELECT status FROM incidents WHERE incident_id = 'loss_spike@0:100'").fetchall()
+    [[status]] = (
+        desk.store.cursor().execute("SELECT status FROM incidents WHERE incident_id = 'loss_spike@0:100'").fetchall()
+    )
     assert status == "acknowledged"
 
     desk.say(finding("nonfinite", 101, "critical"), at=T0 + 2)
@@ -213,10 +250,16 @@ def test_resolving_by_hand_is_announced_once_and_later_findings_open_a_new_incid
     desk.detection.resolve("straggler@0:100/r3", "carol", "rank 3's host was drained", now=T0 + 1)
     assert desk.told("ops") == [("straggler@0:100/r3", "opened"), ("straggler@0:100/r3", "resolved")]
     closed = payload(desk.outbox("ops").iloc[1])["incident"]
-    assert (closed["status"], closed["resolved_by"], closed["resolve_note"]) == \
-        ("resolved", "carol", "rank 3's host was drained")
-    [[status, who]] = desk.store.cursor().execute(
-        "SELECT status, resolved_by FROM incidents WHERE incident_id = 'straggler@0:100/r3'").fetchall()
+    assert (closed["status"], closed["resolved_by"], closed["resolve_note"]) == (
+        "resolved",
+        "carol",
+        "rank 3's host was drained",
+    )
+    [[status, who]] = (
+        desk.store.cursor()
+        .execute("SELECT status, resolved_by FROM incidents WHERE incident_id = 'straggler@0:100/r3'")
+        .fetchall()
+    )
     assert (status, who) == ("resolved", "carol")
 
     desk.say(finding("straggler", 100, ranks=(3,), end=140), finding("straggler", 120, ranks=(5,)), at=T0 + 2)
@@ -232,8 +275,9 @@ def test_a_finding_that_joins_with_an_earlier_onset_moves_the_stored_incident_s_
     desk = open_desk(alert_settings(ops={}))
     desk.say(finding("nonfinite", 150, "critical"), at=T0)
     desk.say(finding("sdc", 140, end=145), at=T0 + 1)
-    [[start, end, findings]] = desk.store.cursor().execute(
-        "SELECT start_step, end_step, findings FROM incidents").fetchall()
+    [[start, end, findings]] = (
+        desk.store.cursor().execute("SELECT start_step, end_step, findings FROM incidents").fetchall()
+    )
     assert (start, end, findings) == (140, 150, 2)
 
 
@@ -248,12 +292,15 @@ def test_resolving_needs_a_known_incident_and_a_name(open_desk) -> None:
 
 # -- floods ---------------------------------------------------------------------------------------------------
 
+
 def test_a_burst_of_200_findings_gives_one_message_bounded_follow_ups_and_a_digest(open_desk) -> None:
     desk = open_desk(alert_settings({"digest_window_s": 60, "digest_min_findings": 10}, ops={}))
     ceilings = np.repeat([1, 2, 3], [5, 5, 10])[:, None]  # info only, then warnings too, then criticals too
     levels = np.random.default_rng(7).integers(0, ceilings, (20, 10))
-    burst = [[finding("nonfinite", 100 + 10 * i + j, SEVERITIES[level], ranks=(j,)) for j, level in enumerate(row)]
-             for i, row in enumerate(levels)]
+    burst = [
+        [finding("nonfinite", 100 + 10 * i + j, SEVERITIES[level], ranks=(j,)) for j, level in enumerate(row)]
+        for i, row in enumerate(levels)
+    ]
     for i, batch in enumerate(burst):
         desk.say(*batch, at=T0 + i * 0.5)
     incident_messages = desk.told("ops")
@@ -267,8 +314,11 @@ def test_a_burst_of_200_findings_gives_one_message_bounded_follow_ups_and_a_dige
     rows = desk.outbox("ops")
     [digest] = [payload(r) for _, r in rows.iterrows() if r["event"] == "digest"]
     quiet = 200 - 10 * len(incident_messages)  # those of the batches that made no message of their own
-    assert (digest["digest"]["findings"], digest["digest"]["held_messages"], digest["severity"]) == \
-           (quiet, 0, "critical")
+    assert (digest["digest"]["findings"], digest["digest"]["held_messages"], digest["severity"]) == (
+        quiet,
+        0,
+        "critical",
+    )
     assert digest["text"].startswith(f"[CRITICAL] run: {quiet} more findings in the last 1 minute")
     desk.say(at=T0 + 200)
     assert len(desk.outbox("ops")) == len(incident_messages) + 1
@@ -323,8 +373,10 @@ def test_held_messages_are_digested_by_the_router_of_a_restarted_owner(open_desk
 
 # -- restarts and history -------------------------------------------------------------------------------------
 
-def detect_run(run: Path, settings: AlertSettings | None, *, batch_bytes: int | None = None,
-               ack: str | None = None) -> pd.DataFrame:
+
+def detect_run(
+    run: Path, settings: AlertSettings | None, *, batch_bytes: int | None = None, ack: str | None = None
+) -> pd.DataFrame:
     """Ingest and detect ``run`` (streaming with ``batch_bytes``) in a new store session with alerts per
     ``settings`` (none when None); acknowledge ``ack``; the outbox after it."""
     with Store.open(RunLayout(run).store, schemas=SCHEMAS) as store:

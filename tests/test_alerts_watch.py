@@ -2,6 +2,7 @@
 hangs, refused connections) while it keeps ingesting, a ``kill -9`` with messages pending, the log notifier
 without a configuration, and ``bedside alert test``. The same outage in-process shows the store growing
 while every delivery fails."""
+
 from __future__ import annotations
 
 import hashlib
@@ -67,7 +68,10 @@ def write_config(folder: Path, receiver: Receiver, **alerts: float) -> Path:
     """A bedside.toml with one signed webhook on ``receiver`` (secret token in its path), fast retries."""
     keys = {"retry_base_s": 0.05, "retry_max_s": RETRY_MAX_S, **alerts}
     path = folder / "bedside.toml"
-    path.write_text("[alerts]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()) + f'''
+    path.write_text(
+        "[alerts]\n"
+        + "".join(f"{k} = {v}\n" for k, v in keys.items())
+        + f'''
 [notifiers.hook]
 type = "webhook"
 url = "{receiver.url}/hook/${{BEDSIDE_TEST_TOKEN}}"
@@ -78,9 +82,10 @@ timeout_s = 0.5
 
 [notifiers.journal]
 type = "log"
-path = "{folder / 'alerts.log'}"
+path = "{folder / "alerts.log"}"
 min_severity = "critical"
-''')
+'''
+    )
     return path
 
 
@@ -107,8 +112,16 @@ class Lines:
 
 def start_watch(start_bedside, run: Path, *options: str) -> tuple[subprocess.Popen, Lines]:
     """``bedside watch RUN`` with the secrets of the configuration in its environment; its stderr, as it comes."""
-    watch = start_bedside("watch", run, "--rescan-every", "0.2", *options, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, **ENVIRON})
+    watch = start_bedside(
+        "watch",
+        run,
+        "--rescan-every",
+        "0.2",
+        *options,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **ENVIRON},
+    )
     return watch, Lines(watch.stderr)
 
 
@@ -142,8 +155,10 @@ def assert_each_message_delivered_once(run: Path, receiver: Receiver) -> pd.Data
 
 # -- bedside watch through an outage --------------------------------------------------------------------------
 
+
 def test_watch_delivers_every_incident_through_an_outage_and_keeps_ingesting_meanwhile(
-        tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
+    tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside
+) -> None:
     append_rest = split_run(tiny_faults)
     config = write_config(tmp_path, receiver)
     receiver.script, receiver.default, receiver.hang_s = list(OUTAGE), 503, 1.5
@@ -163,7 +178,7 @@ def test_watch_delivers_every_incident_through_an_outage_and_keeps_ingesting_mea
 
     rows = assert_each_message_delivered_once(tiny_faults, receiver)
     answered = receiver.answered()
-    assert answered[:len(OUTAGE)] == [500, 500, 429, HANG] and 503 in answered
+    assert answered[: len(OUTAGE)] == [500, 500, 429, HANG] and 503 in answered
     limited = receiver.requests[2]
     assert receiver.requests[3].at - limited.at >= 0.95  # Retry-After: 1 was honoured
     first = rows["message_id"].iloc[0]
@@ -171,19 +186,22 @@ def test_watch_delivers_every_incident_through_an_outage_and_keeps_ingesting_mea
     assert rows["attempts"].iloc[0] > len(reached)  # the attempts that found the receiver down
 
     [[ingested_until, rank_steps]] = read_store(
-        tiny_faults, "SELECT (SELECT max(updated_at) FROM sources), (SELECT count(*) FROM rank_steps)").values
+        tiny_faults, "SELECT (SELECT max(updated_at) FROM sources), (SELECT count(*) FROM rank_steps)"
+    ).values
     assert rank_steps == 400 and ingested_until < recovered
     later = rows[rows["incident_id"] == "nonfinite@0:150"]
     assert len(later) and (later["created_at"] < recovered).all()
     assert TOKEN not in said and SECRET not in said and "still pending" not in said
     assert "failing" in said and "delivered again" in said
-    critical = read_store(tiny_faults, "SELECT payload->>'$.text' AS text FROM outbox WHERE notifier = 'journal' "
-                                  "ORDER BY seq")["text"]
+    critical = read_store(
+        tiny_faults, "SELECT payload->>'$.text' AS text FROM outbox WHERE notifier = 'journal' ORDER BY seq"
+    )["text"]
     assert (tmp_path / "alerts.log").read_text().splitlines() == [f"bedside: alert: {t}" for t in critical]
 
 
 def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
-        tiny_faults: Path, tmp_path: Path, receiver: Receiver) -> None:
+    tiny_faults: Path, tmp_path: Path, receiver: Receiver
+) -> None:
     append_rest = split_run(tiny_faults)
     settings = load_settings(write_config(tmp_path, receiver), ENVIRON)
     receiver.script, receiver.default, receiver.hang_s = list(OUTAGE), 503, 1.5
@@ -195,8 +213,11 @@ def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
         def ingest() -> tuple[int, int]:
             collector.ingest_available()
             detection.update()
-            return store.cursor().execute(
-                "SELECT (SELECT count(*) FROM rank_steps), (SELECT count(*) FROM outbox)").fetchone()
+            return (
+                store.cursor()
+                .execute("SELECT (SELECT count(*) FROM rank_steps), (SELECT count(*) FROM outbox)")
+                .fetchone()
+            )
 
         sender.start()
         try:
@@ -208,8 +229,12 @@ def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
             more_rank_steps, more_messages = ingest()
             assert more_rank_steps == 400 > rank_steps and more_messages > messages
             detection.finish()
-            eventually(lambda: str(store.cursor().execute("SELECT last_error FROM outbox ORDER BY seq LIMIT 1")
-                                   .fetchone()[0]).startswith("cannot reach"), "an attempt refused")
+            eventually(
+                lambda: str(
+                    store.cursor().execute("SELECT last_error FROM outbox ORDER BY seq LIMIT 1").fetchone()[0]
+                ).startswith("cannot reach"),
+                "an attempt refused",
+            )
             assert receiver.delivered() == []
             receiver.default = 200
             receiver.up()
@@ -220,7 +245,8 @@ def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
 
 
 def test_messages_pending_when_watch_is_killed_are_delivered_once_after_a_restart(
-        tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
+    tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside
+) -> None:
     config = write_config(tmp_path, receiver)
     receiver.down()
     watch, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config))
@@ -230,7 +256,9 @@ def test_messages_pending_when_watch_is_killed_are_delivered_once_after_a_restar
     killed = time.time()
     receiver.up()
 
-    again, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "30")
+    again, stderr = start_watch(
+        start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "30"
+    )
     assert again.wait(WATCH_EXIT_S) == 0, stderr.text()
     rows = assert_each_message_delivered_once(tiny_faults, receiver)
     assert (rows["created_at"] < killed).sum() >= 3  # written by the killed watch
@@ -238,26 +266,34 @@ def test_messages_pending_when_watch_is_killed_are_delivered_once_after_a_restar
 
 
 def test_watch_stopped_during_an_outage_says_what_is_left_and_the_next_watch_sends_it(
-        tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside) -> None:
+    tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside
+) -> None:
     config = write_config(tmp_path, receiver)
     receiver.down()
-    watch, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "0.5")
+    watch, stderr = start_watch(
+        start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "0.5"
+    )
     assert watch.wait(WATCH_EXIT_S) == 0
     assert "alert messages are still pending: delivered when bedside watch or serve next runs" in stderr.text()
     pending = read_store(tiny_faults, "SELECT message_id FROM outbox WHERE status = 'pending'")["message_id"]
     receiver.up()
-    again, stderr = start_watch(start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "30")
+    again, stderr = start_watch(
+        start_bedside, tiny_faults, "--config", str(config), "--until-finished", "--drain", "30"
+    )
     assert again.wait(WATCH_EXIT_S) == 0, stderr.text()
     assert set(pending) <= set(assert_each_message_delivered_once(tiny_faults, receiver)["message_id"])
 
 
 # -- bedside watch without or with a bad configuration --------------------------------------------------------
 
+
 def test_watch_without_a_configuration_writes_incidents_to_stderr(tiny_faults: Path, bedside) -> None:
     done = bedside("watch", tiny_faults, "--until-finished", "--quiet", "--rescan-every", "0.2", "--drain", "5")
     assert done.returncode == 0, done.stderr
     alerts = [line for line in done.stderr.splitlines() if line.startswith("bedside: alert: ")]
-    rows = read_store(tiny_faults, "SELECT notifier, severity, status, payload->>'$.text' AS text FROM outbox ORDER BY seq")
+    rows = read_store(
+        tiny_faults, "SELECT notifier, severity, status, payload->>'$.text' AS text FROM outbox ORDER BY seq"
+    )
     assert len(rows) >= 1 and set(rows["notifier"]) == {"log"} and set(rows["status"]) == {"delivered"}
     assert set(rows["severity"]) <= {"warning", "critical"}  # the default notifier's threshold
     assert alerts == [f"bedside: alert: {text}" for text in rows["text"]]
@@ -268,12 +304,15 @@ def test_watch_with_a_bad_configuration_stops_before_anything_runs(tiny_faults: 
     (tiny_faults / "bedside.toml").write_text('[notifiers.team]\ntype = "slack"\nurl = "${BEDSIDE_UNSET_VARIABLE}"\n')
     done = bedside("watch", tiny_faults, "--until-finished")
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"bedside: error: {tiny_faults / 'bedside.toml'}: notifiers.team.url: environment "
-                                   "variable BEDSIDE_UNSET_VARIABLE is not set")
+    assert done.stderr.strip() == (
+        f"bedside: error: {tiny_faults / 'bedside.toml'}: notifiers.team.url: environment "
+        "variable BEDSIDE_UNSET_VARIABLE is not set"
+    )
     assert not RunLayout(tiny_faults).store.exists()
 
 
 # -- bedside alert test ---------------------------------------------------------------------------------------
+
 
 def test_alert_test_sends_one_message_to_the_notifier_named(tmp_path: Path, receiver: Receiver, bedside) -> None:
     config = write_config(tmp_path, receiver)
@@ -288,7 +327,8 @@ def test_alert_test_sends_one_message_to_the_notifier_named(tmp_path: Path, rece
 
 
 def test_alert_test_of_a_run_uses_the_configuration_beside_it_and_names_the_run(
-        tiny_faults: Path, tmp_path: Path, receiver: Receiver, bedside) -> None:
+    tiny_faults: Path, tmp_path: Path, receiver: Receiver, bedside
+) -> None:
     write_config(tmp_path, receiver)  # in the folder that holds the run
     done = bedside("alert", "test", tiny_faults, env=ENVIRON)
     assert done.returncode == 0, done.stderr
@@ -297,7 +337,8 @@ def test_alert_test_of_a_run_uses_the_configuration_beside_it_and_names_the_run(
 
 
 def test_alert_test_against_a_receiver_that_is_down_fails_without_showing_the_secret(
-        tmp_path: Path, receiver: Receiver, bedside) -> None:
+    tmp_path: Path, receiver: Receiver, bedside
+) -> None:
     config = write_config(tmp_path, receiver)
     receiver.down()
     done = bedside("alert", "test", "--config", config, "--notifier", "hook", env=ENVIRON)
@@ -312,8 +353,9 @@ def test_alert_test_of_an_unknown_notifier_names_those_configured(tmp_path: Path
     config = write_config(tmp_path, receiver)
     done = bedside("alert", "test", "--config", config, "--notifier", "team-slack", env=ENVIRON)
     assert done.returncode == 2 and receiver.requests == []
-    assert done.stderr.strip() == (f"bedside: error: {config}: no notifier named 'team-slack' "
-                                   "(configured: hook, journal)")
+    assert done.stderr.strip() == (
+        f"bedside: error: {config}: no notifier named 'team-slack' (configured: hook, journal)"
+    )
 
 
 def test_alert_test_without_a_configuration_says_where_it_looked(tmp_path: Path, bedside, monkeypatch) -> None:

@@ -1,6 +1,7 @@
 """The audit trail proves itself: every entry hash-chained to the one before, heads recorded in the store, and
 ``bedside audit verify`` naming the first broken link of a trail that was rewritten, added to, cut or cut short.
 Real files, a real store, the real CLI in a new process, writers in concurrent processes."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,15 @@ def layout(tmp_path: Path) -> RunLayout:
     (layout.root / "telemetry").mkdir(parents=True)
     for n in range(ENTRIES):
         what = "rewind" if n == 0 else "resolve" if n == ENTRIES - 1 else "acknowledge"
-        audit.record(layout, operator="alice", what=what, reason=f"reason {n}", incident_id=f"inc-{n}",
-                     request_id="req-1" if n == 0 else None, args={"to_step": 40} if n == 0 else None)
+        audit.record(
+            layout,
+            operator="alice",
+            what=what,
+            reason=f"reason {n}",
+            incident_id=f"inc-{n}",
+            request_id="req-1" if n == 0 else None,
+            args={"to_step": 40} if n == 0 else None,
+        )
     return layout
 
 
@@ -82,11 +90,17 @@ def test_a_rewritten_entry_with_its_hash_made_again_breaks_the_next_link(layout:
 
 def test_a_forged_older_entry_inserted_is_named(layout: RunLayout) -> None:
     entries = lines(layout)
-    fake = forged(entries[2], time=entries[1]["time"] + 0.5, operator="alice", what="rewind",
-                  reason="approved earlier", seq=2, prev=entries[1]["hash"])
+    fake = forged(
+        entries[2],
+        time=entries[1]["time"] + 0.5,
+        operator="alice",
+        what="rewind",
+        reason="approved earlier",
+        seq=2,
+        prev=entries[1]["hash"],
+    )
     rewrite(layout, [*entries[:2], fake, *entries[2:]])
-    assert audit.verify(layout).broken == \
-        "line 4 (entry 2) chains to line 2: line 3 was inserted before it"
+    assert audit.verify(layout).broken == "line 4 (entry 2) chains to line 2: line 3 was inserted before it"
 
 
 def test_an_entry_of_a_stranger_is_named(layout: RunLayout) -> None:
@@ -115,8 +129,10 @@ def test_a_tail_cut_at_an_entry_boundary_is_caught_by_the_head_the_store_recorde
     with Store.open(layout.store) as store:
         keeper = audit.AuditKeeper(layout)
         keeper.keep_head(store)
-        assert keeper.broken == (f"the store recorded entry {ENTRIES - 1} as a head, but the trail ends at entry "
-                                 f"{ENTRIES - 3}: entries were deleted from its end")
+        assert keeper.broken == (
+            f"the store recorded entry {ENTRIES - 1} as a head, but the trail ends at entry "
+            f"{ENTRIES - 3}: entries were deleted from its end"
+        )
         assert len(audit.read_heads(store)) == 1  # a broken trail's head is never recorded
 
 
@@ -129,9 +145,11 @@ def test_a_chain_rewritten_consistently_is_caught_by_the_head_the_store_recorded
     rewrite(layout, entries)
     assert audit.verify(layout).intact
     with Store.open(layout.store) as store:
-        assert audit.verify(layout, audit.read_heads(store)).broken == \
-            f"line {ENTRIES} (entry {ENTRIES - 1}) differs from what the store recorded: the trail was rewritten " \
+        assert (
+            audit.verify(layout, audit.read_heads(store)).broken
+            == f"line {ENTRIES} (entry {ENTRIES - 1}) differs from what the store recorded: the trail was rewritten "
             f"from there"
+        )
 
 
 def test_the_head_is_recorded_again_only_when_the_trail_grew(layout: RunLayout) -> None:
@@ -175,13 +193,16 @@ def test_writers_in_concurrent_processes_chain_in_turn(tmp_path: Path) -> None:
     assert report.intact and len(report.entries) == 100
 
 
-@pytest.mark.parametrize(("name", "problem"), [
-    pytest.param("   ", "enter your name", id="blank"),
-    pytest.param("a" * 65, "the name is 65 characters long: at most 64", id="too long"),
-    pytest.param("alice\nbob", "control characters (U+000A)", id="a newline"),
-    pytest.param("alice\u202eecila", "control characters (U+202E)", id="a right-to-left override"),
-    pytest.param("al\x1b[31mice", "control characters (U+001B)", id="an escape sequence"),
-])
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        pytest.param("   ", "enter your name", id="blank"),
+        pytest.param("a" * 65, "the name is 65 characters long: at most 64", id="too long"),
+        pytest.param("alice\nbob", "control characters (U+000A)", id="a newline"),
+        pytest.param("alice\u202eecila", "control characters (U+202E)", id="a right-to-left override"),
+        pytest.param("al\x1b[31mice", "control characters (U+001B)", id="an escape sequence"),
+    ],
+)
 def test_an_operator_name_is_checked(name: str, problem: str) -> None:
     with pytest.raises(ValueError, match=re.escape(problem)):
         audit.check_operator(name)
@@ -193,13 +214,16 @@ def test_an_operator_name_is_stripped() -> None:
 
 # -- the CLI --------------------------------------------------------------------------------------------------------
 
+
 def test_audit_verify_reports_an_intact_chain_against_the_store(layout: RunLayout, bedside) -> None:
     keep_head(layout)
     done = bedside("audit", "verify", layout.root)
     assert done.returncode == 0, done.stderr
     head = lines(layout)[-1]["hash"][:16]
-    assert done.stdout.strip() == (f"audit trail of {layout.root}: {ENTRIES} entries, chain intact, head entry "
-                                   f"{ENTRIES - 1} {head} (checked against 1 head(s) the store recorded)")
+    assert done.stdout.strip() == (
+        f"audit trail of {layout.root}: {ENTRIES} entries, chain intact, head entry "
+        f"{ENTRIES - 1} {head} (checked against 1 head(s) the store recorded)"
+    )
 
 
 @pytest.mark.parametrize("damage", ["rewrite", "insert", "delete", "cut"])
@@ -217,9 +241,12 @@ def test_audit_verify_names_the_first_broken_link_and_exits_1(layout: RunLayout,
     rewrite(layout, entries)
     done = bedside("audit", "verify", layout.root)
     assert done.returncode == 1, done.stderr
-    expected = {"rewrite": "line 2 (entry 1) was rewritten", "insert": "line 3 (entry 2) does not chain to line 2",
-                "delete": "line 4 is entry 4: entry 3 before it deleted",
-                "cut": f"the store recorded entry {ENTRIES - 1} as a head, but the trail ends at entry {ENTRIES - 2}"}
+    expected = {
+        "rewrite": "line 2 (entry 1) was rewritten",
+        "insert": "line 3 (entry 2) does not chain to line 2",
+        "delete": "line 4 is entry 4: entry 3 before it deleted",
+        "cut": f"the store recorded entry {ENTRIES - 1} as a head, but the trail ends at entry {ENTRIES - 2}",
+    }
     assert done.stdout.startswith(f"audit trail of {layout.root} is broken: {expected[damage]}"), done.stdout
 
 
@@ -233,15 +260,23 @@ def test_bedside_action_is_audited(tiny_faults: Path, bedside) -> None:
     done = bedside("action", tiny_faults, "rewind", "--to-step", "100", "--reason", "spike", "--operator", "carol")
     assert done.returncode == 0, done.stderr
     [entry] = lines(RunLayout(tiny_faults))
-    assert {k: entry[k] for k in ("seq", "operator", "what", "request_id", "args", "reason", "prev")} == \
-        {"seq": 0, "operator": "carol", "what": "rewind", "request_id": done.stdout.strip(), "args": {"to_step": 100},
-         "reason": "spike", "prev": audit.GENESIS}
+    assert {k: entry[k] for k in ("seq", "operator", "what", "request_id", "args", "reason", "prev")} == {
+        "seq": 0,
+        "operator": "carol",
+        "what": "rewind",
+        "request_id": done.stdout.strip(),
+        "args": {"to_step": 100},
+        "reason": "spike",
+        "prev": audit.GENESIS,
+    }
 
 
 def test_bedside_action_refuses_an_operator_name_with_control_characters(tiny_faults: Path, bedside) -> None:
     done = bedside("action", tiny_faults, "stop", "--reason", "x", "--operator", "root\nalice")
     assert done.returncode == 2
-    assert done.stderr.strip() == ("bedside: error: --operator: the name holds control characters (U+000A): use "
-                                   "letters, digits, spaces and punctuation")
+    assert done.stderr.strip() == (
+        "bedside: error: --operator: the name holds control characters (U+000A): use "
+        "letters, digits, spaces and punctuation"
+    )
     assert not list(RunLayout(tiny_faults).control_requests.glob("*.json"))
     assert not audit.audit_path(RunLayout(tiny_faults)).exists()

@@ -10,6 +10,7 @@ the control client's key and safe file reader, and the fault catalog; ``duckdb.c
 collectors/store/__init__.py only; importing the CLI loads no subsystem it does not need, and ``bedside --help``,
 ``bedside --version`` and ``bedside COMMAND --help`` load none of the heavy libraries (each handler imports them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,29 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("collectors", "detectors", "app", "trainer")
 HEAVY = ("torch", "streamlit")
 DETECTORS_MAY_USE = ("numpy", "pandas", "scipy")
-PURE_STDLIB = ("__future__", "_typeshed", "abc", "bisect", "collections", "dataclasses", "enum", "functools", "heapq",
-               "inspect", "itertools", "json", "math", "numbers", "operator", "re", "statistics", "string", "types",
-               "typing", "warnings")
+PURE_STDLIB = (
+    "__future__",
+    "_typeshed",
+    "abc",
+    "bisect",
+    "collections",
+    "dataclasses",
+    "enum",
+    "functools",
+    "heapq",
+    "inspect",
+    "itertools",
+    "json",
+    "math",
+    "numbers",
+    "operator",
+    "re",
+    "statistics",
+    "string",
+    "types",
+    "typing",
+    "warnings",
+)
 """The standard library's modules that compute and do nothing else: no threads, processes, files or network."""
 FINDS_ITS_MODULES = {"bedside.detectors.lazy": ("importlib",), "bedside.detectors.registry": ("importlib", "pkgutil")}
 """Packages load their own modules on first use, and the registry lists them from the package's ``__path__``."""
@@ -38,8 +59,12 @@ DASHBOARD = "bedside.app.dashboard"
 CONNECT_MODULE = "bedside.collectors.store"
 START_UP_HEAVY = ("pandas", "duckdb", "pyarrow", "numpy", "scipy", "streamlit", "plotly", "torch", "watchdog")
 """What building the CLI's parser must not load: a command's handler imports them when it runs."""
-TRAINER_MAY_USE = ("bedside.collectors.writer", "bedside.collectors.controlkey", "bedside.collectors.safefile",
-                   "bedside.detectors.faults")
+TRAINER_MAY_USE = (
+    "bedside.collectors.writer",
+    "bedside.collectors.controlkey",
+    "bedside.collectors.safefile",
+    "bedside.detectors.faults",
+)
 TRAINER_MAY_TAKE_FROM_COLLECTORS = {"RunLogger"}
 
 
@@ -130,28 +155,36 @@ def detectors_allow(imp: Import, module: str = "") -> bool:
     """Whether ``module`` of detectors/ may import ``imp``: its own modules, numpy, pandas, scipy, and the pure
     modules of the standard library (the registry also finds the package's modules)."""
     top = imp.module.split(".")[0]
-    return (within(imp.module, "bedside.detectors") or top in DETECTORS_MAY_USE or top in PURE_STDLIB
-            or top in FINDS_ITS_MODULES.get(module, ()))
+    return (
+        within(imp.module, "bedside.detectors")
+        or top in DETECTORS_MAY_USE
+        or top in PURE_STDLIB
+        or top in FINDS_ITS_MODULES.get(module, ())
+    )
 
 
 def io_calls(module: Module) -> list[str]:
     """Calls of the builtins that read, write or run code (``open``, ``print``, ...) in ``module``."""
-    return [f"{module.path.relative_to(ROOT)}:{node.lineno} calls {node.func.id}()"
-            for node in ast.walk(module.tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in NO_IO_CALLS]
+    return [
+        f"{module.path.relative_to(ROOT)}:{node.lineno} calls {node.func.id}()"
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in NO_IO_CALLS
+    ]
 
 
 def is_cli_module(name: str) -> bool:
     """A module of app/ that is the CLI's: anything in app/ but the service and the dashboard."""
-    return within(name, "bedside.app") and name != "bedside.app" and not (within(name, SERVICE)
-                                                                        or within(name, DASHBOARD))
+    return (
+        within(name, "bedside.app") and name != "bedside.app" and not (within(name, SERVICE) or within(name, DASHBOARD))
+    )
 
 
 def app_crossings(package: str, forbidden: tuple[str, ...]) -> list[str]:
     """Imports of a part of app/ (``package``, dotted) that reach a CLI module or one of ``forbidden``."""
     return [
         f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
-        for m in modules_of("app") if within(m.name, package)
+        for m in modules_of("app")
+        if within(m.name, package)
         for imp in imports_of(m)
         if any(is_cli_module(name) or any(within(name, f) for f in forbidden) for name in imported_names(imp))
     ]
@@ -167,36 +200,54 @@ def trainer_allows(imp: Import) -> bool:
 
 def duckdb_connect_calls(module: Module) -> list[int]:
     """Lines where ``module`` calls duckdb.connect (under any alias) or imports connect itself."""
-    aliases = {a.asname or a.name for n in ast.walk(module.tree) if isinstance(n, ast.Import)
-               for a in n.names if a.name == "duckdb"}
-    lines = [n.lineno for n in ast.walk(module.tree)
-             if isinstance(n, ast.ImportFrom) and n.module == "duckdb" and any(a.name == "connect" for a in n.names)]
-    lines += [n.lineno for n in ast.walk(module.tree)
-              if isinstance(n, ast.Attribute) and n.attr == "connect"
-              and isinstance(n.value, ast.Name) and n.value.id in aliases]
+    aliases = {
+        a.asname or a.name
+        for n in ast.walk(module.tree)
+        if isinstance(n, ast.Import)
+        for a in n.names
+        if a.name == "duckdb"
+    }
+    lines = [
+        n.lineno
+        for n in ast.walk(module.tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "duckdb" and any(a.name == "connect" for a in n.names)
+    ]
+    lines += [
+        n.lineno
+        for n in ast.walk(module.tree)
+        if isinstance(n, ast.Attribute)
+        and n.attr == "connect"
+        and isinstance(n.value, ast.Name)
+        and n.value.id in aliases
+    ]
     return lines
 
 
 # -- the walker itself ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("module", "is_package", "level", "target", "expected"), [
-    ("bedside.collectors.ingest", False, 1, "store", "bedside.collectors.store"),
-    ("bedside.collectors.store", True, 2, "errors", "bedside.collectors.errors"),
-    ("bedside.collectors.store", True, 3, "detectors", "bedside.detectors"),
-    ("bedside.app.cli", False, 1, None, "bedside.app"),
-    ("bedside.app.cli", False, 2, "trainer.model", "bedside.trainer.model"),
-    ("bedside.app.cli", False, 0, "torch", "torch"),
-])
+@pytest.mark.parametrize(
+    ("module", "is_package", "level", "target", "expected"),
+    [
+        ("bedside.collectors.ingest", False, 1, "store", "bedside.collectors.store"),
+        ("bedside.collectors.store", True, 2, "errors", "bedside.collectors.errors"),
+        ("bedside.collectors.store", True, 3, "detectors", "bedside.detectors"),
+        ("bedside.app.cli", False, 1, None, "bedside.app"),
+        ("bedside.app.cli", False, 2, "trainer.model", "bedside.trainer.model"),
+        ("bedside.app.cli", False, 0, "torch", "torch"),
+    ],
+)
 def test_relative_imports_resolve_to_the_package(module, is_package, level, target, expected) -> None:
     fake = Module(module, ROOT, is_package, ast.parse(""))
     assert resolve(fake, level, target) == expected
 
 
 def test_walker_sees_lazy_relative_and_dynamic_imports() -> None:
-    source = ("import duckdb as db\n"
-              "def f():\n    from ...detectors import registry\n    import importlib\n"
-              "    importlib.import_module('streamlit')\n    return db.connect(':memory:')\n")
+    source = (
+        "import duckdb as db\n"
+        "def f():\n    from ...detectors import registry\n    import importlib\n"
+        "    importlib.import_module('streamlit')\n    return db.connect(':memory:')\n"
+    )
     module = Module("bedside.collectors.store.x", ROOT, False, ast.parse(source))
     modules = {imp.module for imp in imports_of(module)}
     assert {"bedside.detectors", "streamlit", "duckdb"} <= modules
@@ -212,17 +263,24 @@ def test_walker_finds_our_sources() -> None:
 # -- the rules --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [
-    ("collectors", HEAVY + ("bedside.detectors", "bedside.app", "bedside.trainer")),
-    ("detectors", HEAVY + ("bedside.collectors", "bedside.app", "bedside.trainer")),
-])
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        ("collectors", HEAVY + ("bedside.detectors", "bedside.app", "bedside.trainer")),
+        ("detectors", HEAVY + ("bedside.collectors", "bedside.app", "bedside.trainer")),
+    ],
+)
 def test_package_does_not_cross_its_boundary(package: str, forbidden: tuple[str, ...]) -> None:
     assert crossings(package, forbidden) == []
 
 
 def test_detectors_are_pure_statistics() -> None:
-    bad = [f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
-           for m in modules_of("detectors") for imp in imports_of(m) if not detectors_allow(imp, m.name)]
+    bad = [
+        f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
+        for m in modules_of("detectors")
+        for imp in imports_of(m)
+        if not detectors_allow(imp, m.name)
+    ]
     bad += [call for m in modules_of("detectors") for call in io_calls(m)]
     assert bad == []
 
@@ -233,59 +291,79 @@ def test_the_io_call_check_sees_builtins_only() -> None:
     assert io_calls(module) == ["detectors/x.py:2 calls print()", "detectors/x.py:3 calls open()"]
 
 
-@pytest.mark.parametrize(("imp", "allowed"), [
-    (Import("numpy", (), 1), True),
-    (Import("scipy.stats", ("norm",), 1), True),
-    (Import("bedside.detectors.finding", ("Finding",), 1), True),
-    (Import("math", (), 1), True),
-    (Import("threading", (), 1), False),
-    (Import("logging", (), 1), False),
-    (Import("gzip", (), 1), False),
-    (Import("importlib", (), 1), False),
-    (Import("ctypes", (), 1), False),
-    (Import("pathlib", ("Path",), 1), False),
-    (Import("pyarrow", (), 1), False),
-    (Import("duckdb", (), 1), False),
-    (Import("bedside.collectors.errors", ("BedsideError",), 1), False),
-])
+@pytest.mark.parametrize(
+    ("imp", "allowed"),
+    [
+        (Import("numpy", (), 1), True),
+        (Import("scipy.stats", ("norm",), 1), True),
+        (Import("bedside.detectors.finding", ("Finding",), 1), True),
+        (Import("math", (), 1), True),
+        (Import("threading", (), 1), False),
+        (Import("logging", (), 1), False),
+        (Import("gzip", (), 1), False),
+        (Import("importlib", (), 1), False),
+        (Import("ctypes", (), 1), False),
+        (Import("pathlib", ("Path",), 1), False),
+        (Import("pyarrow", (), 1), False),
+        (Import("duckdb", (), 1), False),
+        (Import("bedside.collectors.errors", ("BedsideError",), 1), False),
+    ],
+)
 def test_detectors_rule_tells_statistics_from_the_rest(imp: Import, allowed: bool) -> None:
     assert detectors_allow(imp) is allowed
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [
-    (SERVICE, HEAVY + (DASHBOARD, "bedside.trainer")),
-    (DASHBOARD, ("torch", "bedside.trainer")),
-])
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        (SERVICE, HEAVY + (DASHBOARD, "bedside.trainer")),
+        (DASHBOARD, ("torch", "bedside.trainer")),
+    ],
+)
 def test_service_and_dashboard_never_reach_up_into_the_cli(package: str, forbidden: tuple[str, ...]) -> None:
     assert app_crossings(package, forbidden) == []
 
 
-@pytest.mark.parametrize(("name", "cli"), [
-    ("bedside.app.cli", True), ("bedside.app.output", True), ("bedside.app.simulation.write", True),
-    ("bedside.app.service.owner", False), ("bedside.app.dashboard.registry", False), ("bedside.app", False),
-])
+@pytest.mark.parametrize(
+    ("name", "cli"),
+    [
+        ("bedside.app.cli", True),
+        ("bedside.app.output", True),
+        ("bedside.app.simulation.write", True),
+        ("bedside.app.service.owner", False),
+        ("bedside.app.dashboard.registry", False),
+        ("bedside.app", False),
+    ],
+)
 def test_cli_modules_are_app_outside_the_service_and_dashboard(name: str, cli: bool) -> None:
     assert is_cli_module(name) is cli
 
 
 def test_trainer_uses_only_the_telemetry_writer_of_ours() -> None:
-    bad = [f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module} {imp.names}"
-           for m in modules_of("trainer") for imp in imports_of(m) if not trainer_allows(imp)]
+    bad = [
+        f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module} {imp.names}"
+        for m in modules_of("trainer")
+        for imp in imports_of(m)
+        if not trainer_allows(imp)
+    ]
     assert bad == []
 
 
-@pytest.mark.parametrize(("imp", "allowed"), [
-    (Import("bedside.collectors.writer", ("RunLogger",), 1), True),
-    (Import("bedside.collectors", ("RunLogger",), 1), True),
-    (Import("bedside.trainer.config", ("tiny_cpu",), 1), True),
-    (Import("torch.distributed", (), 1), True),
-    (Import("bedside.collectors", ("Kind",), 1), False),
-    (Import("bedside.collectors", (), 1), False),
-    (Import("bedside.collectors.store", ("Store",), 1), False),
-    (Import("bedside.detectors", (), 1), False),
-    (Import("bedside.detectors.faults", ("TRAINER_FAULTS",), 1), True),
-    (Import("bedside.detectors.finding", ("Finding",), 1), False),
-])
+@pytest.mark.parametrize(
+    ("imp", "allowed"),
+    [
+        (Import("bedside.collectors.writer", ("RunLogger",), 1), True),
+        (Import("bedside.collectors", ("RunLogger",), 1), True),
+        (Import("bedside.trainer.config", ("tiny_cpu",), 1), True),
+        (Import("torch.distributed", (), 1), True),
+        (Import("bedside.collectors", ("Kind",), 1), False),
+        (Import("bedside.collectors", (), 1), False),
+        (Import("bedside.collectors.store", ("Store",), 1), False),
+        (Import("bedside.detectors", (), 1), False),
+        (Import("bedside.detectors.faults", ("TRAINER_FAULTS",), 1), True),
+        (Import("bedside.detectors.finding", ("Finding",), 1), False),
+    ],
+)
 def test_trainer_rule_tells_the_writer_from_the_rest(imp: Import, allowed: bool) -> None:
     assert trainer_allows(imp) is allowed
 
@@ -296,10 +374,12 @@ def test_duckdb_connect_is_called_in_the_store_module_only() -> None:
 
 
 def test_importing_collectors_detectors_and_cli_loads_neither_torch_nor_streamlit() -> None:
-    code = ("import json, sys\n"
-            "import bedside.collectors, bedside.collectors.ingest, bedside.collectors.query\n"
-            "import bedside.detectors, bedside.app.cli\n"
-            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
+    code = (
+        "import json, sys\n"
+        "import bedside.collectors, bedside.collectors.ingest, bedside.collectors.query\n"
+        "import bedside.detectors, bedside.app.cli\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
@@ -307,11 +387,13 @@ def test_importing_collectors_detectors_and_cli_loads_neither_torch_nor_streamli
 
 def heavy_modules_loaded_by(argv: list[str]) -> list[str]:
     """The heavy libraries (``START_UP_HEAVY``) in ``sys.modules`` after ``bedside ARGV`` ran in a new process."""
-    code = ("import json, sys\n"
-            "from bedside.app.cli import main\n"
-            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({START_UP_HEAVY!r}))),"
-            " file=sys.stderr)\n")
+    code = (
+        "import json, sys\n"
+        "from bedside.app.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({START_UP_HEAVY!r}))),"
+        " file=sys.stderr)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stderr.splitlines()[-1])

@@ -4,6 +4,7 @@ Every attack of ``sql_attacks.py`` is refused against a store open for writing, 
 owner holds it, and the store is unchanged after all of them; statements that slip past the
 statement check still cannot reach the store; results are capped and time-limited.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,12 +38,21 @@ def owned(tiny_faults: Path) -> Store:
 def fingerprint(store: Store) -> dict[str, str]:
     """A digest of every table's rows and of the schema: any write shows."""
     cur = store.cursor()
-    tables = [name for (name,) in cur.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() ORDER BY 1").fetchall()]
-    digest = {name: hashlib.sha256(repr(sorted(map(repr, cur.execute(f'SELECT * FROM "{name}"').fetchall())))
-                                   .encode()).hexdigest() for name in tables}
-    digest["schema"] = repr(cur.execute("SELECT sql FROM duckdb_views() WHERE NOT internal ORDER BY view_name")
-                            .fetchall())
+    tables = [
+        name
+        for (name,) in cur.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() ORDER BY 1"
+        ).fetchall()
+    ]
+    digest = {
+        name: hashlib.sha256(
+            repr(sorted(map(repr, cur.execute(f'SELECT * FROM "{name}"').fetchall()))).encode()
+        ).hexdigest()
+        for name in tables
+    }
+    digest["schema"] = repr(
+        cur.execute("SELECT sql FROM duckdb_views() WHERE NOT internal ORDER BY view_name").fetchall()
+    )
     return digest
 
 
@@ -71,14 +81,21 @@ def test_what_slips_past_the_statement_check_still_cannot_reach_the_store(owned:
     sandbox.register("step_metrics", cursor.sql("SELECT * FROM step_metrics").to_arrow_reader())
     hidden = {"name_in_this_frame": "a Python object the sandbox must not see"}  # replacement scans are off
     assert hidden
-    for sql in ("WITH x AS (DELETE FROM step_metrics RETURNING *) SELECT * FROM x", "DROP VIEW step_metrics",
-                "CREATE TABLE steps AS SELECT 1", "DELETE FROM steps", "CHECKPOINT"):
+    for sql in (
+        "WITH x AS (DELETE FROM step_metrics RETURNING *) SELECT * FROM x",
+        "DROP VIEW step_metrics",
+        "CREATE TABLE steps AS SELECT 1",
+        "DELETE FROM steps",
+        "CHECKPOINT",
+    ):
         with contextlib.suppress(duckdb.Error):  # these may run, on the sandbox's own empty database
             sandbox.execute(sql).fetchall()
-    for sql, refusal in ((f"ATTACH '{owned.path}' AS store2", "conflict|Permission"),
-                         ("SET enable_external_access = true", "Cannot change configuration"),
-                         ("SELECT * FROM hidden", "does not exist"),
-                         (f"SELECT * FROM read_csv('{owned.path}')", "Permission")):
+    for sql, refusal in (
+        (f"ATTACH '{owned.path}' AS store2", "conflict|Permission"),
+        ("SET enable_external_access = true", "Cannot change configuration"),
+        ("SELECT * FROM hidden", "does not exist"),
+        (f"SELECT * FROM read_csv('{owned.path}')", "Permission"),
+    ):
         with pytest.raises(duckdb.Error, match=refusal):
             sandbox.execute(sql).fetchall()
     sandbox.close()
@@ -90,9 +107,12 @@ def test_reads_of_the_documented_views_work_and_see_the_live_store(owned: Store)
     result = run_console_query(owned, "SELECT count(*) AS n, max(step) AS last FROM step_metrics")
     [[n, last]] = result.frame.values.tolist()
     assert (n, last, result.truncated) == (200, 200, False)
-    joined = run_console_query(owned, "WITH s AS (SELECT step, loss FROM step_metrics) "
-                                      "SELECT count(*) FROM s a JOIN step_metrics b USING (step) "
-                                      "WHERE b.step > (SELECT min(step) FROM step_metrics)")
+    joined = run_console_query(
+        owned,
+        "WITH s AS (SELECT step, loss FROM step_metrics) "
+        "SELECT count(*) FROM s a JOIN step_metrics b USING (step) "
+        "WHERE b.step > (SELECT min(step) FROM step_metrics)",
+    )
     assert int(joined.frame.iloc[0, 0]) > 0  # a view named three times is read whole, not streamed once
     shouted = run_console_query(owned, "SELECT count(*) FROM STEP_METRICS")  # names ignore case, as in SQL
     assert int(shouted.frame.iloc[0, 0]) == 200
@@ -106,8 +126,9 @@ def test_results_are_cut_at_the_row_and_byte_caps_and_say_so(owned: Store) -> No
     rows = run_console_query(owned, "SELECT * FROM rank_step_metrics", ConsoleLimits(max_rows=50))
     assert (len(rows.frame), rows.truncated) == (50, True)
     assert "cut at 50 rows" in rows.cut_note(ConsoleLimits(max_rows=50))
-    wide = run_console_query(owned, "SELECT repeat('x', 10000) AS blob FROM range(1000)",
-                             ConsoleLimits(max_bytes=1 << 20))
+    wide = run_console_query(
+        owned, "SELECT repeat('x', 10000) AS blob FROM range(1000)", ConsoleLimits(max_bytes=1 << 20)
+    )
     assert wide.truncated and 0 < len(wide.frame) < 200
     whole = run_console_query(owned, "SELECT * FROM step_metrics", ConsoleLimits(max_rows=200))
     assert (len(whole.frame), whole.truncated, whole.cut_note(ConsoleLimits())) == (200, False, "")
@@ -115,14 +136,16 @@ def test_results_are_cut_at_the_row_and_byte_caps_and_say_so(owned: Store) -> No
 
 def test_a_query_past_its_time_limit_is_stopped(owned: Store) -> None:
     with pytest.raises(QueryError, match=r"stopped after 0.5 s"):
-        run_console_query(owned, "SELECT count(*) FROM range(1000000000000) a, step_metrics",
-                          ConsoleLimits(timeout_s=0.5))
+        run_console_query(
+            owned, "SELECT count(*) FROM range(1000000000000) a, step_metrics", ConsoleLimits(timeout_s=0.5)
+        )
     assert int(run_console_query(owned, "SELECT count(*) FROM step_metrics").frame.iloc[0, 0]) == 200
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
-def test_bedside_query_refuses_every_attack_from_the_raw_telemetry_too(tiny_faults: Path, tmp_path: Path,
-                                                                        name: str) -> None:
+def test_bedside_query_refuses_every_attack_from_the_raw_telemetry_too(
+    tiny_faults: Path, tmp_path: Path, name: str
+) -> None:
     """No store: the read view is rebuilt in memory from the JSONL, and the same sandbox runs the query."""
     with pytest.raises(QueryError):
         run_query(tiny_faults, attack_text(ATTACKS[name], tmp_path, RunLayout(tiny_faults).store))
@@ -132,8 +155,14 @@ def test_bedside_query_refuses_every_attack_from_the_raw_telemetry_too(tiny_faul
 def test_bedside_query_refuses_attacks_in_one_line(tiny_faults: Path, tmp_path: Path, bedside) -> None:
     """The real CLI on a collected store, a few attacks of each family."""
     assert bedside("collect", tiny_faults, "--quiet").returncode == 0
-    for name in ("delete in a CTE", "explain analyze delete", "attach the store", "read_csv", "the outbox",
-                 "two statements"):
+    for name in (
+        "delete in a CTE",
+        "explain analyze delete",
+        "attach the store",
+        "read_csv",
+        "the outbox",
+        "two statements",
+    ):
         done = bedside("query", tiny_faults, attack_text(ATTACKS[name], tmp_path, RunLayout(tiny_faults).store))
         assert (done.returncode, done.stdout) == (2, ""), (name, done.stderr)
         assert done.stderr.startswith("bedside: error: ") and len(done.stderr.splitlines()) == 1, done.stderr

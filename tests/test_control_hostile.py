@@ -2,6 +2,7 @@
 forged or replayed request, or one signed for another run. Rank 0's inbox refuses each with a reason and never blocks;
 ``bedside action`` signs with the run's control key for the run's id and refuses to file without them; and a live
 two-rank gloo run with all of them planted trains to its end, then resumes."""
+
 from __future__ import annotations
 
 import contextlib
@@ -57,8 +58,12 @@ def layout(tmp_path: Path) -> RunLayout:
 
 
 def inbox_of(layout: RunLayout, key: bytes | str | None = None) -> RequestInbox:
-    return RequestInbox(layout.control_requests, layout.control_processed,
-                        ensure_control_key(layout) if key is None else key, run_identity(layout))
+    return RequestInbox(
+        layout.control_requests,
+        layout.control_processed,
+        ensure_control_key(layout) if key is None else key,
+        run_identity(layout),
+    )
 
 
 def poll(inbox: RequestInbox, handled: set[str] | None = None) -> dict[str, Request]:
@@ -76,8 +81,11 @@ def poll(inbox: RequestInbox, handled: set[str] | None = None) -> dict[str, Requ
 
 
 def signed(layout: RunLayout, request_id: str, key: bytes | None = None, **changes: object) -> dict:
-    body = {**build_request("rewind", {"to_step": 3}, operator="ana", reason="spike"), "request_id": request_id,
-            "run_id": run_identity(layout)}
+    body = {
+        **build_request("rewind", {"to_step": 3}, operator="ana", reason="spike"),
+        "request_id": request_id,
+        "run_id": run_identity(layout),
+    }
     body["signature"] = sign_request(body, key or ensure_control_key(layout))
     return {**body, **changes}
 
@@ -97,15 +105,23 @@ def plant(layout: RunLayout, name: str, body: dict | str) -> Path:
 
 # -- what is not a regular file is refused unread, and moved aside --------------------------------------------------
 
-@pytest.mark.parametrize(("make", "problem"), [
-    (lambda path: os.mkfifo(path), "a FIFO, not a regular file: refused unread"),
-    (lambda path: os.symlink("/dev/zero", path), "a symbolic link, not a regular file: refused unread"),
-    (lambda path: path.mkdir(), "a directory, not a regular file: refused unread"),
-    (lambda path: path.write_bytes(b" " * (MAX_REQUEST_BYTES + 1)),
-     f"{MAX_REQUEST_BYTES + 1} bytes, over the limit of {MAX_REQUEST_BYTES}: refused unread"),
-], ids=["fifo", "link-to-dev-zero", "directory", "oversized"])
-def test_what_is_not_a_small_regular_file_is_refused_unread_and_not_retried(layout: RunLayout, make,
-                                                                             problem: str) -> None:
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda path: os.mkfifo(path), "a FIFO, not a regular file: refused unread"),
+        (lambda path: os.symlink("/dev/zero", path), "a symbolic link, not a regular file: refused unread"),
+        (lambda path: path.mkdir(), "a directory, not a regular file: refused unread"),
+        (
+            lambda path: path.write_bytes(b" " * (MAX_REQUEST_BYTES + 1)),
+            f"{MAX_REQUEST_BYTES + 1} bytes, over the limit of {MAX_REQUEST_BYTES}: refused unread",
+        ),
+    ],
+    ids=["fifo", "link-to-dev-zero", "directory", "oversized"],
+)
+def test_what_is_not_a_small_regular_file_is_refused_unread_and_not_retried(
+    layout: RunLayout, make, problem: str
+) -> None:
     inbox = inbox_of(layout)
     make(layout.control_requests / "planted.json")
     taken = poll(inbox)
@@ -129,34 +145,54 @@ def test_a_link_to_a_genuine_request_is_not_followed(layout: RunLayout, tmp_path
 
 # -- only requests signed with the run's key are applied ----------------------------------------------------------
 
+
 def test_a_request_signed_with_the_runs_key_is_taken(layout: RunLayout) -> None:
     plant(layout, "req-good", signed(layout, "req-good"))
     request = poll(inbox_of(layout))["req-good"]
     assert request.problem is None and (request.action, request.args) == ("rewind", {"to_step": 3})
 
 
-@pytest.mark.parametrize(("body", "problem"), [
-    (lambda layout: {k: v for k, v in signed(layout, "req-x").items() if k != "signature"},
-     "refused: unsigned: a request must carry the signature made with the run's control key"),
-    (lambda layout: signed(layout, "req-x", args={"to_step": 0}),
-     "refused: bad signature: not made with the run's control key, or the request was altered after signing"),
-    (lambda layout: signed(layout, "req-x", key=b"someone else's key, long enough"),
-     "refused: bad signature: not made with the run's control key, or the request was altered after signing"),
-    (lambda layout: signed(layout, "req-x", signature=["f00"]), "refused: signature must be a hex string, got list"),
-    (lambda layout: signed(layout, "req-x", run_id="another-run"),
-     "refused: bad signature: not made with the run's control key, or the request was altered after signing"),
-    (lambda layout: '{"request_id": "req-x", "action": "pause", "action": "stop"}',
-     "unreadable request: key 'action' is given twice"),
-], ids=["unsigned", "altered", "other-key", "signature-not-text", "rebound-to-another-run", "duplicate-key"])
-def test_an_unsigned_forged_or_ambiguous_request_is_refused_with_the_reason(layout: RunLayout, body,
-                                                                           problem: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (
+            lambda layout: {k: v for k, v in signed(layout, "req-x").items() if k != "signature"},
+            "refused: unsigned: a request must carry the signature made with the run's control key",
+        ),
+        (
+            lambda layout: signed(layout, "req-x", args={"to_step": 0}),
+            "refused: bad signature: not made with the run's control key, or the request was altered after signing",
+        ),
+        (
+            lambda layout: signed(layout, "req-x", key=b"someone else's key, long enough"),
+            "refused: bad signature: not made with the run's control key, or the request was altered after signing",
+        ),
+        (
+            lambda layout: signed(layout, "req-x", signature=["f00"]),
+            "refused: signature must be a hex string, got list",
+        ),
+        (
+            lambda layout: signed(layout, "req-x", run_id="another-run"),
+            "refused: bad signature: not made with the run's control key, or the request was altered after signing",
+        ),
+        (
+            lambda layout: '{"request_id": "req-x", "action": "pause", "action": "stop"}',
+            "unreadable request: key 'action' is given twice",
+        ),
+    ],
+    ids=["unsigned", "altered", "other-key", "signature-not-text", "rebound-to-another-run", "duplicate-key"],
+)
+def test_an_unsigned_forged_or_ambiguous_request_is_refused_with_the_reason(
+    layout: RunLayout, body, problem: str
+) -> None:
     inbox = inbox_of(layout)
     plant(layout, "req-x", body(layout))
     assert poll(inbox)["req-x"].problem == problem
 
 
 def test_a_request_signed_for_another_run_with_the_same_key_is_refused_naming_both_runs(
-        layout: RunLayout, tmp_path: Path, monkeypatch) -> None:
+    layout: RunLayout, tmp_path: Path, monkeypatch
+) -> None:
     """Before, the signature covered only the key: with one key shared by two runs, run A's stop stopped run B."""
     monkeypatch.setenv(KEY_ENV, "one key shared by every run of the team")
     run_a = new_run(tmp_path / "a")
@@ -164,7 +200,8 @@ def test_a_request_signed_for_another_run_with_the_same_key_is_refused_naming_bo
     copy_in(run_a.control_requests / f"{request_id}.json", layout)
     assert poll(inbox_of(layout))[request_id].problem == (
         f"refused: filed for run {run_identity(run_a)!r}, not for this run {run_identity(layout)!r}: "
-        "a request is valid only for its own run")
+        "a request is valid only for its own run"
+    )
 
 
 def test_a_signed_request_that_names_no_run_is_refused(layout: RunLayout) -> None:
@@ -172,7 +209,8 @@ def test_a_signed_request_that_names_no_run_is_refused(layout: RunLayout) -> Non
     plant(layout, "req-x", {**body, "signature": sign_request(body, ensure_control_key(layout))})
     assert poll(inbox_of(layout))["req-x"].problem == (
         "refused: not bound to a run: a request must carry the run_id it was filed for "
-        f"(this run is {run_identity(layout)!r})")
+        f"(this run is {run_identity(layout)!r})"
+    )
 
 
 def test_a_trainer_without_a_usable_key_refuses_every_request_with_the_reason(layout: RunLayout) -> None:
@@ -191,6 +229,7 @@ def test_a_replayed_request_id_is_a_duplicate(layout: RunLayout) -> None:
 
 
 # -- the key ----------------------------------------------------------------------------------------------------
+
 
 def test_the_trainer_creates_a_private_key_once(layout: RunLayout) -> None:
     key = ensure_control_key(layout)
@@ -225,7 +264,8 @@ def test_bedside_action_without_the_key_files_nothing_and_says_why(layout: RunLa
     assert bedside(["action", str(layout.root), "pause", "--reason", "look", "--operator", "ana"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"bedside: error: no control key: {key_path(layout)} does not exist (the trainer creates it when the run "
-        f"starts) and {KEY_ENV} is not set")
+        f"starts) and {KEY_ENV} is not set"
+    )
     assert list(layout.control_requests.iterdir()) == []
 
 
@@ -236,7 +276,8 @@ def test_bedside_action_for_a_folder_without_run_json_files_nothing_and_says_why
     assert bedside(["action", str(layout.root), "pause", "--reason", "look", "--operator", "ana"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"bedside: error: cannot tell which run this is: {layout.run_info} does not exist (rank 0 of the trainer "
-        "writes it when the run starts)")
+        "writes it when the run starts)"
+    )
     assert list(layout.control_requests.iterdir()) == []
 
 
@@ -246,10 +287,24 @@ STEPS, MORE = 40, 48
 
 
 def train(run: Path, steps: int, *extra: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--steps", str(steps),
-               "--checkpoint-every", "8", "--out", str(run), *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "bedside.app.cli",
+        "train",
+        "--nproc",
+        "2",
+        "--steps",
+        str(steps),
+        "--checkpoint-every",
+        "8",
+        "--out",
+        str(run),
+        *extra,
+    ]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 def finish(trainer: subprocess.Popen) -> None:
@@ -269,8 +324,11 @@ def plant_everything(layout: RunLayout, other_run: Path) -> tuple[str, str]:
     requests.mkdir(parents=True, exist_ok=True)
     os.mkfifo(requests / "req-fifo.json")
     os.symlink("/dev/zero", requests / "req-zero.json")
-    forged = {**build_request("stop", {}, operator="mallory", reason="forged"), "request_id": "req-forged",
-              "run_id": run_identity(layout)}
+    forged = {
+        **build_request("stop", {}, operator="mallory", reason="forged"),
+        "request_id": "req-forged",
+        "run_id": run_identity(layout),
+    }
     (requests / "req-forged.json").write_text(json.dumps(forged))
     other = new_run(other_run)
     shutil.copyfile(key_path(layout), key_path(other))  # one key for both runs
@@ -318,28 +376,39 @@ def planted_run(tmp_path_factory) -> Iterator[PlantedRun]:
 def test_a_run_with_a_fifo_a_link_to_dev_zero_and_forged_stops_trains_to_its_end_and_resumes(planted_run) -> None:
     cursor = planted_run.store.cursor()
     assert cursor.execute("SELECT status, last_step FROM run").fetchall() == [("finished", MORE)]
-    answers = cursor.execute("SELECT request_id, message FROM action_events WHERE status = 'rejected' "
-                             "ORDER BY request_id").fetchall()
+    answers = cursor.execute(
+        "SELECT request_id, message FROM action_events WHERE status = 'rejected' ORDER BY request_id"
+    ).fetchall()
     [(this_run,)] = cursor.execute("SELECT run_id FROM run_info").fetchall()
-    assert answers == sorted([
-        ("req-fifo", "unreadable request: a FIFO, not a regular file: refused unread"),
-        ("req-forged", "refused: unsigned: a request must carry the signature made with the run's control key"),
-        ("req-zero", "unreadable request: a symbolic link, not a regular file: refused unread"),
-        (planted_run.other_request, f"refused: filed for run {planted_run.other_run!r}, not for this run "
-                                    f"{this_run!r}: a request is valid only for its own run")])
+    assert answers == sorted(
+        [
+            ("req-fifo", "unreadable request: a FIFO, not a regular file: refused unread"),
+            ("req-forged", "refused: unsigned: a request must carry the signature made with the run's control key"),
+            ("req-zero", "unreadable request: a symbolic link, not a regular file: refused unread"),
+            (
+                planted_run.other_request,
+                f"refused: filed for run {planted_run.other_run!r}, not for this run "
+                f"{this_run!r}: a request is valid only for its own run",
+            ),
+        ]
+    )
 
 
 def test_a_stop_signed_with_the_same_key_for_another_run_does_not_stop_this_one(planted_run) -> None:
     """Before, the copied stop was applied: the first leg ended aborted at the step where it was taken."""
     cursor = planted_run.store.cursor()
-    assert cursor.execute("SELECT status FROM action_events WHERE request_id = ? ORDER BY time",
-                          [planted_run.other_request]).fetchall() == [("requested",), ("rejected",)]
-    assert cursor.execute("SELECT count(*) FROM event_log WHERE kind = 'run_end' "
-                          "AND payload ->> 'status' = 'aborted'"
-                          ).fetchall() == [(0,)]
+    assert cursor.execute(
+        "SELECT status FROM action_events WHERE request_id = ? ORDER BY time", [planted_run.other_request]
+    ).fetchall() == [("requested",), ("rejected",)]
+    assert cursor.execute(
+        "SELECT count(*) FROM event_log WHERE kind = 'run_end' AND payload ->> 'status' = 'aborted'"
+    ).fetchall() == [(0,)]
 
 
 def test_the_signed_request_filed_beside_them_is_applied(planted_run) -> None:
-    statuses = planted_run.store.cursor().execute("SELECT status FROM action_events WHERE request_id = ? "
-                                                  "ORDER BY time", [planted_run.filed]).fetchall()
+    statuses = (
+        planted_run.store.cursor()
+        .execute("SELECT status FROM action_events WHERE request_id = ? ORDER BY time", [planted_run.filed])
+        .fetchall()
+    )
     assert statuses == [("requested",), ("applied",)]

@@ -1,6 +1,7 @@
 """A damaged store (cut short, or a data block overwritten) on a real run collected by the real CLI: every
 command says so in one line with exit status 2, ``collect`` appends nothing to it, the dashboard shows the damage
 in its banner above pages read from the raw telemetry, and ``collect --rebuild`` brings back every row."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,11 @@ COMMANDS = [("collect",), ("detect",), ("watch", "--until-finished"), ("query", 
 def rank_steps_block(store_path: Path) -> int:
     """Where in the file the first block of the rank_steps table's data starts."""
     with Store.open(store_path, read_only=True, schemas=SCHEMAS) as store:
-        [[block]] = store.cursor().execute(
-            "SELECT min(block_id) FROM pragma_storage_info('rank_steps') WHERE block_id >= 0").fetchall()
+        [[block]] = (
+            store.cursor()
+            .execute("SELECT min(block_id) FROM pragma_storage_info('rank_steps') WHERE block_id >= 0")
+            .fetchall()
+        )
     return HEADER_SIZE + int(block) * BLOCK_SIZE
 
 
@@ -49,8 +53,9 @@ def damaged(request: pytest.FixtureRequest, tiny_faults: Path, bedside: Callable
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
-def test_every_command_says_the_store_is_damaged_in_one_line(damaged: Path, bedside: Callable,
-                                                             command: tuple[str, ...]) -> None:
+def test_every_command_says_the_store_is_damaged_in_one_line(
+    damaged: Path, bedside: Callable, command: tuple[str, ...]
+) -> None:
     before = RunLayout(damaged).store.read_bytes()
     done = bedside(command[0], damaged, *command[1:])
     assert done.returncode == 2, done.stderr
@@ -61,8 +66,9 @@ def test_every_command_says_the_store_is_damaged_in_one_line(damaged: Path, beds
     assert RunLayout(damaged).store.read_bytes() == before  # nothing appended, nothing "repaired" by a checkpoint
 
 
-def test_the_dashboard_shows_the_damage_on_every_page_and_the_way_out(damaged: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_dashboard_shows_the_damage_on_every_page_and_the_way_out(
+    damaged: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     serve(damaged)
     try:
         assert registry.desk().owner(damaged) is None  # bedside serve tries every store before it serves
@@ -81,9 +87,14 @@ def test_rebuild_moves_the_damaged_store_aside_and_recovers_every_row(damaged: P
     assert "moved the store aside" in done.stderr
     [aside] = damaged.glob("bedside.duckdb.damaged-*[0-9Z]")
     with Store.open(RunLayout(damaged).store, read_only=True, schemas=SCHEMAS) as store:
-        counts = store.cursor().execute(
-            "SELECT (SELECT count(*) FROM rank_steps), (SELECT count(DISTINCT (source_id, line_offset)) "
-            "FROM rank_steps), (SELECT count(*) FROM steps), (SELECT count(*) FROM evals)").fetchone()
+        counts = (
+            store.cursor()
+            .execute(
+                "SELECT (SELECT count(*) FROM rank_steps), (SELECT count(DISTINCT (source_id, line_offset)) "
+                "FROM rank_steps), (SELECT count(*) FROM steps), (SELECT count(*) FROM evals)"
+            )
+            .fetchone()
+        )
     assert counts == (400, 400, 200, 4)
     assert aside.stat().st_size > 0
     assert bedside("detect", damaged).returncode == 0  # the findings are recomputed over the rebuilt store

@@ -6,6 +6,7 @@ batch mode while more data lands between runs and in follow mode while RunLogger
 processes append. After every kill the store must be a consistent prefix of the
 files; after a last clean run, every line is in the store exactly once.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ FOLLOW_KILLS = int(os.environ.get("BEDSIDE_HARNESS_FOLLOW_KILLS", "3"))
 WRITER_STEPS = 300
 SEED = 20240611
 ROW_TABLES = ("steps", "rank_steps", "evals", "checkpoints", "actions", "events", "faults")
-RANK_STEP = ('{{"kind":"rank_step","time":{time},"rank":{rank},"step":{step},"timeline":0,"seq":{seq},'
-             '"metrics":{{"step_time":0.1,"compute_time":0.07,"comm_time":0.02,"tokens_per_s":{tps}}}}}\n')
+RANK_STEP = (
+    '{{"kind":"rank_step","time":{time},"rank":{rank},"step":{step},"timeline":0,"seq":{seq},'
+    '"metrics":{{"step_time":0.1,"compute_time":0.07,"comm_time":0.02,"tokens_per_s":{tps}}}}}\n'
+)
 
 
 def malformed_lines(rank: int) -> tuple[bytes, ...]:
@@ -147,7 +150,8 @@ class StoredSource:
 
 KEY_TABLES = ROW_TABLES + ("rejected_lines",)
 KEYS_OF_SOURCE = "SELECT line_offset FROM ({}) ORDER BY line_offset".format(
-    " UNION ALL ".join(f"SELECT line_offset FROM {t} WHERE source_id = ?" for t in KEY_TABLES))
+    " UNION ALL ".join(f"SELECT line_offset FROM {t} WHERE source_id = ?" for t in KEY_TABLES)
+)
 
 
 def line_starts(data: bytes) -> np.ndarray:

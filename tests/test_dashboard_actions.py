@@ -1,6 +1,7 @@
 """Who may act from the dashboard, and what acting leaves behind: the operator token, a confirmed request filed for
 the trainer in ``RUN/control/requests/``, acknowledgements in the store, the append-only audit trail, and a run
 whose store another process holds. Real run copies, the real file system and store; AppTest drives the pages."""
+
 from __future__ import annotations
 
 import json
@@ -95,6 +96,7 @@ def review(app: AppTest, reason: str = REASON) -> AppTest:
 
 # -- the operator token -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("page", PAGES)
 def test_without_an_operator_token_no_page_offers_an_action(run: Path, monkeypatch, page: str) -> None:
     serve(run)
@@ -109,18 +111,23 @@ def test_without_an_operator_token_the_incidents_page_says_it_is_read_only(run: 
     serve(run)
     app = open_page("incidents")
     assert [i.value for i in app.info] == [
-        "Read-only: no operator token is configured, so no action can be taken from this page."]
+        "Read-only: no operator token is configured, so no action can be taken from this page."
+    ]
     assert not app.number_input and not app.text_input
 
 
-@pytest.mark.parametrize(("name", "token", "error"), [
-    pytest.param(OPERATOR, "wrong", "Wrong token.", id="wrong token"),
-    pytest.param(OPERATOR, "", "Wrong token.", id="no token"),
-    pytest.param(OPERATOR, TOKEN[:-1], "Wrong token.", id="a prefix of the token"),
-    pytest.param("  ", TOKEN, "Enter your name: it is recorded with every action.", id="no name"),
-])
-def test_unlocking_is_refused_without_the_token_and_a_name(critical: pd.Series, name: str, token: str,
-                                                           error: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "token", "error"),
+    [
+        pytest.param(OPERATOR, "wrong", "Wrong token.", id="wrong token"),
+        pytest.param(OPERATOR, "", "Wrong token.", id="no token"),
+        pytest.param(OPERATOR, TOKEN[:-1], "Wrong token.", id="a prefix of the token"),
+        pytest.param("  ", TOKEN, "Enter your name: it is recorded with every action.", id="no name"),
+    ],
+)
+def test_unlocking_is_refused_without_the_token_and_a_name(
+    critical: pd.Series, name: str, token: str, error: str
+) -> None:
     app = unlock(open_page("incidents"), name, token)
     assert_rendered(app)
     assert [e.value for e in app.sidebar.error] == [error]
@@ -143,6 +150,7 @@ def test_the_token_and_a_name_unlock_actions_until_locked_again(critical: pd.Ser
 
 # -- a confirmed request ------------------------------------------------------------------------------------------
 
+
 def test_the_action_is_prefilled_from_the_incidents_suggestion(operator: AppTest, critical: pd.Series) -> None:
     suggestion = json.loads(critical["suggested_action"])
     assert suggestion["action"] == "rewind"
@@ -162,16 +170,19 @@ def test_each_incident_prefills_its_own_action(operator: AppTest, run: Path, cri
 
 
 @pytest.mark.parametrize(("kind", "suggested"), [("straggler", "evict"), ("loss_spike", "investigate")])
-def test_a_suggestion_the_form_cannot_do_gets_no_default_action(operator: AppTest, run: Path, kind: str,
-                                                              suggested: str) -> None:
-    [[chosen, suggestion]] = from_store(run, "SELECT incident_id, suggested_action FROM incidents "
-                                             "WHERE list_contains(kinds, ?)", kind).values
+def test_a_suggestion_the_form_cannot_do_gets_no_default_action(
+    operator: AppTest, run: Path, kind: str, suggested: str
+) -> None:
+    [[chosen, suggestion]] = from_store(
+        run, "SELECT incident_id, suggested_action FROM incidents WHERE list_contains(kinds, ?)", kind
+    ).values
     assert json.loads(suggestion)["action"] == suggested
     operator.selectbox(key="incident").set_value(chosen).run()
     assert_rendered(operator)
     assert labelled(operator.selectbox, "Action").value is None and not operator.number_input
-    assert f"The detectors suggest **{suggested}**, which this form cannot do: choose an action only if one helps." \
-        in [c.value for c in operator.caption]
+    assert f"The detectors suggest **{suggested}**, which this form cannot do: choose an action only if one helps." in [
+        c.value for c in operator.caption
+    ]
     assert operator.button(key="review").disabled
     assert requests_filed(run) == [] and "Confirm rewind" not in buttons(operator)
 
@@ -183,7 +194,8 @@ def test_a_rewind_at_or_after_the_onset_of_a_related_incident_is_warned(operator
     labelled(operator.number_input, "to_step").set_value(150).run()
     assert [w.value for w in operator.warning] == [
         "to_step 150 is at or after step 102, where the related incident straggler@0:102/r1 began: the run would "
-        "train through the same fault again."]
+        "train through the same fault again."
+    ]
 
 
 def test_the_confirmation_shows_what_a_rewind_discards_and_replays(operator: AppTest) -> None:
@@ -191,14 +203,16 @@ def test_the_confirmation_shows_what_a_rewind_discards_and_replays(operator: App
     assert_rendered(operator)
     assert [m.value for m in operator.markdown if m.value.startswith("- This ")] == [
         "- This discards steps 101-200 of the live timeline: 100 steps, 3 s of training, 136 GFLOP.",
-        "- This replays global batches 100-199 (3,200 samples) on a new timeline."]
+        "- This replays global batches 100-199 (3,200 samples) on a new timeline.",
+    ]
 
 
 def test_the_confirmation_shows_what_a_skip_and_a_quarantine_take_out(operator: AppTest) -> None:
     labelled(operator.selectbox, "Action").select("skip").run()
     review(operator)
-    assert "- This skips global batches 150-185: 36 batches (1,152 samples) never trained." in \
-        [m.value for m in operator.markdown]
+    assert "- This skips global batches 150-185: 36 batches (1,152 samples) never trained." in [
+        m.value for m in operator.markdown
+    ]
     operator.button(key="cancel").click().run()
     labelled(operator.selectbox, "Action").select("quarantine").run()
     labelled(operator.number_input, "shard").set_value(3)
@@ -215,33 +229,48 @@ def test_a_request_needs_a_reason(operator: AppTest, run: Path) -> None:
 
 
 def test_a_reviewed_and_confirmed_rewind_files_one_request_and_one_audit_entry(
-        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    operator: AppTest, run: Path, critical: pd.Series
+) -> None:
     to_step = json.loads(critical["suggested_action"])["args"]["to_step"]
     review(operator)
     assert_rendered(operator)
-    assert f"{OPERATOR} asks the trainer to **rewind** {{\"to_step\": {to_step}}}: {REASON}" in \
-        [w.value for w in operator.warning]
+    assert f'{OPERATOR} asks the trainer to **rewind** {{"to_step": {to_step}}}: {REASON}' in [
+        w.value for w in operator.warning
+    ]
     assert requests_filed(run) == []  # nothing is filed before the confirmation
 
     before = time.time()
     operator.button(key="confirm").click().run()
     assert_rendered(operator)
     [request] = requests_filed(run)
-    assert {k: request[k] for k in ("action", "args", "operator", "reason")} == \
-        {"action": "rewind", "args": {"to_step": to_step}, "operator": OPERATOR, "reason": REASON}
+    assert {k: request[k] for k in ("action", "args", "operator", "reason")} == {
+        "action": "rewind",
+        "args": {"to_step": to_step},
+        "operator": OPERATOR,
+        "reason": REASON,
+    }
     [entry] = audit_entries(run)
-    assert entry == {"seq": 0, "time": entry["time"], "operator": OPERATOR, "what": "rewind",
-                     "incident_id": critical["incident_id"], "request_id": request["request_id"],
-                     "args": {"to_step": to_step}, "reason": REASON, "prev": audit.GENESIS,
-                     "hash": audit.entry_hash(entry)}
+    assert entry == {
+        "seq": 0,
+        "time": entry["time"],
+        "operator": OPERATOR,
+        "what": "rewind",
+        "incident_id": critical["incident_id"],
+        "request_id": request["request_id"],
+        "args": {"to_step": to_step},
+        "reason": REASON,
+        "prev": audit.GENESIS,
+        "hash": audit.entry_hash(entry),
+    }
     assert before <= entry["time"] <= time.time()
     assert from_store(run, "SELECT seq, hash FROM audit_head").values.tolist() == [[0, entry["hash"]]]
 
     assert f"Request {request['request_id']} filed." in [s.value for s in operator.success]
     assert f"`{request['request_id']}` **rewind** by {OPERATOR}: {WAITING}" in texts(operator)
     trail = table(operator, "operator", "what", "request_id", "reason")
-    assert list(zip(trail["operator"], trail["what"], trail["request_id"], trail["reason"])) == \
-        [(OPERATOR, "rewind", request["request_id"], REASON)]
+    assert list(zip(trail["operator"], trail["what"], trail["request_id"], trail["reason"])) == [
+        (OPERATOR, "rewind", request["request_id"], REASON)
+    ]
 
     operator.run()  # the next refresh files nothing more
     assert len(requests_filed(run)) == 1 and "Confirm rewind" not in buttons(operator)
@@ -277,8 +306,9 @@ def test_cancelling_a_review_files_nothing(operator: AppTest, run: Path) -> None
 
 def test_a_review_does_not_carry_over_to_another_incident(operator: AppTest, run: Path, critical: pd.Series) -> None:
     review(operator)
-    other = next(i for i in from_store(run, "SELECT incident_id FROM incidents")["incident_id"]
-                 if i != critical["incident_id"])
+    other = next(
+        i for i in from_store(run, "SELECT incident_id FROM incidents")["incident_id"] if i != critical["incident_id"]
+    )
     operator.selectbox(key="incident").set_value(other).run()
     assert_rendered(operator)
     assert "Confirm rewind" not in buttons(operator) and not operator.warning
@@ -304,8 +334,10 @@ def test_a_review_does_not_carry_over_to_another_run(tmp_path: Path, monkeypatch
 
 # -- acknowledgements ---------------------------------------------------------------------------------------------
 
+
 def test_acknowledging_records_the_operator_in_the_store_and_the_audit_trail(
-        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    operator: AppTest, run: Path, critical: pd.Series
+) -> None:
     note = "on it: checking rank 1's host"
     operator.text_input(key="ack_note").input(note)
     [acknowledge] = [b for b in operator.button if b.label == "Acknowledge"]
@@ -313,13 +345,18 @@ def test_acknowledging_records_the_operator_in_the_store_and_the_audit_trail(
     assert_rendered(operator)
     assert f"Acknowledged by {OPERATOR}." in [s.value for s in operator.success]
 
-    [[who, said, status]] = from_store(run, "SELECT acknowledged_by, ack_note, status FROM incidents "
-                                            "WHERE incident_id = ?", critical["incident_id"]).values
+    [[who, said, status]] = from_store(
+        run, "SELECT acknowledged_by, ack_note, status FROM incidents WHERE incident_id = ?", critical["incident_id"]
+    ).values
     assert (who, said, status) == (OPERATOR, note, "acknowledged")
     [entry] = audit_entries(run)
-    assert {k: entry[k] for k in ("operator", "what", "incident_id", "request_id", "reason")} == \
-        {"operator": OPERATOR, "what": "acknowledge", "incident_id": critical["incident_id"], "request_id": None,
-         "reason": note}
+    assert {k: entry[k] for k in ("operator", "what", "incident_id", "request_id", "reason")} == {
+        "operator": OPERATOR,
+        "what": "acknowledge",
+        "incident_id": critical["incident_id"],
+        "request_id": None,
+        "reason": note,
+    }
     assert requests_filed(run) == []
 
     operator.run()
@@ -328,7 +365,8 @@ def test_acknowledging_records_the_operator_in_the_store_and_the_audit_trail(
 
 
 def test_resolving_by_hand_needs_a_note_and_is_recorded_in_the_store_and_the_audit_trail(
-        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    operator: AppTest, run: Path, critical: pd.Series
+) -> None:
     [resolve] = [b for b in operator.button if b.label == "Resolve"]
     resolve.click().run()
     assert any("say why the incident is resolved" in e.value for e in operator.error)
@@ -336,8 +374,9 @@ def test_resolving_by_hand_needs_a_note_and_is_recorded_in_the_store_and_the_aud
     [resolve] = [b for b in operator.button if b.label == "Resolve"]
     resolve.click().run()
     assert f"Resolved by {OPERATOR}." in [s.value for s in operator.success]
-    [[who, status]] = from_store(run, "SELECT resolved_by, status FROM incidents WHERE incident_id = ?",
-                                 critical["incident_id"]).values
+    [[who, status]] = from_store(
+        run, "SELECT resolved_by, status FROM incidents WHERE incident_id = ?", critical["incident_id"]
+    ).values
     assert (who, status) == (OPERATOR, "resolved")
     assert [e["what"] for e in audit_entries(run)] == ["resolve"]
 
@@ -365,7 +404,8 @@ def test_acknowledging_twice_is_not_possible(operator: AppTest, run: Path, criti
 
 
 def test_other_incidents_do_not_read_as_acknowledged_or_resolved_by_someone(
-        operator: AppTest, run: Path, critical: pd.Series) -> None:
+    operator: AppTest, run: Path, critical: pd.Series
+) -> None:
     acknowledge(operator, "looking")
     spike = from_store(run, "SELECT incident_id FROM incidents WHERE list_contains(kinds, 'loss_spike')")
     straggler = from_store(run, "SELECT incident_id FROM incidents WHERE list_contains(kinds, 'straggler')")
@@ -400,8 +440,9 @@ def test_no_request_is_reviewed_or_filed_for_a_run_that_has_ended(tiny_faults: P
     assert f"No request can be filed: {refused}." in [i.value for i in app.info]
     assert app.button(key="review").disabled and "Confirm rewind" not in buttons(app)
     with pytest.raises(BedsideError, match=f"not filed: {refused}"):
-        registry.desk().data(tiny_faults).request("rewind", {"to_step": 100}, operator=OPERATOR, reason=REASON,
-                                                  incident_id=None)
+        registry.desk().data(tiny_faults).request(
+            "rewind", {"to_step": 100}, operator=OPERATOR, reason=REASON, incident_id=None
+        )
     assert requests_filed(tiny_faults) == [] and audit_entries(tiny_faults) == []
 
 
@@ -414,20 +455,25 @@ def test_a_broken_audit_chain_is_shown_on_the_incidents_page(operator: AppTest, 
     assert_rendered(operator)
     assert [e.value for e in operator.error] == [
         "The audit trail's chain is broken: line 1 (entry 0) was rewritten: its content no longer matches its hash. "
-        "Entries from there on may be forged, rewritten or missing (bedside audit verify)."]
+        "Entries from there on may be forged, rewritten or missing (bedside audit verify)."
+    ]
 
 
-def test_a_trail_cut_short_is_shown_broken_against_the_head_the_store_recorded(operator: AppTest, run: Path,
-                                                                                critical: pd.Series) -> None:
+def test_a_trail_cut_short_is_shown_broken_against_the_head_the_store_recorded(
+    operator: AppTest, run: Path, critical: pd.Series
+) -> None:
     acknowledge(operator, "first")
     trail = RunLayout(run).control / "audit.jsonl"
     trail.write_text("")
     operator.run()
-    assert any("the store recorded entry 0 as a head, but the trail is empty: entries were deleted from its end" in e.value
-               for e in operator.error)
+    assert any(
+        "the store recorded entry 0 as a head, but the trail is empty: entries were deleted from its end" in e.value
+        for e in operator.error
+    )
 
 
 # -- a store held by another process --------------------------------------------------------------------------
+
 
 def wait_for(condition: Callable[[], bool]) -> None:
     deadline = time.monotonic() + EVENTUALLY_S
@@ -437,7 +483,8 @@ def wait_for(condition: Callable[[], bool]) -> None:
 
 
 def test_a_run_whose_store_another_process_holds_is_shown_read_only(
-        tiny_faults: Path, tmp_path: Path, monkeypatch, start_bedside) -> None:
+    tiny_faults: Path, tmp_path: Path, monkeypatch, start_bedside
+) -> None:
     run = tiny_faults
     log = tmp_path / "collect.log"
     with open(log, "w") as err:
@@ -469,53 +516,84 @@ def test_a_run_whose_store_another_process_holds_is_shown_read_only(
 
 # -- the pieces, on small frames ----------------------------------------------------------------------------------
 
-CHECKPOINTS = pd.DataFrame({"step": [20, 50, 60, 100], "state": ["saved", "verified", "corrupt", "verified"],
-                            "deleted": [False, True, False, False]})
+CHECKPOINTS = pd.DataFrame(
+    {
+        "step": [20, 50, 60, 100],
+        "state": ["saved", "verified", "corrupt", "verified"],
+        "deleted": [False, True, False, False],
+    }
+)
 
 
-@pytest.mark.parametrize(("action", "suggestion", "args"), [
-    pytest.param("rewind", {"action": "rewind", "args": {"to_step": 40}}, {"to_step": 40}, id="the suggestion"),
-    pytest.param("rewind", {"action": "investigate", "args": {"step": 85}}, {"to_step": 20},
-                 id="rewind to the newest good checkpoint still on disk"),
-    pytest.param("rewind", {"action": "rewind", "args": {}}, {"to_step": 20}, id="a suggestion without arguments"),
-    pytest.param("skip", {"action": "rewind", "args": {"to_step": 40}}, {"first_batch": 85, "last_batch": 94},
-                 id="skip the incident's batches"),
-    pytest.param("quarantine", {"action": "investigate", "args": {}}, {"shard": 0}, id="quarantine"),
-    pytest.param("pause", {"action": "rewind", "args": {"to_step": 40}}, {}, id="pause"),
-])
-def test_prefilled_args_take_the_suggestion_else_derive_from_the_incident(action: str, suggestion: dict,
-                                                                          args: dict) -> None:
+@pytest.mark.parametrize(
+    ("action", "suggestion", "args"),
+    [
+        pytest.param("rewind", {"action": "rewind", "args": {"to_step": 40}}, {"to_step": 40}, id="the suggestion"),
+        pytest.param(
+            "rewind",
+            {"action": "investigate", "args": {"step": 85}},
+            {"to_step": 20},
+            id="rewind to the newest good checkpoint still on disk",
+        ),
+        pytest.param("rewind", {"action": "rewind", "args": {}}, {"to_step": 20}, id="a suggestion without arguments"),
+        pytest.param(
+            "skip",
+            {"action": "rewind", "args": {"to_step": 40}},
+            {"first_batch": 85, "last_batch": 94},
+            id="skip the incident's batches",
+        ),
+        pytest.param("quarantine", {"action": "investigate", "args": {}}, {"shard": 0}, id="quarantine"),
+        pytest.param("pause", {"action": "rewind", "args": {"to_step": 40}}, {}, id="pause"),
+    ],
+)
+def test_prefilled_args_take_the_suggestion_else_derive_from_the_incident(
+    action: str, suggestion: dict, args: dict
+) -> None:
     incident = pd.Series({"start_step": 85, "end_step": 94})
     assert prefilled_args(action, suggestion, incident, CHECKPOINTS) == args
 
 
 def incidents_frame(*rows: tuple[str, int, int, list[int], str]) -> pd.DataFrame:
-    return pd.DataFrame([{"incident_id": i, "timeline": 0, "start_step": a, "end_step": b, "ranks": r, "cause": c}
-                         for i, a, b, r, c in rows])
+    return pd.DataFrame(
+        [
+            {"incident_id": i, "timeline": 0, "start_step": a, "end_step": b, "ranks": r, "cause": c}
+            for i, a, b, r, c in rows
+        ]
+    )
 
 
 def test_a_prefilled_rewind_goes_before_a_related_bad_shard_episode() -> None:
     # the issue's case: a spike at 2081-2248 inside a bad-shard episode from 2000; the detector suggested 2100
-    incidents = incidents_frame(("spike", 2081, 2248, [], "unexplained"), ("shard", 2000, 2250, [], "bad shard 3"),
-                                ("slow", 2050, 2300, [5], "slow worker(s)"), ("old", 1500, 1600, [], "bad shard 3"))
+    incidents = incidents_frame(
+        ("spike", 2081, 2248, [], "unexplained"),
+        ("shard", 2000, 2250, [], "bad shard 3"),
+        ("slow", 2050, 2300, [5], "slow worker(s)"),
+        ("old", 1500, 1600, [], "bad shard 3"),
+    )
     first, where = onset("spike", incidents)
     assert (first, where) == (2000, "shard")  # not the straggler on rank 5 alone, nor the old episode
-    checkpoints = pd.DataFrame({"step": [1900, 2000, 2100], "state": ["saved", "verified", "verified"],
-                                "deleted": [False, False, False]})
+    checkpoints = pd.DataFrame(
+        {"step": [1900, 2000, 2100], "state": ["saved", "verified", "verified"], "deleted": [False, False, False]}
+    )
     suggestion = {"action": "rewind", "args": {"to_step": 2100}}
     assert prefilled_args("rewind", suggestion, incidents.iloc[0], checkpoints, before=first) == {"to_step": 1900}
 
 
 def test_incidents_on_the_same_ranks_or_cause_relate_and_others_do_not() -> None:
-    incidents = incidents_frame(("nan", 150, 185, [0, 1], "sdc on rank 0"), ("slow", 102, 194, [1], "slow"),
-                                ("other", 120, 130, [7], "network"), ("later", 190, 200, [0], "sdc on rank 0"))
+    incidents = incidents_frame(
+        ("nan", 150, 185, [0, 1], "sdc on rank 0"),
+        ("slow", 102, 194, [1], "slow"),
+        ("other", 120, 130, [7], "network"),
+        ("later", 190, 200, [0], "sdc on rank 0"),
+    )
     assert onset("nan", incidents) == (102, "slow")
     assert onset("other", incidents) == (120, "other")
 
 
 def test_a_rewind_with_no_good_checkpoint_before_the_onset_goes_to_step_0() -> None:
-    assert prefilled_args("rewind", {"action": "investigate"}, pd.Series({"start_step": 10, "end_step": 12}),
-                          CHECKPOINTS) == {"to_step": 0}
+    assert prefilled_args(
+        "rewind", {"action": "investigate"}, pd.Series({"start_step": 10, "end_step": 12}), CHECKPOINTS
+    ) == {"to_step": 0}
 
 
 def test_request_status_follows_the_request_from_filing_to_the_trainers_answer(tmp_path: Path) -> None:
@@ -528,10 +606,19 @@ def test_request_status_follows_the_request_from_filing_to_the_trainers_answer(t
     assert request_status("req-1", none, layout) == "taken by the trainer"
 
     def answered(status: str, message: str | None = None) -> pd.DataFrame:
-        return pd.DataFrame({"request_id": ["req-0", "req-1"], "status": ["applied", status], "step": [3, 187],
-                             "timeline": [0, 1], "message": [None, message]})
+        return pd.DataFrame(
+            {
+                "request_id": ["req-0", "req-1"],
+                "status": ["applied", status],
+                "step": [3, 187],
+                "timeline": [0, 1],
+                "message": [None, message],
+            }
+        )
 
     assert request_status("req-1", answered("requested"), layout) == "acknowledged by the trainer, not yet applied"
     assert request_status("req-1", answered("applied"), layout) == "applied at step 187 on timeline 1"
-    assert request_status("req-1", answered("rejected", "no checkpoint at step 40"), layout) == \
-        "rejected by the trainer: no checkpoint at step 40"
+    assert (
+        request_status("req-1", answered("rejected", "no checkpoint at step 40"), layout)
+        == "rejected by the trainer: no checkpoint at step 40"
+    )

@@ -1,6 +1,7 @@
 """Who may unlock the dashboard's actions: the operator token kept only as a salted hash (or given as one), wrong
 tokens locked out per session and for the process, and operator names checked. AppTest drives the real pages over
 a real run copy."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -87,15 +88,25 @@ def test_the_lockout_doubles_up_to_its_cap_and_a_right_token_clears_it() -> None
     assert lockout.wait_s() == 0 and lockout.failures == 0
 
 
-@pytest.mark.parametrize(("name", "error"), [
-    pytest.param("a" * 65, "The name is 65 characters long: at most 64.", id="too long"),
-    pytest.param("alice\nroot", "The name holds control characters (U+000A): use letters, digits, spaces and "
-                                "punctuation.", id="a newline"),
-    pytest.param("bob\u200b", "The name holds control characters (U+200B): use letters, digits, spaces and "
-                              "punctuation.", id="a zero-width space"),
-])
-def test_an_operator_name_that_could_mislead_the_audit_trail_is_refused(tiny_faults: Path, monkeypatch, name: str,
-                                                                        error: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        pytest.param("a" * 65, "The name is 65 characters long: at most 64.", id="too long"),
+        pytest.param(
+            "alice\nroot",
+            "The name holds control characters (U+000A): use letters, digits, spaces and punctuation.",
+            id="a newline",
+        ),
+        pytest.param(
+            "bob\u200b",
+            "The name holds control characters (U+200B): use letters, digits, spaces and punctuation.",
+            id="a zero-width space",
+        ),
+    ],
+)
+def test_an_operator_name_that_could_mislead_the_audit_trail_is_refused(
+    tiny_faults: Path, monkeypatch, name: str, error: str
+) -> None:
     serve(tiny_faults, token=TOKEN)
     app = unlock(open_page("incidents"), name, TOKEN)
     assert_rendered(app)

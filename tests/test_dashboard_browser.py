@@ -8,6 +8,7 @@ the trainer apply it on a new timeline. Screenshots go to ``test-artifacts/``. W
 chromium or playwright the tests are skipped, unless ``BEDSIDE_REQUIRE_BROWSER=1`` (CI)
 makes that a failure.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,16 @@ ARTIFACTS = REPO / "test-artifacts"
 SAMPLE_RUN = REPO / "sample_runs" / "tiny-faults"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Headless, and nothing that reaches out to Google's hosts (CI machines cannot reach them).
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TOKEN, OPERATOR, REASON = "browser-test-token", "ana", "loss spike from a bad shard"
 
 # The live run: checkpoints at steps 90, 180 and 270 (three are kept: step 90's lasts); shards 0-3
@@ -147,14 +156,17 @@ class Served:
         port, log = free_port(), self.tmp_path / f"serve-{len(started)}.log"
         env = {k: v for k, v in os.environ.items() if k != "BEDSIDE_OPERATOR_TOKEN"}
         env.update({"OMP_NUM_THREADS": "1", **({"BEDSIDE_OPERATOR_TOKEN": token} if token else {})})
-        command = [sys.executable, "-m", "bedside.app.cli", "serve", str(target), "--port", str(port),
-                   "--refresh", "1"]
+        command = [sys.executable, "-m", "bedside.app.cli", "serve", str(target), "--port", str(port), "--refresh", "1"]
         with log.open("w") as out:
-            started.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True))
+            started.append(
+                subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            )
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: answers(f"{url}/_stcore/health") or started[-1].poll() is not None,
-                 "bedside serve to answer", SERVE_START_S)
+        wait_for(
+            lambda: answers(f"{url}/_stcore/health") or started[-1].poll() is not None,
+            "bedside serve to answer",
+            SERVE_START_S,
+        )
         assert started[-1].poll() is None, f"bedside serve exited:\n{tail(log)}"
         return url
 
@@ -197,8 +209,11 @@ def records(run: Path, rank: int) -> list[dict]:
 
 def applied(run: Path, request_id: str) -> list[dict]:
     """Rank 0's ``action`` records saying the request was applied."""
-    return [r for r in records(run, 0) if r["kind"] == "action" and r.get("request_id") == request_id
-            and r["status"] == "applied"]
+    return [
+        r
+        for r in records(run, 0)
+        if r["kind"] == "action" and r.get("request_id") == request_id and r["status"] == "applied"
+    ]
 
 
 def file_request(run: Path, action: str) -> str:
@@ -213,15 +228,33 @@ def live_run(tmp_path: Path) -> Iterator[LiveRun]:
     Stopped at teardown: SIGTERM to torchrun, which stops its ranks (they run in sessions of their own).
     """
     run, log = tmp_path / "run", tmp_path / "train.log"
-    args = build_parser().parse_args(["train", "--nproc", "2", "--out", str(run), "--steps", str(STEPS),
-                                      "--checkpoint-every", str(CHECKPOINT_EVERY),
-                                      *(option for spec in FAULTS for option in ("--inject", spec))])
+    args = build_parser().parse_args(
+        [
+            "train",
+            "--nproc",
+            "2",
+            "--out",
+            str(run),
+            "--steps",
+            str(STEPS),
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+            *(option for spec in FAULTS for option in ("--inject", spec)),
+        ]
+    )
     with log.open("w") as out:
-        trainer = subprocess.Popen(torchrun_command(args), stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+        trainer = subprocess.Popen(
+            torchrun_command(args), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
     try:
-        wait_for(lambda: (RunLayout(run).run_info.exists() and (RunLayout(run).control / "key").exists())
-                 or trainer.poll() is not None, "run.json and the control key", 120)
+        wait_for(
+            lambda: (
+                (RunLayout(run).run_info.exists() and (RunLayout(run).control / "key").exists())
+                or trainer.poll() is not None
+            ),
+            "run.json and the control key",
+            120,
+        )
         pause = file_request(run, "pause")
         wait_for(lambda: applied(run, pause) or trainer.poll() is not None, "the pause", 60)
         assert [r["step"] < SPIKE_FROM for r in applied(run, pause)] == [True], f"not paused early:\n{tail(log)}"
@@ -266,7 +299,8 @@ def review_and_confirm(tab) -> str:
 
 # -- the tests ----------------------------------------------------------------------------
 def test_an_operator_rewinds_a_live_run_from_its_incident_and_sees_the_trainer_apply_it(
-        live_run: LiveRun, serve, page) -> None:
+    live_run: LiveRun, serve, page
+) -> None:
     run, trainer, log = live_run
     page.goto(f"{serve(run, token=TOKEN)}/incidents")
     expect_visible(page.get_by_text(re.compile(r"^No incidents \(detectors ran at ")))
@@ -297,15 +331,21 @@ def test_an_operator_rewinds_a_live_run_from_its_incident_and_sees_the_trainer_a
 
 def check_rewound(run: Path, request_id: str, shown_step: int) -> None:
     """The trainer applied the request as the page says, and both ranks train on timeline 1 from the checkpoint."""
-    assert [(r["action"], r["args"], r["operator"], r["reason"], r["step"]) for r in applied(run, request_id)] == \
-        [("rewind", {"to_step": GOOD_CHECKPOINT}, OPERATOR, REASON, shown_step)]
-    wait_for(lambda: all(any(r["kind"] == "rank_step" and r["timeline"] == 1 for r in records(run, rank))
-                         for rank in (0, 1)), "both ranks to train on timeline 1", APPLIED_S)
-    assert min(r["step"] for r in records(run, 0) if r["kind"] == "step" and r["timeline"] == 1) == \
-        GOOD_CHECKPOINT + 1
+    assert [(r["action"], r["args"], r["operator"], r["reason"], r["step"]) for r in applied(run, request_id)] == [
+        ("rewind", {"to_step": GOOD_CHECKPOINT}, OPERATOR, REASON, shown_step)
+    ]
+    wait_for(
+        lambda: all(
+            any(r["kind"] == "rank_step" and r["timeline"] == 1 for r in records(run, rank)) for rank in (0, 1)
+        ),
+        "both ranks to train on timeline 1",
+        APPLIED_S,
+    )
+    assert min(r["step"] for r in records(run, 0) if r["kind"] == "step" and r["timeline"] == 1) == GOOD_CHECKPOINT + 1
     audit = [json.loads(line) for line in (RunLayout(run).control / "audit.jsonl").read_text().splitlines()]
-    assert [(a["operator"], a["what"], a["reason"]) for a in audit if a["request_id"] == request_id] == \
-        [(OPERATOR, "rewind", REASON)]
+    assert [(a["operator"], a["what"], a["reason"]) for a in audit if a["request_id"] == request_id] == [
+        (OPERATOR, "rewind", REASON)
+    ]
 
 
 def test_without_an_operator_token_the_incident_page_offers_no_action(tmp_path: Path, serve, page) -> None:
@@ -335,8 +375,12 @@ def test_the_sql_page_refuses_every_attack_and_the_store_is_unchanged(tmp_path: 
     """
     copy = shutil.ignore_patterns("bedside.duckdb*")
     run, reference = (shutil.copytree(SAMPLE_RUN, tmp_path / name, ignore=copy) for name in ("tiny-faults", "ref"))
-    assert subprocess.run([sys.executable, "-m", "bedside.app.cli", "collect", str(reference), "--quiet"],
-                          timeout=120).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "bedside.app.cli", "collect", str(reference), "--quiet"], timeout=120
+        ).returncode
+        == 0
+    )
     secret, out = tmp_path / "secret.csv", tmp_path / "out.csv"
     secret.write_text("root:x:0:0:the secret line\n")
     page.goto(f"{serve(run, token=None)}/sql?run={run.name}")
@@ -362,12 +406,16 @@ def test_the_sql_page_refuses_every_attack_and_the_store_is_unchanged(tmp_path: 
 def assert_store_intact(run: Path, reference: Path) -> None:
     """The served store holds what a plain ``bedside collect`` of the same run holds: same tables, views,
     row counts and committed offsets, and no forged alert."""
+
     def facts(path: Path) -> dict[str, object]:
         with Store.open(RunLayout(path).store, read_only=True, schemas=SCHEMAS) as store:
             cur = store.cursor()
             tables = [t for (t,) in cur.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
-            counts = {t: cur.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0] for t in tables
-                      if t not in ("finding_rows", "incident_rows", "outbox", "schema_migrations")}
+            counts = {
+                t: cur.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0]
+                for t in tables
+                if t not in ("finding_rows", "incident_rows", "outbox", "schema_migrations")
+            }
             views = cur.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()
             offsets = cur.execute("SELECT path, committed_offset FROM sources ORDER BY path").fetchall()
             outbox = cur.execute("SELECT count(*) FROM outbox").fetchall()[0][0]

@@ -2,6 +2,7 @@
 table marks it corrupt (matched by path, since the trainer reports ``corrupt`` at the step it has reached), the newest
 good checkpoint skips it, and the action form's rewind prefill never picks it. Real telemetry from RunLogger, ingested
 into a real store."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -50,7 +51,8 @@ def test_a_checkpoint_found_corrupt_after_it_was_saved_is_not_good(run_dir: Path
 
 
 def test_retention_reporting_a_corrupt_one_at_a_new_save_marks_the_old_one_not_the_new(
-        run_dir: Path, ingest: Callable[..., Store]) -> None:
+    run_dir: Path, ingest: Callable[..., Store]
+) -> None:
     """The trainer reports what retention found corrupt at the step of the save that ran it: before, the new
     checkpoint of step 30 read 'corrupt' and the corrupt one of step 20 was offered for a rewind."""
     write_run(run_dir, 34, saved=[10, 20, 30], corrupt={30: 20})
@@ -60,8 +62,9 @@ def test_retention_reporting_a_corrupt_one_at_a_new_save_marks_the_old_one_not_t
     assert rewind_prefill(store, 30) == 10 and rewind_prefill(store, 33) == 30
 
 
-def test_a_corrupt_report_naming_no_checkpoint_seen_is_a_row_of_its_own(run_dir: Path,
-                                                                        ingest: Callable[..., Store]) -> None:
+def test_a_corrupt_report_naming_no_checkpoint_seen_is_a_row_of_its_own(
+    run_dir: Path, ingest: Callable[..., Store]
+) -> None:
     write_run(run_dir, 12, saved=[10], corrupt={5: 3})  # the checkpoint of step 3 predates this telemetry
     store = ingest(run_dir)
     assert states(store) == {5: "corrupt", 10: "saved"}

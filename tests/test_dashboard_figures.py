@@ -1,5 +1,6 @@
 """The dashboard's figures and summaries as plain functions of small DataFrames (no Streamlit): min/max downsampling,
 the training curves, the rank heatmap, the eval forecast band, rank slowdowns, Young/Daly advice and the tiles."""
+
 from __future__ import annotations
 
 import math
@@ -35,11 +36,12 @@ SPIKE_STEP, DIP_STEP = 54_321, 77_777
 def noisy_loss(n: int, seed: int = 0) -> pd.DataFrame:
     """A falling loss over steps 1..n with 1% noise."""
     step = np.arange(1, n + 1)
-    loss = (2.0 + 8.0 * step ** -0.3) * np.exp(0.01 * np.random.default_rng(seed).standard_normal(n))
+    loss = (2.0 + 8.0 * step**-0.3) * np.exp(0.01 * np.random.default_rng(seed).standard_normal(n))
     return pd.DataFrame({"step": step, "loss": loss})
 
 
 # -- downsampling -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("max_points", [MAX_POINTS, 500, 101])
 def test_downsampling_keeps_a_one_step_spike_and_dip_among_100k_points(max_points: int) -> None:
@@ -79,25 +81,42 @@ def test_downsampling_sorts_by_step_first() -> None:
 
 # -- training curves ----------------------------------------------------------------------------------------------
 
+
 def two_timelines(abandoned_to: int = 100, rewound_to: int = 60, last: int = 150) -> pd.DataFrame:
     """Timeline 0 over steps 1..abandoned_to, then timeline 1 from a rewind to ``rewound_to`` up to ``last``."""
     frames = []
     for timeline, steps in ((0, np.arange(1, abandoned_to + 1)), (1, np.arange(rewound_to + 1, last + 1))):
-        frames.append(pd.DataFrame({"timeline": timeline, "step": steps, "time": 1e9 + steps + 1000 * timeline,
-                                    "loss": 3.0 / np.sqrt(steps) + timeline, "grad_norm": 1.0 + 0.01 * steps,
-                                    "lr": 3e-4}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "timeline": timeline,
+                    "step": steps,
+                    "time": 1e9 + steps + 1000 * timeline,
+                    "loss": 3.0 / np.sqrt(steps) + timeline,
+                    "grad_norm": 1.0 + 0.01 * steps,
+                    "lr": 3e-4,
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
-INCIDENTS = pd.DataFrame({"start_step": [30, 40, 80], "end_step": [35, 140, 95],
-                          "severity": ["warning", "warning", "critical"],
-                          "kinds": [["loss_spike"], ["straggler"], ["nonfinite", "sdc"]]})
+INCIDENTS = pd.DataFrame(
+    {
+        "start_step": [30, 40, 80],
+        "end_step": [35, 140, 95],
+        "severity": ["warning", "warning", "critical"],
+        "kinds": [["loss_spike"], ["straggler"], ["nonfinite", "sdc"]],
+    }
+)
 """Two incidents about the numbers trained, and one about speed (a straggler) that the curves do not shade."""
-ACTIONS = pd.DataFrame({
-    "action": ["rewind", "quarantine", "skip", "rewind", "rewind"],
-    "status": ["applied", "applied", "applied", "rejected", "requested"],
-    "step": [60, 60, 120, 130, None],
-})
+ACTIONS = pd.DataFrame(
+    {
+        "action": ["rewind", "quarantine", "skip", "rewind", "rewind"],
+        "status": ["applied", "applied", "applied", "rejected", "requested"],
+        "step": [60, 60, 120, 130, None],
+    }
+)
 
 
 def test_training_curves_draw_each_timeline_of_each_metric_with_the_abandoned_one_faded() -> None:
@@ -143,12 +162,21 @@ def test_training_curves_of_a_long_run_stay_within_max_points_a_line() -> None:
 
 # -- eval against compute -----------------------------------------------------------------------------------------
 
+
 def power_law_evals(n: int, *, timeline: int = 0, name: str = "loss") -> pd.DataFrame:
     """``n`` evals of a clean saturating power law, 1.5 + 4 (C / 1e12)^-0.4, over three decades of compute."""
     compute = np.geomspace(1e12, 1e15, n)
-    return pd.DataFrame({"timeline": timeline, "step": np.arange(1, n + 1) * 100, "split": "heldout", "name": name,
-                         "value": 1.5 + 4.0 * (compute / 1e12) ** -0.4, "cum_tokens": compute / 1e6,
-                         "cum_flops": compute})
+    return pd.DataFrame(
+        {
+            "timeline": timeline,
+            "step": np.arange(1, n + 1) * 100,
+            "split": "heldout",
+            "name": name,
+            "value": 1.5 + 4.0 * (compute / 1e12) ** -0.4,
+            "cum_tokens": compute / 1e6,
+            "cum_flops": compute,
+        }
+    )
 
 
 def test_the_forecast_band_needs_enough_evals() -> None:
@@ -179,8 +207,13 @@ def test_the_forecast_band_takes_a_rewound_step_from_the_newer_timeline() -> Non
 
 
 def test_eval_against_compute_draws_each_timeline_on_a_log_axis_the_live_one_in_front() -> None:
-    evals = pd.concat([power_law_evals(4, name="loss"), power_law_evals(4, name="accuracy"),
-                       power_law_evals(3, timeline=1, name="loss")])
+    evals = pd.concat(
+        [
+            power_law_evals(4, name="loss"),
+            power_law_evals(4, name="accuracy"),
+            power_law_evals(3, timeline=1, name="loss"),
+        ]
+    )
     fig = eval_vs_compute(evals, "loss", forecast_band(power_law_evals(8), "loss"))
     assert fig.layout.xaxis.type == "log"
     lines = {trace.name: trace for trace in fig.data}
@@ -190,10 +223,24 @@ def test_eval_against_compute_draws_each_timeline_on_a_log_axis_the_live_one_in_
 
 
 def test_incidents_are_placed_on_the_eval_curve_of_their_timeline_where_they_began() -> None:
-    evals = pd.DataFrame({"timeline": [0, 0, 0, 1, 1], "step": [100, 200, 300, 200, 300], "name": "loss",
-                          "value": [3.0, 2.0, 1.8, 2.2, 1.9], "cum_flops": [1e12, 2e12, 3e12, 2.5e12, 3.5e12]})
-    incidents = pd.DataFrame({"incident_id": ["a", "b", "c"], "timeline": [0, 1, 0], "start_step": [150, 250, 50],
-                              "severity": ["warning", "critical", "info"], "title": ["spike", "nan", "early"]})
+    evals = pd.DataFrame(
+        {
+            "timeline": [0, 0, 0, 1, 1],
+            "step": [100, 200, 300, 200, 300],
+            "name": "loss",
+            "value": [3.0, 2.0, 1.8, 2.2, 1.9],
+            "cum_flops": [1e12, 2e12, 3e12, 2.5e12, 3.5e12],
+        }
+    )
+    incidents = pd.DataFrame(
+        {
+            "incident_id": ["a", "b", "c"],
+            "timeline": [0, 1, 0],
+            "start_step": [150, 250, 50],
+            "severity": ["warning", "critical", "info"],
+            "title": ["spike", "nan", "early"],
+        }
+    )
     marks = incidents_on_evals(incidents, evals, "loss")
     assert list(marks["label"]) == ["spike (step 150)", "nan (step 250)"]  # "early" began before the first eval
     assert list(marks["severity"]) == ["warning", "critical"]
@@ -215,9 +262,12 @@ def test_the_headline_metric_is_excess_loss_then_loss_then_what_there_is() -> No
 
 # -- ranks --------------------------------------------------------------------------------------------------------
 
+
 def test_the_rank_heatmap_puts_the_ranks_in_the_order_given() -> None:
-    times = pd.DataFrame([(rank, step, 1.0 + rank + step / 100) for rank in range(5) for step in (0, 10, 20)],
-                         columns=["rank", "step", "step_time"])
+    times = pd.DataFrame(
+        [(rank, step, 1.0 + rank + step / 100) for rank in range(5) for step in (0, 10, 20)],
+        columns=["rank", "step", "step_time"],
+    )
     fig = rank_heatmap(times, [3, 1, 4, 0])
     [heat] = fig.data
     assert list(heat.y) == ["rank 3", "rank 1", "rank 4", "rank 0", "rank 2"]  # one left out of the order goes last
@@ -227,9 +277,14 @@ def test_the_rank_heatmap_puts_the_ranks_in_the_order_given() -> None:
 
 
 def test_a_rank_twice_as_slow_comes_first_with_a_slowdown_of_2() -> None:
-    phases = pd.DataFrame({"rank": range(8), "host": "h", "compute_time": [0.75, 0.76, 0.74, 1.5, 0.75, 0.75,
-                                                                           0.74, 0.76],
-                           "step_time": 1.7})
+    phases = pd.DataFrame(
+        {
+            "rank": range(8),
+            "host": "h",
+            "compute_time": [0.75, 0.76, 0.74, 1.5, 0.75, 0.75, 0.74, 0.76],
+            "step_time": 1.7,
+        }
+    )
     table = slowdowns(phases)
     assert table["rank"][0] == 3
     assert table["compute_slowdown"][0] == pytest.approx(2.0, rel=0.02)
@@ -239,6 +294,7 @@ def test_a_rank_twice_as_slow_comes_first_with_a_slowdown_of_2() -> None:
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
+
 
 def test_young_daly_advice_matches_the_formulas_by_hand() -> None:
     advice = advise(2.0, 10_000.0, 0, 1_000.0)  # no interruption yet: one assumed after the span
@@ -266,12 +322,21 @@ def test_advice_needs_a_save_cost_and_a_span() -> None:
 
 
 def test_checkpoint_advice_takes_the_median_save_the_median_interval_and_the_restarts() -> None:
-    checkpoints = pd.DataFrame({"step": [100, 200, 300, 400], "started_at": [0.0, 1_000.0, 2_000.0, 3_500.0],
-                                "duration_s": [10.0, 30.0, 20.0, np.nan]})  # the last one still saving
+    checkpoints = pd.DataFrame(
+        {
+            "step": [100, 200, 300, 400],
+            "started_at": [0.0, 1_000.0, 2_000.0, 3_500.0],
+            "duration_s": [10.0, 30.0, 20.0, np.nan],
+        }
+    )  # the last one still saving
     restarts = pd.DataFrame({"started_at": [0.0], "last_at": [7_200.0], "restarts": [2]})
     advice = checkpoint_advice(checkpoints, restarts)
-    assert (advice.save_s, advice.mtbf_s, advice.interruptions, advice.current_interval_s) == \
-           (20.0, 3_600.0, 2, 1_000.0)
+    assert (advice.save_s, advice.mtbf_s, advice.interruptions, advice.current_interval_s) == (
+        20.0,
+        3_600.0,
+        2,
+        1_000.0,
+    )
     assert advice.optimal_interval_s == pytest.approx(math.sqrt(2 * 20.0 * 3_600.0))
     assert advice.current_waste == pytest.approx(20.0 / 1_000.0 + 1_000.0 / 7_200.0)
 
@@ -288,8 +353,16 @@ def test_no_checkpoint_advice_without_a_saved_checkpoint_or_a_span() -> None:
 # -- tiles --------------------------------------------------------------------------------------------------------
 
 RUN = pd.DataFrame({"status": ["live"], "world_size": [8], "peak_flops_per_device": [1e12]})
-PROGRESS = pd.DataFrame({"step": [1234.0], "timeline": [1.0], "spent_tokens": [5e9], "spent_flops": [3e19],
-                         "tokens_per_s": [2e5], "flops_per_s": [2e12]})
+PROGRESS = pd.DataFrame(
+    {
+        "step": [1234.0],
+        "timeline": [1.0],
+        "spent_tokens": [5e9],
+        "spent_flops": [3e19],
+        "tokens_per_s": [2e5],
+        "flops_per_s": [2e12],
+    }
+)
 GOOD_CHECKPOINT = pd.DataFrame({"checkpoint_time": [1_796_000_000.0]})
 OPEN = pd.DataFrame({"severity": ["critical", "warning"], "incidents": [1, 3]})
 
@@ -302,8 +375,11 @@ def test_tiles_compute_mfu_from_the_flops_rate_the_ranks_and_their_peak() -> Non
     assert t.open_incidents == {"critical": 1, "warning": 3}
 
 
-@pytest.mark.parametrize("run", [RUN.assign(peak_flops_per_device=np.nan), RUN.assign(world_size=0)],
-                         ids=["no peak in the config", "no ranks"])
+@pytest.mark.parametrize(
+    "run",
+    [RUN.assign(peak_flops_per_device=np.nan), RUN.assign(world_size=0)],
+    ids=["no peak in the config", "no ranks"],
+)
 def test_tiles_leave_mfu_out_when_the_run_does_not_say(run: pd.DataFrame) -> None:
     assert tiles(run, PROGRESS, GOOD_CHECKPOINT, OPEN, now=0.0).mfu is None
 

@@ -1,6 +1,7 @@
 """Every page of the on-call dashboard under AppTest, on copies of the sample runs served together (a directory of
 two runs, as ``bedside serve RUNS_DIR``): what each page shows, checked against the store the dashboard built, and
 the links alerts send (``/incidents?run=NAME&incident=ID``)."""
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,16 @@ from bedside.app.dashboard.figures import FADED
 from bedside.app.simulation import SimulationConfig, simulate_run
 
 FAULTS, REWIND = "tiny-faults", "tiny-rewind"
-OVERVIEW_TILES = ["Status", "Step", "Tokens", "FLOPs spent", "Tokens/s", "MFU", "Since good checkpoint",
-                  "Open incidents"]
+OVERVIEW_TILES = [
+    "Status",
+    "Step",
+    "Tokens",
+    "FLOPs spent",
+    "Tokens/s",
+    "MFU",
+    "Since good checkpoint",
+    "Open incidents",
+]
 YOUNG_DALY_TILES = ["Save cost (median)", "Interruptions seen", "Recommended interval", "Current interval"]
 SLOW_RANK = 5
 
@@ -57,12 +66,21 @@ def served(runs: Path, monkeypatch) -> Path:
 def straggling(tmp_path_factory) -> Path:
     """A simulated clean 8-rank run (4 per host) whose rank 5 computes twice as slowly from the first step."""
     run = tmp_path_factory.mktemp("straggling") / "straggling"
-    simulate_run(SimulationConfig(ranks=8, steps=150, ranks_per_host=4, nuisances=False,
-                                  inject=(f"straggler:rank={SLOW_RANK},factor=2,from=1",)), run)
+    simulate_run(
+        SimulationConfig(
+            ranks=8,
+            steps=150,
+            ranks_per_host=4,
+            nuisances=False,
+            inject=(f"straggler:rank={SLOW_RANK},factor=2,from=1",),
+        ),
+        run,
+    )
     return run
 
 
 # -- every page ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("run", [FAULTS, REWIND])
 @pytest.mark.parametrize("page", PAGES)
@@ -82,6 +100,7 @@ def test_the_pages_keep_the_chosen_run_from_page_to_page(served: Path) -> None:
 
 # -- overview -----------------------------------------------------------------------------------------------------
 
+
 def test_the_overview_shows_the_finished_run_at_step_200_and_its_eval_against_compute(served: Path) -> None:
     app = open_page("overview", run=FAULTS)
     assert_rendered(app)
@@ -95,8 +114,9 @@ def test_the_overview_shows_the_finished_run_at_step_200_and_its_eval_against_co
     assert chart_keys(app) == ["eval_vs_compute", "training_curves"]
     figure = chart(app, "eval_vs_compute")
     assert figure["layout"]["xaxis"]["type"] == "log"
-    evals = from_store(served / FAULTS, "SELECT cum_flops, value FROM eval_scores WHERE name = 'excess_loss' "
-                                        "ORDER BY step")
+    evals = from_store(
+        served / FAULTS, "SELECT cum_flops, value FROM eval_scores WHERE name = 'excess_loss' ORDER BY step"
+    )
     lines = {trace["name"]: trace for trace in figure["data"]}
     assert set(lines) == {"timeline 0", "warning incident", "critical incident"}
     np.testing.assert_allclose(lines["timeline 0"]["x"], evals["cum_flops"])
@@ -105,11 +125,16 @@ def test_the_overview_shows_the_finished_run_at_step_200_and_its_eval_against_co
 
 def test_the_eval_against_compute_marks_each_incident_where_it_began(served: Path) -> None:
     figure = chart(open_page("overview", run=FAULTS), "eval_vs_compute")
-    evals = from_store(served / FAULTS, "SELECT step, cum_flops, value FROM eval_scores WHERE name = 'excess_loss' "
-                                        "ORDER BY step")
+    evals = from_store(
+        served / FAULTS, "SELECT step, cum_flops, value FROM eval_scores WHERE name = 'excess_loss' ORDER BY step"
+    )
     incidents = from_store(served / FAULTS, "SELECT severity, start_step, title FROM incidents ORDER BY start_step")
-    marks = sorted((x, y, label) for trace in figure["data"] if trace["name"].endswith(" incident")
-                   for x, y, label in zip(trace["x"], trace["y"], trace["text"]))
+    marks = sorted(
+        (x, y, label)
+        for trace in figure["data"]
+        if trace["name"].endswith(" incident")
+        for x, y, label in zip(trace["x"], trace["y"], trace["text"])
+    )
     assert len(marks) == len(incidents)  # every one began after the first eval
     for (x, y, label), incident in zip(marks, incidents.itertuples()):
         assert label == f"{incident.title} (step {incident.start_step})"
@@ -119,8 +144,9 @@ def test_the_eval_against_compute_marks_each_incident_where_it_began(served: Pat
 
 def test_the_training_curves_shade_each_incident_about_the_numbers_by_severity(served: Path) -> None:
     figure = chart(open_page("overview", run=FAULTS), "training_curves")
-    incidents = from_store(served / FAULTS, "SELECT start_step, end_step, severity, kinds FROM incidents "
-                                            "ORDER BY start_step")
+    incidents = from_store(
+        served / FAULTS, "SELECT start_step, end_step, severity, kinds FROM incidents ORDER BY start_step"
+    )
     about_numbers = incidents[incidents["kinds"].map(lambda kinds: set(kinds) != {"straggler"})]
     assert len(about_numbers) == len(incidents) - 1  # the straggler is about speed: the ranks page shows it
     colors = {"warning": "#f59e0b", "critical": "#dc2626"}
@@ -137,8 +163,9 @@ def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(ser
     assert len(lines) == 6  # loss, gradient norm and LR, each timeline a line
     assert {t["opacity"] for (_, name), t in lines.items() if name == "timeline 0"} == {FADED}
     assert {t["opacity"] for (_, name), t in lines.items() if name == "timeline 1"} == {1.0}
-    [[rewound_at]] = from_store(served / REWIND, "SELECT step FROM action_events "
-                                                 "WHERE action = 'rewind' AND status = 'applied'").values
+    [[rewound_at]] = from_store(
+        served / REWIND, "SELECT step FROM action_events WHERE action = 'rewind' AND status = 'applied'"
+    ).values
     marks = [s for s in figure["layout"]["shapes"] if s["type"] == "line"]
     assert len(marks) == 3 and {s["x0"] for s in marks} == {rewound_at}
     assert {a["text"] for a in figure["layout"]["annotations"] if a["xref"].startswith("x")} == {"rewind"}
@@ -146,14 +173,16 @@ def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(ser
 
 # -- incidents ----------------------------------------------------------------------------------------------------
 
+
 def test_the_incidents_page_lists_the_incidents_the_detectors_found(served: Path) -> None:
     app = open_page("incidents", run=FAULTS)
     assert_rendered(app)
     found = from_store(served / FAULTS, "SELECT incident_id, severity, status, title, kinds FROM incidents")
     assert {kind for kinds in found["kinds"] for kind in kinds} >= {"loss_spike", "straggler", "nonfinite"}
     listed = table(app, "severity", "status", "title", "steps", "id")
-    assert sorted(zip(listed["id"], listed["severity"], listed["status"], listed["title"])) == \
-        sorted(zip(found["incident_id"], found["severity"], found["status"], found["title"]))
+    assert sorted(zip(listed["id"], listed["severity"], listed["status"], listed["title"])) == sorted(
+        zip(found["incident_id"], found["severity"], found["status"], found["title"])
+    )
     assert list(listed["status"]).index("open") == 0  # open first
     assert app.selectbox(key="incident").options == [f"{i}: {t}" for i, t in zip(listed["id"], listed["title"])]
 
@@ -180,6 +209,7 @@ def test_the_incidents_page_says_so_when_a_run_has_none(served: Path) -> None:
 
 
 # -- ranks --------------------------------------------------------------------------------------------------------
+
 
 def test_the_ranks_page_orders_ranks_by_place_and_shows_their_slowdown(served: Path) -> None:
     app = open_page("ranks", run=FAULTS)
@@ -209,6 +239,7 @@ def test_the_ranks_page_puts_a_rank_twice_as_slow_first(straggling: Path, monkey
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
 
+
 def test_the_checkpoints_page_shows_the_work_at_risk_and_the_young_daly_interval(served: Path) -> None:
     app = open_page("checkpoints", run=FAULTS)
     assert_rendered(app)
@@ -234,18 +265,22 @@ def test_the_checkpoints_page_shows_the_work_at_risk_and_the_young_daly_interval
 
 # -- runs ---------------------------------------------------------------------------------------------------------
 
+
 def test_the_runs_page_lists_both_runs_and_overlays_their_evals(served: Path) -> None:
     app = open_page("runs")
     assert_rendered(app)
     listed = table(app, "name", "status", "last_step")
-    assert sorted(zip(listed["name"], listed["status"], listed["last_step"])) == \
-        [(FAULTS, "finished", 200), (REWIND, "finished", 160)]
+    assert sorted(zip(listed["name"], listed["status"], listed["last_step"])) == [
+        (FAULTS, "finished", 200),
+        (REWIND, "finished", 160),
+    ]
     assert sorted(app.multiselect(key="compare").value) == [FAULTS, REWIND]
     overlay = chart(app, "runs_overlay")
     assert sorted(t["name"] for t in overlay["data"]) == [FAULTS, REWIND]
     for line in overlay["data"]:
-        evals = from_store(served / line["name"], "SELECT cum_flops FROM eval_scores WHERE name = 'excess_loss' "
-                                                  "ORDER BY cum_flops")
+        evals = from_store(
+            served / line["name"], "SELECT cum_flops FROM eval_scores WHERE name = 'excess_loss' ORDER BY cum_flops"
+        )
         np.testing.assert_allclose(line["x"], evals["cum_flops"])
 
     app.multiselect(key="compare").unselect(REWIND).run()
@@ -253,6 +288,7 @@ def test_the_runs_page_lists_both_runs_and_overlays_their_evals(served: Path) ->
 
 
 # -- SQL ----------------------------------------------------------------------------------------------------------
+
 
 def test_the_sql_page_runs_an_example_and_offers_the_result_as_csv(served: Path) -> None:
     app = open_page("sql", run=FAULTS)
@@ -267,13 +303,19 @@ def test_the_sql_page_runs_an_example_and_offers_the_result_as_csv(served: Path)
     assert download.label == "Download CSV" and download.proto.url.endswith(".csv")
 
 
-@pytest.mark.parametrize(("sql", "message"), [
-    pytest.param("SELEC step FROM steps", "SQL error: Parser Error", id="bad SQL"),
-    pytest.param("DELETE FROM steps", "only SELECT queries are allowed here, got DELETE", id="delete"),
-    pytest.param("SELECT * FROM read_csv('/etc/passwd')", "read_csv() reads files", id="file access"),
-    pytest.param("WITH x AS (DELETE FROM steps RETURNING *) SELECT * FROM x", "a console query may only read",
-                 id="delete in a CTE"),
-])
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        pytest.param("SELEC step FROM steps", "SQL error: Parser Error", id="bad SQL"),
+        pytest.param("DELETE FROM steps", "only SELECT queries are allowed here, got DELETE", id="delete"),
+        pytest.param("SELECT * FROM read_csv('/etc/passwd')", "read_csv() reads files", id="file access"),
+        pytest.param(
+            "WITH x AS (DELETE FROM steps RETURNING *) SELECT * FROM x",
+            "a console query may only read",
+            id="delete in a CTE",
+        ),
+    ],
+)
 def test_the_sql_page_shows_refused_sql_as_an_error_not_a_traceback(served: Path, sql: str, message: str) -> None:
     app = open_page("sql", run=FAULTS)
     app.text_area(key="sql").input(sql)
@@ -288,6 +330,7 @@ def test_the_sql_page_shows_refused_sql_as_an_error_not_a_traceback(served: Path
 
 
 # -- links from alerts --------------------------------------------------------------------------------------------
+
 
 def test_a_link_from_an_alert_opens_its_run_and_incident(served: Path) -> None:
     incidents = from_store(served / FAULTS, "SELECT incident_id, title FROM incidents ORDER BY status DESC, opened_at")

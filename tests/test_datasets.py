@@ -8,6 +8,7 @@ A finding that sits exactly on a threshold can still fall either side of it: a h
 equals the hang detector's ``min_seconds`` (60 s) puts the peers' ``run_end`` on the threshold itself,
 past it only once the written times are rounded, so the hangs here time out after the default 600 s.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,22 +29,48 @@ from bedside.detectors.finding import Finding
 
 CONFIGS = {
     "gaussian, 8 ranks on 2 hosts, a hang": SimulationConfig(
-        ranks=8, steps=300, seed=7, ranks_per_host=4,
-        inject=("spike:step=120,sigma=12,shape=grad_leading,lead=4", "nan:rank=1,step=150",
-                "straggler:host=1,factor=1.3,from=200,steps=30", "sdc_grad:rank=2,step=240,scale_log2=10",
-                "hang:rank=6,step=290")),
+        ranks=8,
+        steps=300,
+        seed=7,
+        ranks_per_host=4,
+        inject=(
+            "spike:step=120,sigma=12,shape=grad_leading,lead=4",
+            "nan:rank=1,step=150",
+            "straggler:host=1,factor=1.3,from=200,steps=30",
+            "sdc_grad:rank=2,step=240,scale_log2=10",
+            "hang:rank=6,step=290",
+        ),
+    ),
     "student, 8 ranks x 2 stages, a resume": SimulationConfig(
-        ranks=8, steps=400, seed=3, pp=2, ranks_per_host=4, noise="student",
-        inject=("straggler:rank=3,factor=1.5,from=200,steps=40", "sdc_grad:rank=2,step=300,scale_log2=10",
-                "param_corrupt:rank=5,step=133")),
+        ranks=8,
+        steps=400,
+        seed=3,
+        pp=2,
+        ranks_per_host=4,
+        noise="student",
+        inject=(
+            "straggler:rank=3,factor=1.5,from=200,steps=40",
+            "sdc_grad:rank=2,step=300,scale_log2=10",
+            "param_corrupt:rank=5,step=133",
+        ),
+    ),
     "lognormal, 8 ranks, job-wide faults": SimulationConfig(
-        ranks=8, steps=300, seed=5, noise="lognormal",
-        inject=("bad_shard:shards=3-4,from=1", "eval_stall:from=150", "throughput_drop:from=250,factor=0.8")),
+        ranks=8,
+        steps=300,
+        seed=5,
+        noise="lognormal",
+        inject=("bad_shard:shards=3-4,from=1", "eval_stall:from=150", "throughput_drop:from=250,factor=0.8"),
+    ),
     "2 ranks, no nuisances": SimulationConfig(
-        ranks=2, steps=150, seed=11, nuisances=False,
-        inject=("spike:step=100,sigma=20,shape=divergent", "sdc_quiet:rank=1,step=60")),
+        ranks=2,
+        steps=150,
+        seed=11,
+        nuisances=False,
+        inject=("spike:step=100,sigma=20,shape=divergent", "sdc_quiet:rank=1,step=60"),
+    ),
     "16 ranks x 4 stages, odd cadences": SimulationConfig(
-        ranks=16, steps=60, seed=9, pp=4, ranks_per_host=3, eval_every=7, checkpoint_every=11, checksum_every=3),
+        ranks=16, steps=60, seed=9, pp=4, ranks_per_host=3, eval_every=7, checkpoint_every=11, checksum_every=3
+    ),
     "3 ranks, hung at step 2": SimulationConfig(ranks=3, steps=5, inject=("hang:rank=1,step=2",)),
 }
 FRAMES = ("steps", "rank_steps", "evals", "checkpoints", "events")
@@ -79,8 +106,9 @@ def test_the_frames_are_those_the_store_feed_gives(served: Served) -> None:
     frames = simulate(served.config).frames()
     assert frames.keys() == served.frames.keys()
     for name in FRAMES:
-        pd.testing.assert_frame_equal(frames[name], served.frames[name], check_exact=False, rtol=WRITTEN_DIGITS,
-                                      atol=0, obj=name)
+        pd.testing.assert_frame_equal(
+            frames[name], served.frames[name], check_exact=False, rtol=WRITTEN_DIGITS, atol=0, obj=name
+        )
     pd.testing.assert_frame_equal(frames["topology"], served.frames["topology"], check_exact=True)
     assert frames["world_size"] == served.frames["world_size"] == served.config.ranks
 
@@ -111,5 +139,14 @@ def test_the_frames_of_a_resumed_run_hold_its_restart() -> None:
 
 def _identity(finding: Finding) -> tuple[Any, ...]:
     """What must agree exactly: which finding, where, how bad, whether it lasts, and what its evidence holds."""
-    return (finding.finding_id, finding.kind, finding.timeline, finding.start_step, finding.end_step, finding.ranks,
-            finding.severity, finding.active, sorted(finding.evidence))
+    return (
+        finding.finding_id,
+        finding.kind,
+        finding.timeline,
+        finding.start_step,
+        finding.end_step,
+        finding.ranks,
+        finding.severity,
+        finding.active,
+        sorted(finding.evidence),
+    )

@@ -1,4 +1,5 @@
 """``bedside demo`` as a user runs it: the real trainer under torchrun, a live follower, the summary."""
+
 from __future__ import annotations
 
 import hashlib
@@ -99,8 +100,11 @@ def test_a_demo_whose_training_crashes_fails_in_one_line(tmp_path: Path, bedside
     assert len(errors) == 1 and "training exited with code" in errors[0]
 
 
-@pytest.mark.parametrize("args", [("--steps", "10"), ("--nproc", "1"), ("--crash-rank", "-1"), ("--crash-rank", "2")],
-                         ids=["too few steps", "one rank", "negative crash rank", "crash rank not in the run"])
+@pytest.mark.parametrize(
+    "args",
+    [("--steps", "10"), ("--nproc", "1"), ("--crash-rank", "-1"), ("--crash-rank", "2")],
+    ids=["too few steps", "one rank", "negative crash rank", "crash rank not in the run"],
+)
 def test_demo_options_out_of_range_are_refused_before_anything_runs(tmp_path: Path, bedside, args: tuple) -> None:
     done = bedside("demo", "--out", tmp_path / "demo", *args)
     assert done.returncode == 2 and not (tmp_path / "demo").exists()
@@ -127,9 +131,20 @@ def test_the_demo_posts_each_incident_to_the_configured_webhook_once(demo_output
 def test_the_demo_can_serve_the_dashboard_on_its_live_run_and_alert(tmp_path: Path, start_bedside) -> None:
     port = free_port()
     (tmp_path / "bedside.toml").write_text(f'[notifiers.journal]\ntype = "log"\npath = "{tmp_path / "alerts.log"}"\n')
-    demo = start_bedside("demo", "--serve", "--out", tmp_path, "--steps", 400, "--port", port,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "BEDSIDE_OPERATOR_TOKEN": "t0ken"},
-                         start_new_session=True)
+    demo = start_bedside(
+        "demo",
+        "--serve",
+        "--out",
+        tmp_path,
+        "--steps",
+        400,
+        "--port",
+        port,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "BEDSIDE_OPERATOR_TOKEN": "t0ken"},
+        start_new_session=True,
+    )
     deadline = time.monotonic() + DEMO_TIMEOUT_S
     while time.monotonic() < deadline and not _healthy(port):
         assert demo.poll() is None, demo.stderr.read()

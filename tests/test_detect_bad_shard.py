@@ -1,5 +1,6 @@
 """bad_shard on seeded runs that read 8 of 64 shards per step: the shard whose batches sit above the loss
 trend is found and suggested for quarantine; the shards it shared steps with, and clean runs, stay quiet."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,17 @@ BAD, ONSET = 17, 1_000
 T0 = 1_796_000_000.0
 
 
-def build_run(kind: str, seed: int, *, n: int = 3_000, bad: int | None = BAD, sigmas: float = 6.0, onset: int = ONSET,
-              until: int | None = None, per_step: int = PER_STEP) -> tuple[pd.DataFrame, np.ndarray]:
+def build_run(
+    kind: str,
+    seed: int,
+    *,
+    n: int = 3_000,
+    bad: int | None = BAD,
+    sigmas: float = 6.0,
+    onset: int = ONSET,
+    until: int | None = None,
+    per_step: int = PER_STEP,
+) -> tuple[pd.DataFrame, np.ndarray]:
     """Step rows (``shards`` as JSON text, as the store gives them) and the shards each step read.
 
     Steps that read ``bad`` between ``onset`` and ``until`` have their loss ``sigmas`` noise sd above trend.
@@ -31,10 +41,21 @@ def build_run(kind: str, seed: int, *, n: int = 3_000, bad: int | None = BAD, si
     step = np.arange(1, n + 1)
     hit = (reads == bad).any(axis=1) & (step >= onset) & (step < (until or n + 1))
     loss = (1.5 + 8.0 * (step + 10.0) ** -0.5) * np.exp(log_noise(rng, kind, n, SIGMA) + sigmas * SIGMA * hit)
-    frame = pd.DataFrame({
-        "timeline": 0, "step": step, "time": T0 + step, "rank": 0, "seq": step, "loss": loss, "grad_norm": 1.0,
-        "lr": 3e-4, "tokens": 65_536.0, "flops": 1e15, "shards": [json.dumps(r.tolist()) for r in reads],
-    })[list(STEP_COLUMNS)]
+    frame = pd.DataFrame(
+        {
+            "timeline": 0,
+            "step": step,
+            "time": T0 + step,
+            "rank": 0,
+            "seq": step,
+            "loss": loss,
+            "grad_norm": 1.0,
+            "lr": 3e-4,
+            "tokens": 65_536.0,
+            "flops": 1e15,
+            "shards": [json.dumps(r.tolist()) for r in reads],
+        }
+    )[list(STEP_COLUMNS)]
     return frame, reads
 
 

@@ -1,5 +1,6 @@
 """checkpoint_corrupt: checkpoints the trainer found corrupt become one finding with their paths and reasons,
 critical from the second one, cleared by the next checkpoint saved; the same however the rows are batched."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -45,9 +46,14 @@ def detect(rows: pd.DataFrame, parts: int = 1) -> dict[str, object]:
 def test_one_corrupt_checkpoint_is_a_warning_naming_it_and_why() -> None:
     [finding] = detect(events(RESUME_PAST_TWO[:3])).values()
     assert (finding.kind, finding.severity, finding.active, finding.start_step) == (
-        "checkpoint_corrupt", Severity.WARNING, True, 25)
+        "checkpoint_corrupt",
+        Severity.WARNING,
+        True,
+        25,
+    )
     assert finding.evidence["checkpoints"] == [
-        {"path": "checkpoints/step-00000020-t0", "step": 20, "timeline": 0, "reason": REASON}]
+        {"path": "checkpoints/step-00000020-t0", "step": 20, "timeline": 0, "reason": REASON}
+    ]
     assert finding.evidence["newest_good_checkpoint_step"] == 10  # the one found corrupt no longer counts
     assert finding.suggested_action.action == "investigate"
 

@@ -1,5 +1,6 @@
 """eval_stall on seeded runs: a held-out eval that follows a saturating power law in compute stays quiet;
 one that goes flat, or stops improving while the training loss keeps falling, is found; findings clear."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,24 +40,42 @@ def eval_steps(evals: int = EVALS) -> np.ndarray:
 def evals_frame(step: np.ndarray, value: np.ndarray, *, timeline: int = 0, compute: str = "flops") -> pd.DataFrame:
     """One held-out ``loss`` row per eval; ``compute`` says what the rows carry: flops, tokens or neither."""
     step = np.asarray(step)
-    return pd.DataFrame({
-        "timeline": timeline, "step": step, "time": T0 + step.astype(float), "split": "heldout", "name": "loss",
-        "value": value,
-        "cum_tokens": step * TOKENS_PER_STEP if compute in ("flops", "tokens") else np.nan,
-        "cum_flops": step * FLOPS_PER_STEP if compute == "flops" else np.nan,
-    })[list(EVAL_COLUMNS)]
+    return pd.DataFrame(
+        {
+            "timeline": timeline,
+            "step": step,
+            "time": T0 + step.astype(float),
+            "split": "heldout",
+            "name": "loss",
+            "value": value,
+            "cum_tokens": step * TOKENS_PER_STEP if compute in ("flops", "tokens") else np.nan,
+            "cum_flops": step * FLOPS_PER_STEP if compute == "flops" else np.nan,
+        }
+    )[list(EVAL_COLUMNS)]
 
 
 def train_frame(loss: np.ndarray, *, first_step: int = 1, timeline: int = 0) -> pd.DataFrame:
     step = np.arange(first_step, first_step + len(loss))
-    return pd.DataFrame({
-        "timeline": timeline, "step": step, "time": T0 + step - 0.5, "rank": 0, "seq": step, "loss": loss,
-        "grad_norm": 1.0, "lr": 3e-4, "tokens": TOKENS_PER_STEP, "flops": FLOPS_PER_STEP, "shards": None,
-    })[list(STEP_COLUMNS)]
+    return pd.DataFrame(
+        {
+            "timeline": timeline,
+            "step": step,
+            "time": T0 + step - 0.5,
+            "rank": 0,
+            "seq": step,
+            "loss": loss,
+            "grad_norm": 1.0,
+            "lr": 3e-4,
+            "tokens": TOKENS_PER_STEP,
+            "flops": FLOPS_PER_STEP,
+            "shards": None,
+        }
+    )[list(STEP_COLUMNS)]
 
 
-def build_run(kind: str, seed: int, *, evals: np.ndarray | None = None, train: np.ndarray | None = None,
-              compute: str = "flops") -> TelemetryBatch:
+def build_run(
+    kind: str, seed: int, *, evals: np.ndarray | None = None, train: np.ndarray | None = None, compute: str = "flops"
+) -> TelemetryBatch:
     """A run of ``EVALS`` evals and the training steps between them, rows in time order.
 
     ``evals`` / ``train``: noise-free values to use instead of the clean curves (noise is added here).
@@ -102,6 +121,7 @@ def active(found: dict[str, Finding]) -> list[Finding]:
 
 # -- clean runs -----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", NOISES)
 def test_a_saturating_eval_curve_stays_quiet(kind: str) -> None:
     # Measured over 20 seeds (60 evals, 0.5% eval noise), before / after the fix in eval_stall.py:
@@ -133,6 +153,7 @@ def test_an_early_fit_that_saturates_too_soon_clears_while_the_eval_keeps_fallin
 
 
 # -- stalls ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", NOISES)
 def test_a_flat_eval_is_found_from_the_stall_on(kind: str) -> None:
@@ -213,14 +234,16 @@ def test_a_cleared_finding_does_not_silence_the_train_versus_eval_rule() -> None
 
 # -- compute, bad values, rewinds, batching -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("compute", ("tokens", "step"))
 def test_without_cum_flops_compute_falls_back_to_tokens_then_step(compute: str) -> None:
     values = flat_from(12)
     with_flops = detect(build_run("gaussian", 5, evals=values))
     without = detect(build_run("gaussian", 5, evals=values, compute=compute))
     assert with_flops
-    assert {k: (f.start_step, f.end_step, f.active) for k, f in without.items()} == \
-           {k: (f.start_step, f.end_step, f.active) for k, f in with_flops.items()}
+    assert {k: (f.start_step, f.end_step, f.active) for k, f in without.items()} == {
+        k: (f.start_step, f.end_step, f.active) for k, f in with_flops.items()
+    }
     last = next(iter(without.values())).evidence["last_eval"]
     per_step = TOKENS_PER_STEP if compute == "tokens" else 1.0
     assert last["cum_flops"] == pytest.approx(last["step"] * per_step)
@@ -229,11 +252,14 @@ def test_without_cum_flops_compute_falls_back_to_tokens_then_step(compute: str) 
 def test_unusable_evals_are_skipped() -> None:
     at = eval_steps()
     values = eval_curve(at)
-    bad = pd.concat([
-        evals_frame(at[:3], [np.nan, np.inf, -1.0]),
-        evals_frame(np.array([0]), [3.0], compute="none"),  # no compute at all: step 0
-        evals_frame(at[:2], values[:2]).assign(name="accuracy", value=[0.1, 0.9]),  # not a loss score
-    ], ignore_index=True)
+    bad = pd.concat(
+        [
+            evals_frame(at[:3], [np.nan, np.inf, -1.0]),
+            evals_frame(np.array([0]), [3.0], compute="none"),  # no compute at all: step 0
+            evals_frame(at[:2], values[:2]).assign(name="accuracy", value=[0.1, 0.9]),  # not a loss score
+        ],
+        ignore_index=True,
+    )
     good = evals_frame(at, values)
     mixed = pd.concat([bad, good], ignore_index=True)
     assert detect(TelemetryBatch(evals=mixed)) == detect(TelemetryBatch(evals=good)) == {}

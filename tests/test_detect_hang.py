@@ -1,4 +1,5 @@
 """The hang detector: silent or stopped ranks named, pauses allowed for, silent jobs seen by ``tick``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,20 +26,33 @@ def replay(batch: TelemetryBatch, *, parts: int = 1, detector: HangDetector | No
     return sorted(found.values(), key=lambda f: (f.start_step, f.ranks))
 
 
-def sync_hang(kind: str = "gaussian", base: float = 0.3, *, culprit: int = 3, stop: int = 120,
-              heartbeat_s: float | None = 5.0, silent_s: float = 600.0) -> tuple[TelemetryBatch, float]:
+def sync_hang(
+    kind: str = "gaussian",
+    base: float = 0.3,
+    *,
+    culprit: int = 3,
+    stop: int = 120,
+    heartbeat_s: float | None = 5.0,
+    silent_s: float = 600.0,
+) -> tuple[TelemetryBatch, float]:
     """A synchronous job whose ``culprit`` hangs after step ``stop``: nobody steps again, the peers heartbeat.
 
     A checkpoint of step 100 was saved. Returns the batch and the time of the last step.
     """
     timing = tf.synchronous(tf.work(np.random.default_rng(0), stop, RANKS, base, kind=kind, scale=0.1))
     last = float(timing["end"][-1])
-    beats = [] if heartbeat_s is None else [
-        b for r in range(RANKS) if r != culprit for b in tf.heartbeats(r, last, last + silent_s, heartbeat_s, stop)]
+    beats = (
+        []
+        if heartbeat_s is None
+        else [
+            b for r in range(RANKS) if r != culprit for b in tf.heartbeats(r, last, last + silent_s, heartbeat_s, stop)
+        ]
+    )
     saved = float(timing["end"][99])
     checkpoints = tf.checkpoint_frame([(0, saved, 100, "save_started"), (0, saved + 0.01, 100, "saved")])
-    return TelemetryBatch(rank_steps=tf.rank_step_frame(timing), events=tf.in_time_order(tf.event_frame(beats)),
-                          checkpoints=checkpoints), last
+    return TelemetryBatch(
+        rank_steps=tf.rank_step_frame(timing), events=tf.in_time_order(tf.event_frame(beats)), checkpoints=checkpoints
+    ), last
 
 
 @pytest.mark.parametrize(("kind", "base"), [("gaussian", 0.3), ("student_t3", 20.0), ("lognormal", 2.0)])
@@ -56,8 +70,16 @@ def test_the_rank_that_went_silent_is_the_culprit(kind: str, base: float) -> Non
     assert action.args["restart_from_step"] == 100 and "step 100" in action.why
 
 
-def stalled(rank: int, before_step: int, stall_s: float, *, base: float = 0.5, steps: int = 400,
-            kind: str = "gaussian", seed: int = 1) -> TelemetryBatch:
+def stalled(
+    rank: int,
+    before_step: int,
+    stall_s: float,
+    *,
+    base: float = 0.5,
+    steps: int = 400,
+    kind: str = "gaussian",
+    seed: int = 1,
+) -> TelemetryBatch:
     """Ranks that do not wait for each other; ``rank`` stalls before ``before_step``; all end with run_end."""
     compute = tf.work(np.random.default_rng(seed), steps, RANKS, base, kind=kind)
     pause = np.zeros_like(compute)
@@ -95,8 +117,11 @@ def pauses(save_s: float, eval_s: float, *, hung_save: bool = False) -> Telemetr
         if step % 200 == 0:
             rows += [(0, start, step, "save_started"), (0, start + save_s, step, "saved")]
         evals.append((start + busy, step))
-        beats += [b for r in range(int(step % 200 == 0), ranks)  # the saving rank 0 is busy
-                  for b in tf.heartbeats(r, start, start + busy, 10.0, step)]
+        beats += [
+            b
+            for r in range(int(step % 200 == 0), ranks)  # the saving rank 0 is busy
+            for b in tf.heartbeats(r, start, start + busy, 10.0, step)
+        ]
     rank_steps = tf.rank_step_frame(timing)
     if hung_save:
         rank_steps = rank_steps[rank_steps["step"] <= 600]
@@ -104,9 +129,14 @@ def pauses(save_s: float, eval_s: float, *, hung_save: bool = False) -> Telemetr
         evals = [e for e in evals if e[1] < 600]
         start = end[599]
         beats = [b for b in beats if b[1] <= start] + [
-            b for r in range(1, ranks) for b in tf.heartbeats(r, start, start + 3000, 10.0, 600)]
-    return TelemetryBatch(rank_steps=rank_steps, checkpoints=tf.checkpoint_frame(rows),
-                          evals=tf.eval_frame(evals), events=tf.in_time_order(tf.event_frame(beats)))
+            b for r in range(1, ranks) for b in tf.heartbeats(r, start, start + 3000, 10.0, 600)
+        ]
+    return TelemetryBatch(
+        rank_steps=rank_steps,
+        checkpoints=tf.checkpoint_frame(rows),
+        evals=tf.eval_frame(evals),
+        events=tf.in_time_order(tf.event_frame(beats)),
+    )
 
 
 def test_checkpoint_saves_and_evals_are_allowed_for() -> None:
@@ -152,8 +182,10 @@ def test_tick_waits_through_an_eval_at_the_eval_cadence() -> None:
     steps = batch.rank_steps
     quiet = float(steps.loc[steps["step"] == 700, "time"].max())  # the eval of step 700 starts: no heartbeats
     detector = HangDetector()
-    replay(TelemetryBatch(**{name: frame[frame["time"] <= quiet] for name, frame in vars(batch).items()}),
-           detector=detector)
+    replay(
+        TelemetryBatch(**{name: frame[frame["time"] <= quiet] for name, frame in vars(batch).items()}),
+        detector=detector,
+    )
     assert detector.tick(quiet + 250) == []
     [found] = detector.tick(quiet + 1000)
     assert found.start_step == 700 and found.evidence["threshold_s"] >= 60.0 + 2 * 120.0
@@ -168,14 +200,17 @@ def test_one_batch_or_many_give_the_same_findings() -> None:
     for frame in (other.rank_steps, other.events):
         frame["time"] += 10_000
         frame["timeline"] = 1
-    batch = TelemetryBatch(rank_steps=tf.in_time_order(pd.concat([sync.rank_steps, other.rank_steps])),
-                           events=tf.in_time_order(pd.concat([sync.events, other.events])),
-                           checkpoints=sync.checkpoints)
+    batch = TelemetryBatch(
+        rank_steps=tf.in_time_order(pd.concat([sync.rank_steps, other.rank_steps])),
+        events=tf.in_time_order(pd.concat([sync.events, other.events])),
+        checkpoints=sync.checkpoints,
+    )
     whole = replay(batch)
     assert [f.ranks for f in whole] == [(3,), (1,)]
     for parts in (7, 40):
-        assert tf.as_json({f.finding_id: f for f in replay(batch, parts=parts)}) == \
-            tf.as_json({f.finding_id: f for f in whole})
+        assert tf.as_json({f.finding_id: f for f in replay(batch, parts=parts)}) == tf.as_json(
+            {f.finding_id: f for f in whole}
+        )
 
 
 @pytest.mark.parametrize("settings", [{"min_seconds": 0}, {"quantile": 1.0}, {"factor": -1}, {"bogus": 1}])

@@ -1,4 +1,5 @@
 """``bedside.detectors.detect``: the detectors over plain DataFrames, as docs/detectors.md shows them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -65,8 +66,10 @@ def test_the_documented_dataset_example_scores_the_detectors_against_the_labels(
 
 def test_detect_gives_what_the_runner_and_the_incident_book_give() -> None:
     batch = tf.faulty_run()
-    found = detect(**{name: getattr(batch, name) for name in ("steps", "rank_steps", "evals", "checkpoints")},
-                   world_size=tf.FAULTY_RANKS)
+    found = detect(
+        **{name: getattr(batch, name) for name in ("steps", "rank_steps", "evals", "checkpoints")},
+        world_size=tf.FAULTY_RANKS,
+    )
     runner = DetectorRunner(build_detectors(), RunState(world_size=tf.FAULTY_RANKS))
     book = IncidentBook()
     book.add(runner.update(batch))
@@ -78,8 +81,11 @@ def test_detect_gives_what_the_runner_and_the_incident_book_give() -> None:
 
 def test_frames_without_their_optional_columns_are_completed() -> None:
     batch = tf.faulty_run()
-    bare = detect(steps=batch.steps[["step", "loss"]], evals=batch.evals[["step", "name", "value", "cum_flops"]],
-                  only=["loss_spike", "eval_stall"])
+    bare = detect(
+        steps=batch.steps[["step", "loss"]],
+        evals=batch.evals[["step", "name", "value", "cum_flops"]],
+        only=["loss_spike", "eval_stall"],
+    )
     assert {f.kind for f in bare.findings} == {"loss_spike", "eval_stall"}
 
 
@@ -94,22 +100,30 @@ def test_no_telemetry_finds_nothing() -> None:
     assert detect().findings == [] and detect(steps=pd.DataFrame()).incidents == []
 
 
-@pytest.mark.parametrize(("frames", "message"), [
-    ({"steps": pd.DataFrame({"loss": [1.0, 2.0]})}, "steps: column step is missing"),
-    ({"steps": pd.DataFrame({"step": [1, None], "loss": [1.0, 2.0]})}, "steps: column step .* has missing values"),
-    ({"rank_steps": pd.DataFrame({"step": [1, 2], "step_time": 1.0})}, "rank_steps: column rank is missing"),
-    ({"steps": pd.DataFrame({"step": [1.5, 2.0], "loss": [1.0, 2.0]})}, "steps: column step must hold whole numbers"),
-    ({"topology": pd.DataFrame({"host": ["a"]})}, "topology: column rank is missing"),
-])
+@pytest.mark.parametrize(
+    ("frames", "message"),
+    [
+        ({"steps": pd.DataFrame({"loss": [1.0, 2.0]})}, "steps: column step is missing"),
+        ({"steps": pd.DataFrame({"step": [1, None], "loss": [1.0, 2.0]})}, "steps: column step .* has missing values"),
+        ({"rank_steps": pd.DataFrame({"step": [1, 2], "step_time": 1.0})}, "rank_steps: column rank is missing"),
+        (
+            {"steps": pd.DataFrame({"step": [1.5, 2.0], "loss": [1.0, 2.0]})},
+            "steps: column step must hold whole numbers",
+        ),
+        ({"topology": pd.DataFrame({"host": ["a"]})}, "topology: column rank is missing"),
+    ],
+)
 def test_a_frame_without_what_the_detectors_need_is_refused(frames: dict, message: str) -> None:
     with pytest.raises(DetectorInputError, match=message):
         detect(**frames)
 
 
 def test_importing_the_package_loads_no_detector_until_it_is_used() -> None:
-    code = ("import sys, bedside.detectors as d\n"
-            "assert 'scipy' not in sys.modules and 'bedside.detectors.registry' not in sys.modules\n"
-            "assert 'loss_spike' in d.detector_names()\n")
+    code = (
+        "import sys, bedside.detectors as d\n"
+        "assert 'scipy' not in sys.modules and 'bedside.detectors.registry' not in sys.modules\n"
+        "assert 'loss_spike' in d.detector_names()\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

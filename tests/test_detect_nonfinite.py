@@ -1,4 +1,5 @@
 """The nonfinite detector: NaN and Inf in job and per-rank metrics, found at their step, on seeded synthetic runs."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,15 @@ BAD = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}
 ENCODED = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
-def clean_run(rng: np.random.Generator, steps: int, ranks: int, *, kind: str = "student_t3", first_step: int = 1,
-              timeline: int = 0) -> TelemetryBatch:
+def clean_run(
+    rng: np.random.Generator,
+    steps: int,
+    ranks: int,
+    *,
+    kind: str = "student_t3",
+    first_step: int = 1,
+    timeline: int = 0,
+) -> TelemetryBatch:
     """A run whose every value is finite, with heavy-tailed variation in each metric."""
     timing = synchronous(work(rng, steps, ranks, 0.3, kind=kind, scale=0.2))
     per_rank = rank_step_frame(timing, first_step=first_step, timeline=timeline)
@@ -42,8 +50,9 @@ def clean_run(rng: np.random.Generator, steps: int, ranks: int, *, kind: str = "
     return TelemetryBatch(steps=job, rank_steps=per_rank)
 
 
-def poison(batch: TelemetryBatch, name: str, step: int, value: float, rank: int | None = None,
-           timeline: int = 0) -> None:
+def poison(
+    batch: TelemetryBatch, name: str, step: int, value: float, rank: int | None = None, timeline: int = 0
+) -> None:
     """Make ``name`` non-finite at ``step``: the job's value, or rank ``rank``'s."""
     frame = batch.steps if rank is None else batch.rank_steps
     where = (frame["step"] == step) & (frame["timeline"] == timeline)
@@ -112,7 +121,8 @@ def test_the_job_finding_does_not_wait_for_the_ranks_rows() -> None:
     assert [(f.start_step, f.ranks) for f in early] == [(17, ())]
     later = detector.update(TelemetryBatch(steps=job[job["step"] > 20], rank_steps=rows[~first]))
     assert [(f.start_step, f.ranks, f.summary) for f in later] == [
-        (17, (1,), "non-finite local_grad_norm on rank 1 at step 17")]
+        (17, (1,), "non-finite local_grad_norm on rank 1 at step 17")
+    ]
 
 
 def test_consecutive_nonfinite_steps_are_one_finding_active_while_they_last() -> None:
@@ -125,8 +135,14 @@ def test_consecutive_nonfinite_steps_are_one_finding_active_while_they_last() ->
     for piece in batch.split(40):
         versions += detector.update(piece)
     assert len({f.finding_id for f in versions}) == 1
-    assert [(f.end_step, f.active) for f in versions] == [(20, True), (21, True), (22, True), (23, True),
-                                                         (24, True), (24, False)]
+    assert [(f.end_step, f.active) for f in versions] == [
+        (20, True),
+        (21, True),
+        (22, True),
+        (23, True),
+        (24, True),
+        (24, False),
+    ]
     final = versions[-1]
     assert final.evidence["nonfinite_steps"] == 5 and final.score == 5.0
     assert final.summary == "non-finite grad_norm on the job at steps 20-24"
@@ -134,8 +150,9 @@ def test_consecutive_nonfinite_steps_are_one_finding_active_while_they_last() ->
 
 def test_rewind_to_the_newest_good_checkpoint_before_the_onset() -> None:
     batch = clean_run(np.random.default_rng(4), 40, 4)
-    batch.checkpoints = checkpoint_frame([(0, T0 + 10, 10, "saved"), (0, T0 + 15, 15, "save_failed"),
-                                          (0, T0 + 25, 25, "saved")])
+    batch.checkpoints = checkpoint_frame(
+        [(0, T0 + 10, 10, "saved"), (0, T0 + 15, 15, "save_failed"), (0, T0 + 25, 25, "saved")]
+    )
     poison(batch, "loss", 20, np.nan)
     [finding] = detect(batch, 4)
     assert finding.suggested_action.action == "rewind" and finding.suggested_action.args == {"to_step": 10}
@@ -150,10 +167,14 @@ def test_a_rewind_never_goes_to_a_checkpoint_found_corrupt(parts: int) -> None:
     the step it had reached, as it does): the suggestion rewound to it."""
     batch = clean_run(np.random.default_rng(4), 40, 4)
     at = batch.steps.set_index("step")["time"]
-    batch.checkpoints = checkpoint_frame([(0, at[10], 10, "saved"), (0, at[15], 15, "saved"),
-                                          (0, at[18], 18, "corrupt")])
-    batch.checkpoints["path"] = ["checkpoints/step-00000010-t0", "checkpoints/step-00000015-t0",
-                                 "checkpoints/step-00000015-t0"]
+    batch.checkpoints = checkpoint_frame(
+        [(0, at[10], 10, "saved"), (0, at[15], 15, "saved"), (0, at[18], 18, "corrupt")]
+    )
+    batch.checkpoints["path"] = [
+        "checkpoints/step-00000010-t0",
+        "checkpoints/step-00000015-t0",
+        "checkpoints/step-00000015-t0",
+    ]
     poison(batch, "loss", 20, np.nan)
     found = replay(NonFiniteDetector(), batch, parts=parts, by_time=True, run=RunState(world_size=4))
     [finding] = found.values()
@@ -176,8 +197,10 @@ def test_a_rewind_repeats_step_numbers_on_a_new_timeline() -> None:
     poison(old, "loss", 29, np.nan)
     poison(old, "loss", 30, np.nan)
     poison(new, "local_grad_norm", 28, np.inf, rank=3, timeline=1)
-    batch = TelemetryBatch(steps=pd.concat([old.steps, new.steps], ignore_index=True),
-                           rank_steps=pd.concat([old.rank_steps, new.rank_steps], ignore_index=True))
+    batch = TelemetryBatch(
+        steps=pd.concat([old.steps, new.steps], ignore_index=True),
+        rank_steps=pd.concat([old.rank_steps, new.rank_steps], ignore_index=True),
+    )
     before, after = detect(batch, 4, parts=6)
     assert (before.timeline, before.start_step, before.end_step, before.active) == (0, 28, 30, False)
     assert (after.timeline, after.start_step, after.ranks) == (1, 28, (3,))
@@ -190,23 +213,31 @@ def test_many_nonfinite_ranks_are_named_and_counted() -> None:
     [finding] = detect(batch, 64)
     assert finding.ranks == tuple(range(10, 42)) and finding.evidence["onset"]["count"] == 32
     assert len(finding.evidence["onset"]["values"]) == 8
-    assert finding.summary == ("non-finite local_grad_norm on ranks 10, 11, 12, 13, 14, 15, 16, 17 and 24 more "
-                               "at step 12")
+    assert finding.summary == (
+        "non-finite local_grad_norm on ranks 10, 11, 12, 13, 14, 15, 16, 17 and 24 more at step 12"
+    )
 
 
 def recorded(run: Path) -> tuple[TelemetryBatch, list[dict]]:
     """A recorded run's step and rank_step records as frames (metric strings such as "NaN" read as floats),
     and its ground truth."""
-    lines = [json.loads(line) for path in sorted((run / "telemetry").glob("rank-*.jsonl"))
-             for line in path.read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for path in sorted((run / "telemetry").glob("rank-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
     def frame(kind: str, columns: tuple[str, ...]) -> pd.DataFrame:
-        rows = [{**r, **{k: np.nan if v is None else float(v) for k, v in r["metrics"].items()}}
-                for r in lines if r["kind"] == kind]
+        rows = [
+            {**r, **{k: np.nan if v is None else float(v) for k, v in r["metrics"].items()}}
+            for r in lines
+            if r["kind"] == kind
+        ]
         return pd.DataFrame(rows).reindex(columns=list(columns))
 
-    truth = [json.loads(line) for path in (run / "ground_truth").glob("*.jsonl")
-             for line in path.read_text().splitlines()]
+    truth = [
+        json.loads(line) for path in (run / "ground_truth").glob("*.jsonl") for line in path.read_text().splitlines()
+    ]
     return TelemetryBatch(steps=frame("step", STEP_COLUMNS), rank_steps=frame("rank_step", RANK_STEP_COLUMNS)), truth
 
 
@@ -216,8 +247,10 @@ def test_the_recorded_runs_nan_and_bit_flip_are_found_with_their_ranks() -> None
     assert faults == [(150, (1,)), (185, (0,))]
     found = detect(batch, 2, parts=4)
     assert sorted((f.start_step, f.ranks) for f in found) == sorted(faults + [(150, ()), (185, ())])
-    assert {f.summary for f in found} >= {"non-finite local_grad_norm on rank 1 at step 150",
-                                         "non-finite grad_norm, loss on the job at step 185"}
+    assert {f.summary for f in found} >= {
+        "non-finite local_grad_norm on rank 1 at step 150",
+        "non-finite grad_norm, loss on the job at step 185",
+    }
 
 
 @pytest.mark.parametrize("parts", [3, 17, 90])

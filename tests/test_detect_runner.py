@@ -1,6 +1,7 @@
 """Detection over real stores and the real CLI: the runner, the store feed, the findings and incidents
 tables, replays in a new object or process, acknowledgements, streaming against batch, incident grouping,
 ``bedside detect`` and detection inside ``bedside collect --follow``."""
+
 from __future__ import annotations
 
 import json
@@ -37,17 +38,24 @@ outlier gradient norm on its rank."""
 
 def labelled_faults() -> list[Label]:
     """The ground truth of the sample run's ``SCORED_FAULTS``, read from its files."""
-    records = [json.loads(line) for path in sorted((SAMPLE_RUN / "ground_truth").glob("*.jsonl"))
-               for line in path.read_text().splitlines()]
-    return [Label.from_record(r["step"], r["fault"], r["target_ranks"], r["args"]) for r in records
-            if r["kind"] == "fault_injected" and r["fault"] in SCORED_FAULTS]
+    records = [
+        json.loads(line)
+        for path in sorted((SAMPLE_RUN / "ground_truth").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    return [
+        Label.from_record(r["step"], r["fault"], r["target_ranks"], r["args"])
+        for r in records
+        if r["kind"] == "fault_injected" and r["fault"] in SCORED_FAULTS
+    ]
 
 
 def missed_faults(found: list[tuple[str, int]], kinds: tuple[str, ...] = FINDING_KINDS) -> list[Label]:
     """The labelled faults of an expected kind in ``kinds`` that no finding (``found``: kind, start) matches
     within their own steps."""
-    findings = pd.DataFrame([(f"{kind}-{i}", kind, 0, start, ()) for i, (kind, start) in enumerate(found)],
-                            columns=list(FINDING_COLUMNS))
+    findings = pd.DataFrame(
+        [(f"{kind}-{i}", kind, 0, start, ()) for i, (kind, start) in enumerate(found)], columns=list(FINDING_COLUMNS)
+    )
     labels = [label for label in labelled_faults() if label.expected_kind in kinds]
     return [label for label, hit in zip(labels, match(findings, labels, Margin(0, 0))["found"]) if not hit]
 
@@ -58,8 +66,9 @@ def sample(tmp_path: Path) -> Path:
     return Path(shutil.copytree(SAMPLE_RUN, tmp_path / "tiny-faults"))
 
 
-def detect_in_store(run: Path, *, detectors: list[str] | None = None, batch_bytes: int | None = None,
-                    store: Store | None = None) -> list[Finding]:
+def detect_in_store(
+    run: Path, *, detectors: list[str] | None = None, batch_bytes: int | None = None, store: Store | None = None
+) -> list[Finding]:
     """Ingest ``run`` into its store and detect; with ``batch_bytes``, update after every ingest pass."""
     own = store is None
     store = store or Store.open(RunLayout(run).store, schemas=SCHEMAS)
@@ -71,7 +80,8 @@ def detect_in_store(run: Path, *, detectors: list[str] | None = None, batch_byte
         detection = StoreDetection(store, chosen)
         passes = []
         Collector(run, store, batch_bytes=batch_bytes).ingest_available(
-            on_pass=lambda result: passes.append(detection.update(caught_up=not result.backlog)))
+            on_pass=lambda result: passes.append(detection.update(caught_up=not result.backlog))
+        )
         assert len(passes) > 10
         detection.finish()
         return detection.runner.ordered()
@@ -87,6 +97,7 @@ def query(run: Path, sql: str) -> pd.DataFrame:
 
 # -- findings and incidents in the store ----------------------------------------------------------------------
 
+
 def test_detection_fills_the_findings_and_incidents_views(sample: Path) -> None:
     found = detect_in_store(sample)
     assert len(labelled_faults()) == len(SCORED_FAULTS) and not missed_faults([(f.kind, f.start_step) for f in found])
@@ -98,8 +109,13 @@ def test_detection_fills_the_findings_and_incidents_views(sample: Path) -> None:
     by_id = {f.finding_id: f for f in found}
     for row in rows.itertuples():
         finding = by_id[row.finding_id]
-        assert (row.kind, row.severity, row.start_step, row.end_step, bool(row.active)) == \
-               (finding.kind, finding.severity.value, finding.start_step, finding.end_step, finding.active)
+        assert (row.kind, row.severity, row.start_step, row.end_step, bool(row.active)) == (
+            finding.kind,
+            finding.severity.value,
+            finding.start_step,
+            finding.end_step,
+            finding.active,
+        )
         assert json.loads(row.evidence) == finding.to_json()["evidence"]
         assert json.loads(row.suggested_action) == finding.to_json()["suggested_action"]
 
@@ -127,22 +143,31 @@ def test_a_replay_in_a_new_object_keeps_first_seen_and_incident_ids(sample: Path
     assert (merged["first_seen_before"] == merged["first_seen_after"]).all()
     assert (merged["updated_at_after"] > merged["updated_at_before"]).all()
     incidents_after = query(sample, "SELECT incident_id, opened_at, findings FROM incidents")
-    pd.testing.assert_frame_equal(incidents_before.sort_values("incident_id").reset_index(drop=True),
-                                  incidents_after.sort_values("incident_id").reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        incidents_before.sort_values("incident_id").reset_index(drop=True),
+        incidents_after.sort_values("incident_id").reset_index(drop=True),
+    )
 
 
 def test_an_acknowledged_incident_stays_acknowledged_after_a_rerun(sample: Path) -> None:
     detect_in_store(sample)
     with Store.open(RunLayout(sample).store, schemas=SCHEMAS) as store:
-        [[incident_id]] = store.connection().execute(
-            "SELECT incident_id FROM incident_rows ORDER BY start_step LIMIT 1").fetchall()
+        [[incident_id]] = (
+            store.connection().execute("SELECT incident_id FROM incident_rows ORDER BY start_step LIMIT 1").fetchall()
+        )
         store.connection().execute(
             "UPDATE incident_rows SET acknowledged_by = ?, acknowledged_at = ?, ack_note = ? WHERE incident_id = ?",
-            ["alice", 1_796_000_000.0, "looking at shard 3", incident_id])
+            ["alice", 1_796_000_000.0, "looking at shard 3", incident_id],
+        )
         detect_in_store(sample, store=store)
-        rows = store.cursor().execute(
-            "SELECT status, resolved_at, acknowledged_by, ack_note FROM incidents WHERE incident_id = ?",
-            [incident_id]).fetchall()
+        rows = (
+            store.cursor()
+            .execute(
+                "SELECT status, resolved_at, acknowledged_by, ack_note FROM incidents WHERE incident_id = ?",
+                [incident_id],
+            )
+            .fetchall()
+        )
     [(status, resolved_at, who, note)] = rows
     assert (who, note) == ("alice", "looking at shard 3")
     assert status == ("resolved" if resolved_at is not None else "acknowledged")
@@ -159,8 +184,10 @@ def test_streaming_equals_batch_for_the_job_level_detectors(tmp_path: Path) -> N
     assert [f.to_json() for f in stream] == [f.to_json() for f in batch]
     assert [f.active for f in stream] == [f.active for f in batch]
     columns = "finding_id, incident_id, kind, severity, start_step, end_step, ranks, score, evidence, active"
-    pd.testing.assert_frame_equal(query(streamed, f"SELECT {columns} FROM findings ORDER BY finding_id"),
-                                  query(batched, f"SELECT {columns} FROM findings ORDER BY finding_id"))
+    pd.testing.assert_frame_equal(
+        query(streamed, f"SELECT {columns} FROM findings ORDER BY finding_id"),
+        query(batched, f"SELECT {columns} FROM findings ORDER BY finding_id"),
+    )
 
 
 def test_streaming_equals_batch_for_every_detector(tmp_path: Path) -> None:
@@ -170,8 +197,13 @@ def test_streaming_equals_batch_for_every_detector(tmp_path: Path) -> None:
     batch = detect_in_store(batched)
     streamed_json = {f.finding_id: (f.detector, f.to_json()) for f in stream}
     batched_json = {f.finding_id: (f.detector, f.to_json()) for f in batch}
-    differ = sorted({streamed_json.get(k, batched_json.get(k))[0] for k in streamed_json.keys() | batched_json.keys()
-                     if streamed_json.get(k) != batched_json.get(k)})
+    differ = sorted(
+        {
+            streamed_json.get(k, batched_json.get(k))[0]
+            for k in streamed_json.keys() | batched_json.keys()
+            if streamed_json.get(k) != batched_json.get(k)
+        }
+    )
     assert not differ, f"streaming differs from batch in: {', '.join(differ)}"
 
 
@@ -191,16 +223,26 @@ def test_a_replay_fed_in_small_slices_equals_one_batch(tmp_path: Path) -> None:
 
 # -- incidents ------------------------------------------------------------------------------------------------
 
+
 def training_run(n: int = 800) -> pd.DataFrame:
     """Job-level steps of a falling loss and gradient norm with 2% gaussian noise."""
     rng = np.random.default_rng(3)
     step = np.arange(1, n + 1)
-    return pd.DataFrame({
-        "timeline": 0, "step": step, "time": 1_796_000_000.0 + step, "rank": 0, "seq": step,
-        "loss": (1.5 + 8.0 * (step + 10.0) ** -0.5) * np.exp(0.02 * rng.standard_normal(n)),
-        "grad_norm": (0.3 + 3.0 * (step + 50.0) ** -0.4) * np.exp(0.02 * rng.standard_normal(n)),
-        "lr": 3e-4, "tokens": 65_536.0, "flops": 1e15, "shards": None,
-    })[list(STEP_COLUMNS)]
+    return pd.DataFrame(
+        {
+            "timeline": 0,
+            "step": step,
+            "time": 1_796_000_000.0 + step,
+            "rank": 0,
+            "seq": step,
+            "loss": (1.5 + 8.0 * (step + 10.0) ** -0.5) * np.exp(0.02 * rng.standard_normal(n)),
+            "grad_norm": (0.3 + 3.0 * (step + 50.0) ** -0.4) * np.exp(0.02 * rng.standard_normal(n)),
+            "lr": 3e-4,
+            "tokens": 65_536.0,
+            "flops": 1e15,
+            "shards": None,
+        }
+    )[list(STEP_COLUMNS)]
 
 
 def test_a_grad_spike_the_loss_spike_it_leads_and_the_nans_after_are_one_incident() -> None:
@@ -223,10 +265,28 @@ def test_a_grad_spike_the_loss_spike_it_leads_and_the_nans_after_are_one_inciden
     assert incident.severity == Severity.CRITICAL and (incident.start_step, incident.end_step) == (600, 607)
 
 
-def finding(kind: str, start: int, end: int, *, ranks: tuple[int, ...] = (), active: bool = True,
-            severity: str = "warning", score: float = 5.0) -> Finding:
-    return Finding(kind=kind, severity=severity, timeline=0, start_step=start, end_step=end, ranks=ranks,
-                   score=score, summary=f"{kind} from step {start}", evidence={}, active=active)
+def finding(
+    kind: str,
+    start: int,
+    end: int,
+    *,
+    ranks: tuple[int, ...] = (),
+    active: bool = True,
+    severity: str = "warning",
+    score: float = 5.0,
+) -> Finding:
+    return Finding(
+        kind=kind,
+        severity=severity,
+        timeline=0,
+        start_step=start,
+        end_step=end,
+        ranks=ranks,
+        score=score,
+        summary=f"{kind} from step {start}",
+        evidence={},
+        active=active,
+    )
 
 
 def test_a_straggler_and_a_loss_spike_at_the_same_steps_are_different_incidents() -> None:
@@ -266,6 +326,7 @@ def test_an_incident_is_named_after_its_earliest_finding_however_they_were_batch
 
 
 # -- the CLI --------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def detected(tmp_path_factory, bedside) -> tuple[Path, subprocess.CompletedProcess]:

@@ -1,4 +1,5 @@
 """The sdc detector: replica checksum mismatches and one-rank gradient-norm outliers, on seeded synthetic runs."""
+
 from __future__ import annotations
 
 import time
@@ -21,15 +22,17 @@ WARM = 150
 """Faults start after this many steps: the warm-up (400 samples) is over at every rank count."""
 
 
-def clean_norms(rng: np.random.Generator, steps: int, ranks: int, kind: str = "gaussian",
-                scale: float = 0.1) -> np.ndarray:
+def clean_norms(
+    rng: np.random.Generator, steps: int, ranks: int, kind: str = "gaussian", scale: float = 0.1
+) -> np.ndarray:
     """Local gradient norms, steps x ranks: a job-wide level that moves every step, times per-rank noise."""
     level = np.exp(0.3 * rng.standard_normal(steps))[:, None]
     return level * noise(rng, kind, (steps, ranks), scale)
 
 
-def replica_checksums(steps: int, ranks: int, every: int, *, first_step: int = 1,
-                      groups: np.ndarray | None = None) -> np.ndarray:
+def replica_checksums(
+    steps: int, ranks: int, every: int, *, first_step: int = 1, groups: np.ndarray | None = None
+) -> np.ndarray:
     """Checksums every ``every`` steps (None between): one digest per step and replica group."""
     groups = np.zeros(ranks, dtype=int) if groups is None else groups
     step_no = np.arange(first_step, first_step + steps)[:, None]
@@ -38,8 +41,14 @@ def replica_checksums(steps: int, ranks: int, every: int, *, first_step: int = 1
     return digests
 
 
-def norm_batch(norms: np.ndarray, checksums: np.ndarray | None = None, *, first_step: int = 1,
-               timeline: int = 0, checkpoints: tuple[int, ...] = ()) -> TelemetryBatch:
+def norm_batch(
+    norms: np.ndarray,
+    checksums: np.ndarray | None = None,
+    *,
+    first_step: int = 1,
+    timeline: int = 0,
+    checkpoints: tuple[int, ...] = (),
+) -> TelemetryBatch:
     """``rank_steps`` rows (steady timings) carrying ``norms`` and ``checksums``, and saved checkpoints."""
     frame = rank_step_frame(synchronous(np.full(norms.shape, 0.3)), first_step=first_step, timeline=timeline)
     frame["local_grad_norm"] = norms.ravel()
@@ -49,12 +58,15 @@ def norm_batch(norms: np.ndarray, checksums: np.ndarray | None = None, *, first_
 
 
 def joined(*batches: TelemetryBatch) -> TelemetryBatch:
-    return TelemetryBatch(rank_steps=pd.concat([b.rank_steps for b in batches], ignore_index=True),
-                          checkpoints=pd.concat([b.checkpoints for b in batches], ignore_index=True))
+    return TelemetryBatch(
+        rank_steps=pd.concat([b.rank_steps for b in batches], ignore_index=True),
+        checkpoints=pd.concat([b.checkpoints for b in batches], ignore_index=True),
+    )
 
 
-def detect(batch: TelemetryBatch, world: int, *, parts: int = 1, topology: pd.DataFrame | None = None,
-           **settings) -> list:
+def detect(
+    batch: TelemetryBatch, world: int, *, parts: int = 1, topology: pd.DataFrame | None = None, **settings
+) -> list:
     run = RunState(world_size=world) if topology is None else RunState(world_size=world, topology=topology)
     found = replay(SdcDetector(**settings), batch, parts=parts, run=run)
     return sorted(found.values(), key=lambda f: (f.timeline, f.start_step, f.ranks))
@@ -73,8 +85,10 @@ def test_one_rank_gradient_scaled_16x_is_found_at_its_step(kind: str, scale: flo
     found = detect(norm_batch(norms), ranks, gap=0)
     named = {(f.start_step, f.ranks[0]) for f in found}
     recall, precision = len(named & truth) / len(truth), len(named & truth) / max(len(named), 1)
-    print(f"{kind} x{ranks}: recall {recall:.3f}, precision {precision:.3f}, "
-          f"threshold 2^{np.median([f.evidence['gradient']['threshold_log2'] for f in found]):.2f}")
+    print(
+        f"{kind} x{ranks}: recall {recall:.3f}, precision {precision:.3f}, "
+        f"threshold 2^{np.median([f.evidence['gradient']['threshold_log2'] for f in found]):.2f}"
+    )
     assert recall >= 0.95 and precision >= 0.95
     first = found[0]
     gradient = first.evidence["gradient"]
@@ -82,7 +96,8 @@ def test_one_rank_gradient_scaled_16x_is_found_at_its_step(kind: str, scale: flo
     assert gradient["ratio_log2"] == pytest.approx(4.0, abs=0.5)
     assert gradient["robust_z"] > gradient["threshold_z"] > 0
     assert gradient["local_grad_norm"] / gradient["median_local_grad_norm"] == pytest.approx(
-        2 ** gradient["ratio_log2"])
+        2 ** gradient["ratio_log2"]
+    )
 
 
 @pytest.mark.parametrize("ranks", RANKS)
@@ -130,7 +145,9 @@ def test_same_rank_hit_after_the_gap_is_a_new_finding() -> None:
     norms[[199, 299], 2] *= 16.0
     found = detect(norm_batch(norms), 8, gap=50)
     assert [(f.start_step, f.ranks, f.severity) for f in found] == [
-        (200, (2,), Severity.WARNING), (300, (2,), Severity.WARNING)]
+        (200, (2,), Severity.WARNING),
+        (300, (2,), Severity.WARNING),
+    ]
 
 
 @pytest.mark.parametrize("ranks,step", [(8, 250), (8, 11), (2, 150)])
@@ -175,9 +192,16 @@ def test_a_replica_agreeing_again_closes_its_finding() -> None:
 
 
 def test_replicas_are_ranks_with_the_same_tp_and_pp() -> None:
-    topology = pd.DataFrame({"rank": range(8), "host": [f"node-{r // 4}" for r in range(8)],
-                             "local_rank": [r % 4 for r in range(8)], "dp": [r // 2 for r in range(8)],
-                             "tp": [r % 2 for r in range(8)], "pp": 0})
+    topology = pd.DataFrame(
+        {
+            "rank": range(8),
+            "host": [f"node-{r // 4}" for r in range(8)],
+            "local_rank": [r % 4 for r in range(8)],
+            "dp": [r // 2 for r in range(8)],
+            "tp": [r % 2 for r in range(8)],
+            "pp": 0,
+        }
+    )
     checksums = replica_checksums(100, 8, 10, groups=np.arange(8) % 2)
     norms = clean_norms(np.random.default_rng(8), 100, 8)
     assert detect(norm_batch(norms, checksums), 8, topology=topology) == []
@@ -215,9 +239,10 @@ def test_a_rewind_closes_the_old_timeline_and_repeats_step_numbers() -> None:
     old[279::10, 6] = "corrupted"
     new_norms = clean_norms(rng, 200, 8)
     new_norms[259 - 241, 6] *= 16.0
-    batch = joined(norm_batch(clean_norms(rng, 300, 8), old, checkpoints=(100, 250)),
-                   norm_batch(new_norms, replica_checksums(200, 8, 10, first_step=241), first_step=241,
-                              timeline=1))
+    batch = joined(
+        norm_batch(clean_norms(rng, 300, 8), old, checkpoints=(100, 250)),
+        norm_batch(new_norms, replica_checksums(200, 8, 10, first_step=241), first_step=241, timeline=1),
+    )
     before, after = detect(batch, 8)
     assert (before.timeline, before.start_step, before.end_step, before.active) == (0, 280, 300, False)
     assert before.suggested_action.args == {"to_step": 250}
@@ -245,8 +270,10 @@ def scenario() -> TelemetryBatch:
     checksums[399::10, 50] = "corrupted"
     after = clean_norms(rng, 200, 64, "student_t3", 0.02)
     after[99, 8] *= 16.0
-    return joined(norm_batch(norms, checksums),
-                  norm_batch(after, replica_checksums(200, 64, 10, first_step=391), first_step=391, timeline=1))
+    return joined(
+        norm_batch(norms, checksums),
+        norm_batch(after, replica_checksums(200, 64, 10, first_step=391), first_step=391, timeline=1),
+    )
 
 
 def known_checkpoints() -> RunState:
@@ -258,7 +285,12 @@ def known_checkpoints() -> RunState:
 def test_batching_does_not_change_the_findings(parts: int) -> None:
     whole = replay(SdcDetector(), scenario(), run=known_checkpoints())
     assert [(f.timeline, f.start_step, f.ranks) for f in sorted(whole.values(), key=lambda f: f.start_step)] == [
-        (0, 250, (3,)), (0, 300, (40,)), (0, 400, (50,)), (0, 450, (17,)), (1, 490, (8,))]
+        (0, 250, (3,)),
+        (0, 300, (40,)),
+        (0, 400, (50,)),
+        (0, 450, (17,)),
+        (1, 490, (8,)),
+    ]
     assert whole["sdc@0:400/r50"].suggested_action.args == {"to_step": 390}
     assert as_json(replay(SdcDetector(), scenario(), parts=parts, run=known_checkpoints())) == as_json(whole)
 

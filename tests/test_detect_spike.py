@@ -1,5 +1,6 @@
 """loss_spike and grad_spike on seeded falling curves: quiet when clean, spikes found at their step,
 episodes that recover or diverge, rewinds, bad values, and batching that changes nothing."""
+
 from __future__ import annotations
 
 import math
@@ -29,21 +30,30 @@ def grad_curve(step: np.ndarray) -> np.ndarray:
     return 0.3 + 3.0 * (step + 50.0) ** -0.4
 
 
-def clean_run(kind: str, n: int, *, seed: int = 0, first_step: int = 1, timeline: int = 0,
-              sigma: float = SIGMA) -> pd.DataFrame:
+def clean_run(
+    kind: str, n: int, *, seed: int = 0, first_step: int = 1, timeline: int = 0, sigma: float = SIGMA
+) -> pd.DataFrame:
     """Job-level step rows of a falling loss and gradient norm, each with its own noise."""
     rng = np.random.default_rng(seed)
     step = np.arange(first_step, first_step + n)
-    return pd.DataFrame({
-        "timeline": timeline, "step": step, "time": T0 + np.arange(n, dtype=float), "rank": 0, "seq": step,
-        "loss": loss_curve(step) * np.exp(log_noise(rng, kind, n, sigma)),
-        "grad_norm": grad_curve(step) * np.exp(log_noise(rng, kind, n, sigma)),
-        "lr": 3e-4, "tokens": 65_536.0, "flops": 1e15, "shards": None,
-    })[list(STEP_COLUMNS)]
+    return pd.DataFrame(
+        {
+            "timeline": timeline,
+            "step": step,
+            "time": T0 + np.arange(n, dtype=float),
+            "rank": 0,
+            "seq": step,
+            "loss": loss_curve(step) * np.exp(log_noise(rng, kind, n, sigma)),
+            "grad_norm": grad_curve(step) * np.exp(log_noise(rng, kind, n, sigma)),
+            "lr": 3e-4,
+            "tokens": 65_536.0,
+            "flops": 1e15,
+            "shards": None,
+        }
+    )[list(STEP_COLUMNS)]
 
 
-def bump(frame: pd.DataFrame, metric: str, steps: list[int], sigmas: list[float] | float,
-         sigma: float = SIGMA) -> None:
+def bump(frame: pd.DataFrame, metric: str, steps: list[int], sigmas: list[float] | float, sigma: float = SIGMA) -> None:
     """Raise ``metric`` at ``steps`` by ``sigmas`` standard deviations of the noise (on log scale)."""
     for step, k in zip(steps, np.broadcast_to(sigmas, len(steps))):
         where = frame["step"] == step
@@ -66,6 +76,7 @@ def feed_in_cuts(detector: SpikeDetector, frame: pd.DataFrame, cuts: list[int]) 
 
 
 # -- clean curves ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", LIGHT_TAILS)
 def test_clean_curves_with_light_tails_stay_quiet_over_10k_steps(kind: str) -> None:
@@ -168,8 +179,11 @@ def test_no_recovery_within_diverge_steps_is_a_critical_divergence(metric: str) 
     frame = clean_run("gaussian", 1_500, seed=4)
     frame.loc[frame["step"] >= 700, metric] *= 1.5  # ~20 sigma, for good
     run = RunState()
-    run.observe(TelemetryBatch(checkpoints=checkpoint_frame([(0, T0, 500, "saved"), (0, T0, 650, "verified"),
-                                                              (0, T0, 750, "saved")])))
+    run.observe(
+        TelemetryBatch(
+            checkpoints=checkpoint_frame([(0, T0, 500, "saved"), (0, T0, 650, "verified"), (0, T0, 750, "saved")])
+        )
+    )
     found = detect(metric, frame, run=run)
     [finding] = found.values()
     assert finding.severity == Severity.CRITICAL and finding.active
@@ -217,6 +231,7 @@ def test_a_rewind_ends_a_divergence_on_the_abandoned_branch() -> None:
 
 
 # -- bad values and batching ----------------------------------------------------------------------------------
+
 
 def test_nonfinite_and_nonpositive_values_are_skipped() -> None:
     frame = clean_run("gaussian", 1_200, seed=6)

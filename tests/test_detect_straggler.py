@@ -1,4 +1,5 @@
 """The straggler detector on synthetic synchronous jobs: faults it must find, nuisances it must not."""
+
 from __future__ import annotations
 
 import time
@@ -17,8 +18,14 @@ from bedside.detectors.telemetry import RunState, TelemetryBatch
 ONSET = 300
 
 
-def detect(compute: np.ndarray, *, data: np.ndarray | None = None, topology: pd.DataFrame | None = None,
-           parts: int = 1, **settings) -> list[Finding]:
+def detect(
+    compute: np.ndarray,
+    *,
+    data: np.ndarray | None = None,
+    topology: pd.DataFrame | None = None,
+    parts: int = 1,
+    **settings,
+) -> list[Finding]:
     """Every straggler finding (latest versions) of a synchronous job with these work matrices."""
     batch = TelemetryBatch(rank_steps=tf.rank_step_frame(tf.synchronous(compute, data)))
     run = RunState(world_size=compute.shape[1], topology=tf.topology(0) if topology is None else topology)
@@ -29,16 +36,19 @@ def warnings_(found: list[Finding]) -> list[Finding]:
     return [f for f in found if f.severity.value == "warning"]
 
 
-def clean(seed: int, steps: int, ranks: int, *, base: float = 0.5, kind: str = "gaussian",
-          scale: float = 0.05) -> np.ndarray:
+def clean(
+    seed: int, steps: int, ranks: int, *, base: float = 0.5, kind: str = "gaussian", scale: float = 0.05
+) -> np.ndarray:
     return tf.work(np.random.default_rng(seed), steps, ranks, base, kind=kind, scale=scale)
 
 
-@pytest.mark.parametrize(("kind", "ranks", "base"), [
-    (kind, ranks, base) for kind in tf.NOISES for ranks, base in ((4, 0.05), (64, 20.0), (1024, 0.8))])
+@pytest.mark.parametrize(
+    ("kind", "ranks", "base"),
+    [(kind, ranks, base) for kind in tf.NOISES for ranks, base in ((4, 0.05), (64, 20.0), (1024, 0.8))],
+)
 def test_a_ten_percent_straggler_is_named_within_100_steps(kind: str, ranks: int, base: float) -> None:
     compute = clean(1, ONSET + 150, ranks, base=base, kind=kind)
-    compute[ONSET - 1:, 3] *= 1.10
+    compute[ONSET - 1 :, 3] *= 1.10
     topology = tf.topology(ranks, per_host=4 if ranks == 4 else 8)
     [found] = detect(compute, topology=topology)
     assert found.ranks == (3,) and found.severity.value == "warning" and found.active
@@ -57,7 +67,7 @@ def first_alarm(seed: int, kind: str, factor: float, horizon: int, ranks: int = 
     rng = np.random.default_rng(seed)
     compute = tf.work(rng, ONSET + horizon, ranks, 0.5, kind=kind, scale=0.05)
     slow = int(rng.integers(ranks))
-    compute[ONSET - 1:, slow] *= factor
+    compute[ONSET - 1 :, slow] *= factor
     found = warnings_(detect(compute, parts=3))
     right = [f.evidence["alarm_step"] - ONSET for f in found if f.ranks == (slow,)]
     return min(right, default=None), len(found) - len(right)
@@ -69,13 +79,16 @@ def test_detection_rate_and_delay(kind: str, factor: float, horizon: int, trials
     """At 5% per-step noise: the slow rank named within the horizon in at least 95% of the runs, no other."""
     results = [first_alarm(seed, kind, factor, horizon) for seed in range(trials)]
     delays = [d for d, _ in results if d is not None]
-    print(f"\n{kind} x{factor}: found {len(delays)}/{trials}, delay median {np.median(delays):.0f} "
-          f"max {max(delays)} steps")
+    print(
+        f"\n{kind} x{factor}: found {len(delays)}/{trials}, delay median {np.median(delays):.0f} "
+        f"max {max(delays)} steps"
+    )
     assert len(delays) >= 0.95 * trials and sum(w for _, w in results) == 0
 
 
-@pytest.mark.parametrize(("kind", "ranks", "steps"), [
-    *((kind, 64, 10_000) for kind in tf.NOISES), ("student_t3", 1024, 3_000)])
+@pytest.mark.parametrize(
+    ("kind", "ranks", "steps"), [*((kind, 64, 10_000) for kind in tf.NOISES), ("student_t3", 1024, 3_000)]
+)
 def test_no_false_alarm_on_clean_runs(kind: str, ranks: int, steps: int) -> None:
     """Streams of clean steps in batches: no finding at all (the target is < 0.1 per 10k steps)."""
     rng = np.random.default_rng(7)
@@ -84,8 +97,9 @@ def test_no_false_alarm_on_clean_runs(kind: str, ranks: int, steps: int) -> None
     found = []
     for first in range(1, steps, 1000):
         compute = tf.work(rng, 1000, ranks, 0.5, kind=kind, scale=0.05)
-        found += detector.update(TelemetryBatch(rank_steps=tf.rank_step_frame(tf.synchronous(compute),
-                                                                              first_step=first)))
+        found += detector.update(
+            TelemetryBatch(rank_steps=tf.rank_step_frame(tf.synchronous(compute), first_step=first))
+        )
     print(f"\n{kind}, {ranks} ranks, {steps} steps: {len(found)} findings")
     assert found == []
 
@@ -116,8 +130,9 @@ def nuisance(name: str) -> tuple[np.ndarray, np.ndarray | None]:
     return compute, data
 
 
-@pytest.mark.parametrize("name", ["chip_spread", "common_mode", "checkpoint_stalls", "last_stage_slower",
-                                  "long_sequences"])
+@pytest.mark.parametrize(
+    "name", ["chip_spread", "common_mode", "checkpoint_stalls", "last_stage_slower", "long_sequences"]
+)
 def test_nuisances_do_not_alarm(name: str) -> None:
     compute, data = nuisance(name)
     found = detect(compute, data=data, topology=tf.topology(32, per_host=4, pp=4))
@@ -131,12 +146,12 @@ def test_nuisances_do_not_alarm(name: str) -> None:
         assert found == []
 
 
-@pytest.mark.parametrize(("per_host", "pp", "slow", "host"), [
-    (8, 1, range(16, 24), "node-002"),
-    (4, 4, range(20, 24), "node-005")])  # half of pipeline stage 2, which spans hosts 4 and 5
+@pytest.mark.parametrize(
+    ("per_host", "pp", "slow", "host"), [(8, 1, range(16, 24), "node-002"), (4, 4, range(20, 24), "node-005")]
+)  # half of pipeline stage 2, which spans hosts 4 and 5
 def test_a_slow_node_is_one_finding_naming_the_host(per_host: int, pp: int, slow: range, host: str) -> None:
     compute = clean(2, ONSET + 200, 32)
-    compute[ONSET - 1:, slow] *= 1.15
+    compute[ONSET - 1 :, slow] *= 1.15
     [found] = detect(compute, topology=tf.topology(32, per_host=per_host, pp=pp))
     assert found.ranks == tuple(slow) and found.evidence["scope"] == "host"
     assert found.suggested_action.action == "evict" and found.suggested_action.args["host"] == host
@@ -145,7 +160,7 @@ def test_a_slow_node_is_one_finding_naming_the_host(per_host: int, pp: int, slow
 
 def test_a_stage_slowing_down_across_hosts_is_imbalance_not_a_sick_worker() -> None:
     compute = clean(4, ONSET + 200, 32)
-    compute[ONSET - 1:, 24:] *= 1.15
+    compute[ONSET - 1 :, 24:] *= 1.15
     [found] = detect(compute, topology=tf.topology(32, per_host=4, pp=4))
     assert found.ranks == tuple(range(24, 32)) and found.evidence["scope"] == "pp_stage"
     assert found.severity.value == "info" and found.suggested_action.action == "investigate"
@@ -162,21 +177,21 @@ def test_a_rank_slow_from_the_start_is_structural() -> None:
 def test_a_slow_data_loader_is_named_as_the_data_phase() -> None:
     compute = clean(6, ONSET + 150, 16)
     data = np.full_like(compute, 0.05)
-    data[ONSET - 1:, 2] += 0.1
+    data[ONSET - 1 :, 2] += 0.1
     [found] = detect(compute, data=data)
     assert found.ranks == (2,) and found.evidence["phase"] == "data"
 
 
 def test_an_intermittent_straggler_is_found() -> None:
     compute = clean(8, ONSET + 400, 16, kind="lognormal")
-    compute[ONSET - 1::5, 7] *= 1.5
+    compute[ONSET - 1 :: 5, 7] *= 1.5
     [found] = warnings_(detect(compute))
     assert found.ranks == (7,) and found.evidence["alarm_step"] - ONSET <= 300
 
 
 def test_a_rank_that_recovers_clears() -> None:
     compute = clean(9, 900, 16)
-    compute[ONSET - 1:500, 4] *= 1.15
+    compute[ONSET - 1 : 500, 4] *= 1.15
     [found] = detect(compute)
     assert found.ranks == (4,) and not found.active and 500 <= found.end_step <= 600
 
@@ -184,7 +199,7 @@ def test_a_rank_that_recovers_clears() -> None:
 def test_phases_absent_fall_back_to_step_time() -> None:
     """A foreign run with only step_time (not synchronous): the slow rank's step time."""
     compute = clean(10, ONSET + 150, 8)
-    compute[ONSET - 1:, 1] *= 1.2
+    compute[ONSET - 1 :, 1] *= 1.2
     frame = tf.rank_step_frame(tf.synchronous(compute))
     frame["step_time"] = compute.ravel()
     frame[["compute_time", "data_time", "comm_time"]] = np.nan
@@ -195,7 +210,7 @@ def test_phases_absent_fall_back_to_step_time() -> None:
 def test_one_batch_or_many_give_the_same_findings() -> None:
     compute = clean(12, 900, 32, kind="lognormal")
     compute[:, 30] *= 1.12  # structural
-    compute[ONSET - 1:600, 3] *= 1.12  # recovers
+    compute[ONSET - 1 : 600, 3] *= 1.12  # recovers
     compute[400:, 8:16] *= 1.2  # a slow node, to the end
     topology = tf.topology(32, per_host=8)
     whole = detect(compute, topology=topology)

@@ -1,4 +1,5 @@
 """The throughput detector: sustained drops found, stalls, swings and warm-up ignored."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,14 @@ from bedside.detectors.throughput import ThroughputDetector
 STEPS, RANKS = 3000, 8
 
 
-def job(kind: str = "student_t3", *, base: float = 0.5, seed: int = 0, drop: tuple[int, int, float] | None = None,
-        nuisances: bool = True) -> dict[str, np.ndarray]:
+def job(
+    kind: str = "student_t3",
+    *,
+    base: float = 0.5,
+    seed: int = 0,
+    drop: tuple[int, int, float] | None = None,
+    nuisances: bool = True,
+) -> dict[str, np.ndarray]:
     """A synchronous job's timings: noisy; optionally slower by ``factor`` from ``first`` to ``last`` step.
 
     The nuisances: compilation makes the first 10 steps 5 times slower, a sequence-length warm-up
@@ -33,7 +40,7 @@ def job(kind: str = "student_t3", *, base: float = 0.5, seed: int = 0, drop: tup
         data[250::250] += 5.0
     if drop is not None:
         first, last, factor = drop
-        compute[first - 1:last] *= factor
+        compute[first - 1 : last] *= factor
     return tf.synchronous(compute, data, pause_s=pause)
 
 

@@ -5,6 +5,7 @@ rewind mid-run is taken in stride; one batch or many small ones give the same fi
 a kind its detector declares. ``telemetry_frames.faulty_run`` gives every detector something to find, so that the
 batch-versus-streaming comparison compares findings, not two empty lists.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,13 +36,27 @@ def out_of_range(limit: Range) -> list[object]:
     return [v for v in candidates if not limit.admits(v)]
 
 
-BAD_SETTINGS = [(name, setting, value) for name, cls in detector_classes().items()
-                for setting, limit in cls.limits.items() for value in out_of_range(limit)]
+BAD_SETTINGS = [
+    (name, setting, value)
+    for name, cls in detector_classes().items()
+    for setting, limit in cls.limits.items()
+    for value in out_of_range(limit)
+]
 
 
 def test_the_registry_fills_itself_with_every_detector() -> None:
-    assert {"bad_shard", "checkpoint_corrupt", "eval_stall", "grad_spike", "hang", "loss_spike", "nonfinite", "sdc",
-            "straggler", "throughput_drop"} <= set(NAMES)
+    assert {
+        "bad_shard",
+        "checkpoint_corrupt",
+        "eval_stall",
+        "grad_spike",
+        "hang",
+        "loss_spike",
+        "nonfinite",
+        "sdc",
+        "straggler",
+        "throughput_drop",
+    } <= set(NAMES)
     assert [d.name for d in build_detectors()] == list(NAMES) == sorted(NAMES)
 
 
@@ -75,8 +90,9 @@ def test_settings_that_only_work_in_one_order_are_refused_the_other_way(name: st
     top = defaults[order.upper]
     wrong = [top + 1] + ([] if order.or_equal else [top])
     for value in wrong:
-        with pytest.raises(DetectorConfigError, match=f"detector '{name}': setting {order.lower} = .* must be "
-                                                      f".*{order.upper} = "):
+        with pytest.raises(
+            DetectorConfigError, match=f"detector '{name}': setting {order.lower} = .* must be .*{order.upper} = "
+        ):
             build_detectors({name: {order.lower: value}}, only=[name])
     if order.or_equal:
         build_detectors({name: {order.lower: top}}, only=[name])
@@ -84,7 +100,9 @@ def test_settings_that_only_work_in_one_order_are_refused_the_other_way(name: st
 
 def test_the_spike_detectors_declare_their_orders() -> None:
     assert {(o.lower, o.upper) for o in detector_classes()["loss_spike"].orders} == {
-        ("z_recover", "z_alarm"), ("min_points", "window")}
+        ("z_recover", "z_alarm"),
+        ("min_points", "window"),
+    }
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -107,11 +125,17 @@ def test_empty_telemetry_gives_nothing(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_all_nan_metrics_give_nothing(name: str) -> None:
     batch = tf.faulty_run(faults=False)
-    metrics = {"steps": ("loss", "grad_norm", "lr", "tokens", "flops"), "evals": ("value", "cum_tokens", "cum_flops"),
-               "rank_steps": ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time",
-                              "local_grad_norm")}
-    nan = TelemetryBatch(**{field: getattr(batch, field).assign(**dict.fromkeys(metrics.get(field, ()), np.nan))
-                            for field in ("steps", "rank_steps", "evals")})
+    metrics = {
+        "steps": ("loss", "grad_norm", "lr", "tokens", "flops"),
+        "evals": ("value", "cum_tokens", "cum_flops"),
+        "rank_steps": ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm"),
+    }
+    nan = TelemetryBatch(
+        **{
+            field: getattr(batch, field).assign(**dict.fromkeys(metrics.get(field, ()), np.nan))
+            for field in ("steps", "rank_steps", "evals")
+        }
+    )
     [detector] = build_detectors(only=[name])
     assert tf.replay(detector, nan, run=RunState(world_size=RANKS)) == {}
 
@@ -148,5 +172,14 @@ def test_a_detector_that_forgets_its_kinds_or_a_setting_s_range_fails_to_load_wi
         Detector.__init__(self)
 
     with pytest.raises(DetectorConfigError, match=r"its settings are \['lag', 'window'\], its limits \['window'\]"):
-        type("Rangeless", (Detector,), {"name": "rangeless", "kinds": (kind,), "limits": ranges(window=COUNT),
-                                        "__init__": init, "update": lambda self, batch: []})
+        type(
+            "Rangeless",
+            (Detector,),
+            {
+                "name": "rangeless",
+                "kinds": (kind,),
+                "limits": ranges(window=COUNT),
+                "__init__": init,
+                "update": lambda self, batch: [],
+            },
+        )

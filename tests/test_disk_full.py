@@ -1,6 +1,7 @@
 """A full disk under ``bedside watch`` (RLIMIT_FSIZE on the real process): the failure is logged and announced,
 watch keeps starting again with backoff instead of stopping silently, and once the limit is gone (a new process)
 every line is in the store exactly once. ``collect --follow`` under the same limit stops with one error line."""
+
 from __future__ import annotations
 
 import resource
@@ -33,20 +34,25 @@ def limit_file_size() -> None:
 
 
 def start_limited(start_bedside: Callable[..., subprocess.Popen], *args: str | Path) -> tuple[subprocess.Popen, Lines]:
-    process = start_bedside(*args, "--rescan-every", "0.2", preexec_fn=limit_file_size, stderr=subprocess.PIPE,
-                            text=True)
+    process = start_bedside(
+        *args, "--rescan-every", "0.2", preexec_fn=limit_file_size, stderr=subprocess.PIPE, text=True
+    )
     return process, Lines(process.stderr)
 
 
 def assert_every_line_once(run: Path) -> None:
-    counts = read_store(run, "SELECT count(*) AS n, count(DISTINCT (source_id, line_offset)) AS once, "
-                             "count(DISTINCT (rank, step)) AS steps FROM rank_steps")
+    counts = read_store(
+        run,
+        "SELECT count(*) AS n, count(DISTINCT (source_id, line_offset)) AS once, "
+        "count(DISTINCT (rank, step)) AS steps FROM rank_steps",
+    )
     assert counts.to_dict("records") == [{"n": STEPS * RANKS, "once": STEPS * RANKS, "steps": STEPS * RANKS}]
     assert read_store(run, "SELECT count(*) AS n FROM steps")["n"][0] == STEPS
 
 
 def test_watch_on_a_full_disk_reports_retries_and_a_new_process_loses_nothing(
-        long_run: Path, start_bedside, bedside) -> None:
+    long_run: Path, start_bedside, bedside
+) -> None:
     append_rest = split_run(long_run, SPLIT_STEP)
     watch, err = start_limited(start_bedside, "watch", long_run)
     err.wait_for("ingested")

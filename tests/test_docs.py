@@ -1,4 +1,5 @@
 """Documented or it fails: kinds, fields, metrics, CLI options, views and tables."""
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ def test_every_canonical_metric_is_documented(metric: str) -> None:
     assert f"| `{metric}` |" in doc("telemetry-format.md")
 
 
-ENUMS = [("checkpoint", "event", CHECKPOINT_EVENTS), ("action", "status", ACTION_STATUSES),
-         ("run_end", "status", RUN_END_STATUSES)]
+ENUMS = [
+    ("checkpoint", "event", CHECKPOINT_EVENTS),
+    ("action", "status", ACTION_STATUSES),
+    ("run_end", "status", RUN_END_STATUSES),
+]
 
 
 @pytest.mark.parametrize(("kind", "field", "values"), ENUMS, ids=[f"{k}.{f}" for k, f, _ in ENUMS])
@@ -64,8 +68,9 @@ def test_schema_enums_are_the_format_constants_and_documented(kind: str, field: 
     assert all(f"`{value}`" in doc("telemetry-format.md") for value in values)
 
 
-@pytest.mark.parametrize(("kind", "metrics"), [
-    ("step", STEP_METRICS), ("rank_step", RANK_STEP_METRICS), ("checkpoint", CHECKPOINT_METRICS)])
+@pytest.mark.parametrize(
+    ("kind", "metrics"), [("step", STEP_METRICS), ("rank_step", RANK_STEP_METRICS), ("checkpoint", CHECKPOINT_METRICS)]
+)
 def test_the_canonical_metrics_are_the_schemas(kind: str, metrics: tuple[str, ...]) -> None:
     assert list(schema()["$defs"][kind]["properties"]["metrics"]["properties"]) == list(metrics)
 
@@ -73,8 +78,9 @@ def test_the_canonical_metrics_are_the_schemas(kind: str, metrics: tuple[str, ..
 def test_the_collector_takes_enums_and_canonical_metrics_from_format_py() -> None:
     """stage_lines.sql gets them as parameters: no value of theirs is spelled out as an SQL string."""
     text = sql("stage_lines")
-    values = (CHECKPOINT_EVENTS + ACTION_STATUSES + RUN_END_STATUSES + STEP_METRICS + RANK_STEP_METRICS
-              + CHECKPOINT_METRICS)
+    values = (
+        CHECKPOINT_EVENTS + ACTION_STATUSES + RUN_END_STATUSES + STEP_METRICS + RANK_STEP_METRICS + CHECKPOINT_METRICS
+    )
     assert [value for value in values if f"'{value}'" in text] == []
 
 
@@ -91,8 +97,14 @@ def cli_options(parser: argparse.ArgumentParser | None = None, prefix: str = "")
     return found
 
 
-@pytest.mark.parametrize("option", [a.option_strings[0] for a in build_parser()._actions
-                                    if a.option_strings and not isinstance(a, argparse._HelpAction)])
+@pytest.mark.parametrize(
+    "option",
+    [
+        a.option_strings[0]
+        for a in build_parser()._actions
+        if a.option_strings and not isinstance(a, argparse._HelpAction)
+    ],
+)
 def test_every_option_of_bedside_itself_is_documented(option: str) -> None:
     assert f"`bedside {option}`" in doc("cli.md").split("\n## ")[0], f"bedside {option} is not in docs/cli.md"
 

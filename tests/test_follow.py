@@ -4,6 +4,7 @@ The first tests run ``bedside collect RUN --follow --until-finished`` as a proce
 while four RunLogger processes append; the others run the Follower in a thread of
 the test so that the test can read the store it writes (through ``store.cursor()``).
 """
+
 from __future__ import annotations
 
 import errno
@@ -71,8 +72,14 @@ with RunLogger(run_dir, rank=rank, world_size={WORLD}, name="follow", flush_ever
 def expected_rows(steps: int) -> dict[str, int]:
     """Rows per table that the WRITER processes above produce."""
     return {
-        "steps": steps, "rank_steps": WORLD * steps, "evals": 1, "checkpoints": 1, "actions": 0,
-        "faults": 1, "events": 2 * WORLD + 2, "rejected_lines": 1,
+        "steps": steps,
+        "rank_steps": WORLD * steps,
+        "evals": 1,
+        "checkpoints": 1,
+        "actions": 0,
+        "faults": 1,
+        "events": 2 * WORLD + 2,
+        "rejected_lines": 1,
     }
 
 
@@ -201,8 +208,17 @@ def following(run: Path, rescan_every_s: float, **follower_options) -> Iterator[
 
 
 def record(rank: int, seq: int) -> bytes:
-    return encode_line({"kind": "rank_step", "time": time.time(), "rank": rank, "step": seq + 1,
-                        "timeline": 0, "seq": seq, "metrics": {"step_time": 0.01}}).encode()
+    return encode_line(
+        {
+            "kind": "rank_step",
+            "time": time.time(),
+            "rank": rank,
+            "step": seq + 1,
+            "timeline": 0,
+            "seq": seq,
+            "metrics": {"step_time": 0.01},
+        }
+    ).encode()
 
 
 def append(path: Path, data: bytes) -> int:
@@ -343,12 +359,17 @@ def no_inotify_instance() -> BaseObserver:
     raise OSError(errno.EMFILE, "inotify instance limit reached")
 
 
-@pytest.mark.parametrize(("observer_factory", "reason"), [
-    (lambda: BaseObserver(WatchLimitEmitter), "inotify watch limit reached"),
-    (no_inotify_instance, "inotify instance limit reached"),
-], ids=["watch limit", "instance limit"])
+@pytest.mark.parametrize(
+    ("observer_factory", "reason"),
+    [
+        (lambda: BaseObserver(WatchLimitEmitter), "inotify watch limit reached"),
+        (no_inotify_instance, "inotify instance limit reached"),
+    ],
+    ids=["watch limit", "instance limit"],
+)
 def test_without_file_events_the_follower_warns_once_and_keeps_rescanning(
-        tmp_path: Path, observer_factory: Callable[[], BaseObserver], reason: str) -> None:
+    tmp_path: Path, observer_factory: Callable[[], BaseObserver], reason: str
+) -> None:
     run = tmp_path / "run"
     path = RunLayout(run).rank_file(0)
     path.parent.mkdir(parents=True)

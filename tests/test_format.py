@@ -1,4 +1,5 @@
 """Format v1 end to end: what RunLogger writes is valid, survives ingestion and reads back in the views."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,16 @@ def write_every_kind(run: Path) -> None:
     other.rank_step(1, step_time=0.5, param_checksum="c0ffee")
     lead.eval(2, {"heldout_loss": 2.25, "accuracy": NAN}, cum_tokens=200, cum_flops=2e6)
     lead.checkpoint(2, "saved", path="ckpt/2", duration_s=1.5, bytes=1024)
-    lead.event(Kind.ACTION, 2, action="rewind", status="applied", request_id="req-1",
-               operator="alice", reason="loss spike", args={"to_step": 1})
+    lead.event(
+        Kind.ACTION,
+        2,
+        action="rewind",
+        status="applied",
+        request_id="req-1",
+        operator="alice",
+        reason="loss spike",
+        args={"to_step": 1},
+    )
     lead.event(Kind.FAULT_INJECTED, 1, fault="nan_loss", target_ranks=[0], args={"p": 1.0})
     lead.log(2, "spike seen", level="warning")
     lead.heartbeat(2)
@@ -76,14 +85,15 @@ def rows(store: Store, query: str) -> list:
 VIEW_ROWS = {
     "step_metrics": (
         "SELECT step, loss, grad_norm, lr, tokens, flops, spent_tokens, shards, extra FROM step_metrics ORDER BY step",
-        [(1, NAN, INF, -INF, 100.0, 1e6, 100.0, '[3,"s7"]', {"my_metric": 0.5}),
-         (2, 2.5, 1.0, 0.001, 100.0, 1e6, 200.0, None, None)],
+        [
+            (1, NAN, INF, -INF, 100.0, 1e6, 100.0, '[3,"s7"]', {"my_metric": 0.5}),
+            (2, 2.5, 1.0, 0.001, 100.0, 1e6, 200.0, None, None),
+        ],
     ),
     "rank_step_metrics": (
         "SELECT rank, step, host, local_rank, step_time, comm_time, param_checksum, extra "
         "FROM rank_step_metrics ORDER BY rank",
-        [(0, 1, HOST, 0, 0.25, INF, "c0ffee", {"my_rank_metric": -INF}),
-         (1, 1, HOST, 1, 0.5, None, "c0ffee", None)],
+        [(0, 1, HOST, 0, 0.25, INF, "c0ffee", {"my_rank_metric": -INF}), (1, 1, HOST, 1, 0.5, None, "c0ffee", None)],
     ),
     "eval_scores": (
         "SELECT step, split, name, value, cum_tokens, cum_flops FROM eval_scores ORDER BY name",
@@ -99,8 +109,14 @@ VIEW_ROWS = {
     ),
     "event_log": (
         "SELECT rank, kind, level, message FROM event_log ORDER BY ALL",
-        [(0, "heartbeat", None, None), (0, "log", "warning", "spike seen"), (0, "rank_info", None, None),
-         (0, "run_end", None, "finished"), (1, "rank_info", None, None), (1, "run_end", None, "finished")],
+        [
+            (0, "heartbeat", None, None),
+            (0, "log", "warning", "spike seen"),
+            (0, "rank_info", None, None),
+            (0, "run_end", None, "finished"),
+            (1, "rank_info", None, None),
+            (1, "run_end", None, "finished"),
+        ],
     ),
     "fault_labels": (
         "SELECT step, rank, fault, target_ranks, args FROM fault_labels",
@@ -109,9 +125,16 @@ VIEW_ROWS = {
     "metrics": (
         "SELECT kind, rank, step, name, value FROM metrics "
         "WHERE name IN ('loss', 'lr', 'my_metric', 'comm_time', 'my_rank_metric', 'eval/accuracy') ORDER BY ALL",
-        [("eval", None, 2, "eval/accuracy", NAN), ("rank_step", 0, 1, "comm_time", INF),
-         ("rank_step", 0, 1, "my_rank_metric", -INF), ("step", 0, 1, "loss", NAN), ("step", 0, 1, "lr", -INF),
-         ("step", 0, 1, "my_metric", 0.5), ("step", 0, 2, "loss", 2.5), ("step", 0, 2, "lr", 0.001)],
+        [
+            ("eval", None, 2, "eval/accuracy", NAN),
+            ("rank_step", 0, 1, "comm_time", INF),
+            ("rank_step", 0, 1, "my_rank_metric", -INF),
+            ("step", 0, 1, "loss", NAN),
+            ("step", 0, 1, "lr", -INF),
+            ("step", 0, 1, "my_metric", 0.5),
+            ("step", 0, 2, "loss", 2.5),
+            ("step", 0, 2, "lr", 0.001),
+        ],
     ),
     "ranks": (
         "SELECT rank, host, local_rank, dp, declared_by FROM ranks ORDER BY rank",
@@ -147,28 +170,33 @@ def changed(**fields) -> dict:
     return {k: v for k, v in record.items() if v is not ...}
 
 
-@pytest.mark.parametrize("record", [
-    pytest.param(changed(kind=...), id="no kind"),
-    pytest.param(changed(time=...), id="no time"),
-    pytest.param(changed(seq=...), id="no seq"),
-    pytest.param(changed(kind=""), id="empty kind"),
-    pytest.param(changed(time="yesterday"), id="time a string"),
-    pytest.param(changed(rank=-1), id="negative rank"),
-    pytest.param(changed(step="x"), id="step a string"),
-    pytest.param(changed(step=1.5), id="step a fraction"),
-    pytest.param(changed(metrics=[1.0]), id="metrics a list"),
-    pytest.param(changed(metrics={"loss": "abc"}), id="loss a word"),
-    pytest.param(changed(metrics={"loss": True}), id="loss a boolean"),
-    pytest.param(changed(metrics=...), id="step without metrics"),
-    pytest.param(changed(kind="eval", metrics={}), id="eval without scores"),
-    pytest.param(changed(kind="checkpoint", metrics=..., event="exploded"), id="unknown checkpoint event"),
-    pytest.param(changed(kind="action", metrics=..., action="rewind", status="applied"), id="action without request_id"),
-    pytest.param(changed(kind="run_end", metrics=..., status="done"), id="unknown run_end status"),
-    pytest.param(changed(kind="log", metrics=...), id="log without message"),
-    pytest.param(changed(kind="rank_info", metrics=...), id="rank_info without host"),
-    pytest.param(changed(kind="fault_injected", metrics=..., target_ranks=[0]), id="fault without fault"),
-    pytest.param([VALID], id="not an object"),
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        pytest.param(changed(kind=...), id="no kind"),
+        pytest.param(changed(time=...), id="no time"),
+        pytest.param(changed(seq=...), id="no seq"),
+        pytest.param(changed(kind=""), id="empty kind"),
+        pytest.param(changed(time="yesterday"), id="time a string"),
+        pytest.param(changed(rank=-1), id="negative rank"),
+        pytest.param(changed(step="x"), id="step a string"),
+        pytest.param(changed(step=1.5), id="step a fraction"),
+        pytest.param(changed(metrics=[1.0]), id="metrics a list"),
+        pytest.param(changed(metrics={"loss": "abc"}), id="loss a word"),
+        pytest.param(changed(metrics={"loss": True}), id="loss a boolean"),
+        pytest.param(changed(metrics=...), id="step without metrics"),
+        pytest.param(changed(kind="eval", metrics={}), id="eval without scores"),
+        pytest.param(changed(kind="checkpoint", metrics=..., event="exploded"), id="unknown checkpoint event"),
+        pytest.param(
+            changed(kind="action", metrics=..., action="rewind", status="applied"), id="action without request_id"
+        ),
+        pytest.param(changed(kind="run_end", metrics=..., status="done"), id="unknown run_end status"),
+        pytest.param(changed(kind="log", metrics=...), id="log without message"),
+        pytest.param(changed(kind="rank_info", metrics=...), id="rank_info without host"),
+        pytest.param(changed(kind="fault_injected", metrics=..., target_ranks=[0]), id="fault without fault"),
+        pytest.param([VALID], id="not an object"),
+    ],
+)
 def test_schema_rejects_invalid_records(record) -> None:
     assert not VALIDATOR.is_valid(record)
 
@@ -181,15 +209,19 @@ def test_schema_accepts_the_valid_base_record_and_non_finite_strings() -> None:
 UNKNOWN_THINGS = {
     "unknown field of a step": ("SELECT attrs ->> 'note', loss FROM steps", [("hello", 1.0)]),
     "unknown field of a rank_step": ("SELECT attrs ->> 'zone', step_time FROM rank_steps", [("us-east", 0.1)]),
-    "unknown kind": ("SELECT kind, payload ->> '$.buckets', payload ->> '$.metrics.x' FROM events "
-                     "WHERE kind = 'grad_histogram'", [("grad_histogram", "[1,2,3]", "7")]),
+    "unknown kind": (
+        "SELECT kind, payload ->> '$.buckets', payload ->> '$.metrics.x' FROM events WHERE kind = 'grad_histogram'",
+        [("grad_histogram", "[1,2,3]", "7")],
+    ),
     "user metric of a step": ("SELECT kind, value FROM metrics WHERE name = 'tokens_per_s'", [("step", 123.0)]),
     "user metric of a rank_step": ("SELECT kind, value FROM metrics WHERE name = 'gpu_temp_c'", [("rank_step", 71.5)]),
 }
 
 
 @pytest.mark.parametrize("what", sorted(UNKNOWN_THINGS))
-def test_unknown_kinds_fields_and_user_metrics_survive_into_the_store(run_dir, write_lines, ingest, record, what) -> None:
+def test_unknown_kinds_fields_and_user_metrics_survive_into_the_store(
+    run_dir, write_lines, ingest, record, what
+) -> None:
     lines = [
         record("step", metrics={"loss": 1.0, "tokens_per_s": 123.0}, note="hello"),
         record("rank_step", metrics={"step_time": 0.1, "gpu_temp_c": 71.5}, zone="us-east"),
@@ -224,23 +256,37 @@ def test_torn_last_line_is_terminated_on_reopen_and_only_that_fragment_is_reject
         fh.write(fragment)
     log_session(run_dir, 2)
     store = ingest(run_dir)
-    assert rows(store, "SELECT path, line_offset, line FROM rejected") == [["telemetry/rank-00000.jsonl", torn_at, fragment]]
+    assert rows(store, "SELECT path, line_offset, line FROM rejected") == [
+        ["telemetry/rank-00000.jsonl", torn_at, fragment]
+    ]
     assert rows(store, "SELECT seq FROM events ORDER BY seq") == [[0], [1], [2], [4], [5], [6]]
 
 
 RUN_HISTORIES = {
     # rank -> its records in file order: (kind, seconds before now, run_end status); the run's status
     "a rank restarted after failing and steps again": (
-        {0: [("step", 9, None), ("run_end", 8, "failed"), ("rank_info", 5, None), ("step", 4, None)],
-         1: [("step", 4, None)]}, "live"),
+        {
+            0: [("step", 9, None), ("run_end", 8, "failed"), ("rank_info", 5, None), ("step", 4, None)],
+            1: [("step", 4, None)],
+        },
+        "live",
+    ),
     "a rank's latest record is its failure": (
-        {0: [("step", 9, None), ("run_end", 5, "failed")], 1: [("step", 4, None)]}, "failed"),
+        {0: [("step", 9, None), ("run_end", 5, "failed")], 1: [("step", 4, None)]},
+        "failed",
+    ),
     "same time: the higher seq is later": (
-        {0: [("run_end", 5, "aborted"), ("heartbeat", 5, None)], 1: [("step", 4, None)]}, "live"),
+        {0: [("run_end", 5, "aborted"), ("heartbeat", 5, None)], 1: [("step", 4, None)]},
+        "live",
+    ),
     "finished, then restarted": (
-        {0: [("run_end", 9, "finished"), ("step", 4, None)], 1: [("run_end", 5, "finished")]}, "live"),
+        {0: [("run_end", 9, "finished"), ("step", 4, None)], 1: [("run_end", 5, "finished")]},
+        "live",
+    ),
     "every rank's latest record is run_end": (
-        {0: [("step", 9, None), ("run_end", 5, "finished")], 1: [("run_end", 5, "finished")]}, "finished"),
+        {0: [("step", 9, None), ("run_end", 5, "finished")], 1: [("run_end", 5, "finished")]},
+        "finished",
+    ),
     "one rank of two has ended": ({0: [("run_end", 5, "finished")], 1: [("step", 4, None)]}, "live"),
     "a rank aborted": ({0: [("run_end", 5, "aborted")], 1: [("step", 4, None)]}, "aborted"),
     "failed wins over aborted": ({0: [("run_end", 5, "aborted")], 1: [("run_end", 6, "failed")]}, "failed"),
@@ -248,9 +294,13 @@ RUN_HISTORIES = {
     "a record within 120 s": ({0: [("step", 300, None)], 1: [("heartbeat", 100, None)]}, "live"),
     "no records": ({}, "empty"),
     "a run_end without a status is rejected, not an end": (
-        {0: [("step", 9, None), ("run_end", 5, None)], 1: [("run_end", 5, "finished")]}, "live"),
+        {0: [("step", 9, None), ("run_end", 5, None)], 1: [("run_end", 5, "finished")]},
+        "live",
+    ),
     "a run_end of an unknown status is rejected, not an end": (
-        {0: [("run_end", 5, "crashed")], 1: [("run_end", 5, "finished")]}, "live"),
+        {0: [("run_end", 5, "crashed")], 1: [("run_end", 5, "finished")]},
+        "live",
+    ),
 }
 
 
@@ -271,8 +321,7 @@ def run_status(store: Store) -> str:
 
 
 @pytest.mark.parametrize("history", sorted(RUN_HISTORIES))
-def test_the_run_view_and_bedside_runs_give_one_status_for_the_same_records(run_dir, ingest, record,
-                                                                              history) -> None:
+def test_the_run_view_and_bedside_runs_give_one_status_for_the_same_records(run_dir, ingest, record, history) -> None:
     """One rule (the run_status macro): a rank has ended only while its run_end is its latest record."""
     ranks, expected = RUN_HISTORIES[history]
     write_history(run_dir, ranks, record)

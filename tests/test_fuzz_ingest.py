@@ -5,6 +5,7 @@ nothing crashes, every line is accepted once or rejected once with a reason, an 
 store what Python's own JSON reader reads from it, and only canonical rank files are read. The CI size is
 small; BEDSIDE_FUZZ_EXAMPLES sets the examples per property for a longer run (docs/reliability.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,13 +32,22 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 ENVELOPE = ("kind", "time", "rank", "step", "timeline", "seq")
 ROWS = " UNION ALL ".join(
     f"SELECT line_offset, {kind} AS kind, rank, step, timeline, seq, time FROM {table}"
-    for table, kind in (("steps", "'step'"), ("rank_steps", "'rank_step'"), ("evals", "'eval'"),
-                        ("checkpoints", "'checkpoint'"), ("actions", "'action'"), ("faults", "'fault_injected'"),
-                        ("events", "kind"))
+    for table, kind in (
+        ("steps", "'step'"),
+        ("rank_steps", "'rank_step'"),
+        ("evals", "'eval'"),
+        ("checkpoints", "'checkpoint'"),
+        ("actions", "'action'"),
+        ("faults", "'fault_injected'"),
+        ("events", "kind"),
+    )
 )
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=6,
@@ -47,15 +57,24 @@ json_values = st.recursive(
 @st.composite
 def valid_records(draw) -> dict[str, Any]:
     """A record of rank 0 that the format accepts."""
-    envelope = {"time": draw(st.floats(0, 1e10)), "rank": 0, "step": draw(st.integers(0, 2**53 - 1)),
-                "timeline": draw(st.integers(0, 2**31 - 1)), "seq": draw(st.integers(0, 2**53 - 1))}
-    body = draw(st.sampled_from([
-        {"kind": "heartbeat"},
-        {"kind": "step", "metrics": {"loss": 1.5, "lr": 0.1}},
-        {"kind": "rank_step", "metrics": {"step_time": 0.2}, "param_checksum": "ab12"},
-        {"kind": "log", "level": "info", "message": draw(st.text(max_size=30))},
-        {"kind": draw(st.text("abcxyz_", min_size=1, max_size=12))},
-    ]))
+    envelope = {
+        "time": draw(st.floats(0, 1e10)),
+        "rank": 0,
+        "step": draw(st.integers(0, 2**53 - 1)),
+        "timeline": draw(st.integers(0, 2**31 - 1)),
+        "seq": draw(st.integers(0, 2**53 - 1)),
+    }
+    body = draw(
+        st.sampled_from(
+            [
+                {"kind": "heartbeat"},
+                {"kind": "step", "metrics": {"loss": 1.5, "lr": 0.1}},
+                {"kind": "rank_step", "metrics": {"step_time": 0.2}, "param_checksum": "ab12"},
+                {"kind": "log", "level": "info", "message": draw(st.text(max_size=30))},
+                {"kind": draw(st.text("abcxyz_", min_size=1, max_size=12))},
+            ]
+        )
+    )
     return {**body, **envelope}
 
 
@@ -143,7 +162,9 @@ def test_every_fuzzed_line_is_accepted_as_python_reads_it_or_rejected_with_a_rea
 file_names = st.one_of(
     st.integers(0, 2**32).map(rank_file_name),
     st.from_regex(r"rank-[0-9]{1,12}\.jsonl", fullmatch=True),
-    st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=20).map(lambda t: t + ".jsonl"),
+    st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=20).map(
+        lambda t: t + ".jsonl"
+    ),
     st.binary(min_size=1, max_size=12).map(lambda b: b.replace(b"/", b"_").replace(b"\x00", b"_") + b".jsonl"),
 )
 
@@ -160,8 +181,12 @@ def test_only_canonical_rank_files_are_read_and_every_other_name_is_refused(name
                 continue
             rank = 0
             with open(folder + b"/" + raw, "wb") as fh:
-                fh.write(json.dumps({"kind": "heartbeat", "time": 1, "rank": rank, "step": 1, "timeline": 0,
-                                     "seq": 0}).encode() + b"\n")
+                fh.write(
+                    json.dumps(
+                        {"kind": "heartbeat", "time": 1, "rank": rank, "step": 1, "timeline": 0, "seq": 0}
+                    ).encode()
+                    + b"\n"
+                )
             created.append(os.fsdecode(raw))
         result = Collector(layout.root, store).ingest_available()
         states = dict(store.cursor().execute("SELECT path, state FROM ingest_status").fetchall())
@@ -174,8 +199,11 @@ def test_only_canonical_rank_files_are_read_and_every_other_name_is_refused(name
 
 run_json_values = st.dictionaries(
     st.sampled_from(["run_id", "name", "created", "schema_version", "world_size", "topology", "config", "mesh"]),
-    json_values | st.lists(st.dictionaries(st.sampled_from(["rank", "host", "local_rank", "dp", "tp", "pp"]),
-                                           json_values, max_size=6), max_size=3),
+    json_values
+    | st.lists(
+        st.dictionaries(st.sampled_from(["rank", "host", "local_rank", "dp", "tp", "pp"]), json_values, max_size=6),
+        max_size=3,
+    ),
 )
 
 
@@ -184,8 +212,9 @@ run_json_values = st.dictionaries(
 def test_any_run_json_is_read_or_refused_with_a_reason_and_the_telemetry_ingested(content) -> None:
     with scratch_run() as layout, Store.open(None) as store:
         layout.run_info.write_text(json.dumps(content))
-        layout.rank_file(0).write_text(json.dumps({"kind": "heartbeat", "time": 1, "rank": 0, "step": 1,
-                                                   "timeline": 0, "seq": 0}) + "\n")
+        layout.rank_file(0).write_text(
+            json.dumps({"kind": "heartbeat", "time": 1, "rank": 0, "step": 1, "timeline": 0, "seq": 0}) + "\n"
+        )
         try:
             info = read_run_info(layout)
             assert info is not None

@@ -1,4 +1,5 @@
 """Importers: foreign CSV and JSONL files become runs that the real collector ingests."""
+
 from __future__ import annotations
 
 import csv
@@ -149,8 +150,9 @@ def jsonl_run(tmp_path_factory) -> tuple[Path, Store]:
 
 def test_jsonl_non_finite_and_fields(jsonl_run):
     _, store = jsonl_run
-    df = frame(store, "SELECT timeline, step, loss, grad_norm, lr, shards, extra FROM step_metrics "
-                      "ORDER BY timeline, step")
+    df = frame(
+        store, "SELECT timeline, step, loss, grad_norm, lr, shards, extra FROM step_metrics ORDER BY timeline, step"
+    )
     assert math.isnan(df["loss"][1]) and df["grad_norm"][1] == math.inf and df["lr"][1] == 0.001
     assert df["loss"][2] == 2.4 and df["timeline"][2] == 1
     assert json.loads(df["shards"][0]) == [7]
@@ -163,8 +165,9 @@ def test_jsonl_non_finite_and_fields(jsonl_run):
 
 def test_jsonl_user_metrics_and_copied_records(jsonl_run):
     out, store = jsonl_run
-    user = frame(store, "SELECT kind, rank, name, value FROM metrics WHERE name IN ('custom', 'tok_per_s') "
-                        "ORDER BY name")
+    user = frame(
+        store, "SELECT kind, rank, name, value FROM metrics WHERE name IN ('custom', 'tok_per_s') ORDER BY name"
+    )
     assert user.values.tolist() == [["step", 0, "custom", 3.0], ["rank_step", 0, "tok_per_s", 1000.0]]
     log = frame(store, "SELECT rank, level, message FROM event_log WHERE kind = 'log'")
     assert log.values.tolist() == [[1, "warning", "nan loss"]]
@@ -183,8 +186,14 @@ def test_jsonl_lines_validate_and_synthetic_clock(jsonl_run):
 
 def test_topology_applied_from_bare_list(tmp_path):
     topology = tmp_path / "topology.json"
-    topology.write_text(json.dumps([{"rank": 0, "host": "gpu-1", "local_rank": 0, "tp": 0},
-                                    {"rank": 1, "host": "gpu-1", "local_rank": 1, "tp": 1}]))
+    topology.write_text(
+        json.dumps(
+            [
+                {"rank": 0, "host": "gpu-1", "local_rank": 0, "tp": 0},
+                {"rank": 1, "host": "gpu-1", "local_rank": 1, "tp": 1},
+            ]
+        )
+    )
     src = tmp_path / "m.csv"
     src.write_text("step,rank,step_time\n1,0,0.5\n1,1,0.6\n")
     import_csv(src, tmp_path / "run", topology=topology)
@@ -215,7 +224,7 @@ BAD_CSV = [
 
 BAD_JSONL = [
     ('{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', "line 2: not valid JSON"),
-    ('[1, 2]\n', "line 1: expected a JSON object, got list"),
+    ("[1, 2]\n", "line 1: expected a JSON object, got list"),
     ('{"step": 1, "loss": "low"}\n', "line 1: loss must be a number, got 'low'"),
     ('{"step": 1, "loss": true}\n', "line 1: loss must be a number, got True"),
     ('{"loss": 2}\n', "line 1: step is missing"),
@@ -225,7 +234,8 @@ BAD_JSONL = [
 
 
 BAD_INPUTS = [(import_csv, "bad.csv", *case) for case in BAD_CSV] + [
-    (import_jsonl, "bad.jsonl", *case) for case in BAD_JSONL]
+    (import_jsonl, "bad.jsonl", *case) for case in BAD_JSONL
+]
 
 
 @pytest.mark.parametrize("importer, name, text, message", BAD_INPUTS, ids=[m for *_, m in BAD_INPUTS])
@@ -254,8 +264,8 @@ BAD_TOPOLOGY = [
     ('[{"rank": 0, "host": "a", "dp": -1}]', "ranks[0]: dp must be an integer >= 0"),
     ('[{"host": "a"}]', "ranks[0]: rank is missing"),
     ('{"ranks": [{"rank": 0, "host": "a"}', "not valid JSON"),
-    ('{"hosts": []}', "expected {\"ranks\": [...]} or a list"),
-    ('[]', "lists no ranks"),
+    ('{"hosts": []}', 'expected {"ranks": [...]} or a list'),
+    ("[]", "lists no ranks"),
     ('[{"rank": 0, "host": "a"}]', "no placement for rank 1"),
 ]
 
@@ -304,11 +314,15 @@ def test_cli_import_fails_when_the_collector_rejects_copied_records(tmp_path, be
     done = bedside("import", "jsonl", src, "--out", out, "--quiet")
     errors = [line for line in done.stderr.splitlines() if line.startswith("bedside: error: ")]
     assert done.returncode == 2, done.stderr
-    assert errors == [f'bedside: error: 2 imported lines were rejected by the collector; '
-                      f'see: bedside query {out} "SELECT * FROM rejected"']
+    assert errors == [
+        f"bedside: error: 2 imported lines were rejected by the collector; "
+        f'see: bedside query {out} "SELECT * FROM rejected"'
+    ]
     rejected = bedside("query", out, "SELECT reason FROM rejected ORDER BY line_offset", "--format", "json")
     assert [r["reason"] for r in json.loads(rejected.stdout)] == [
-        'metrics.loss must be a number, got "low"', "field metrics must be an object"]
+        'metrics.loss must be a number, got "low"',
+        "field metrics must be an object",
+    ]
 
 
 def test_cli_import_of_a_clean_file_exits_0(tmp_path, bedside):

@@ -1,5 +1,6 @@
 """Ingestion: torn lines, malformed lines, non-finite numbers, exactly-once, changed files, new ranks,
 live files, and failures that are not a line's fault."""
+
 from __future__ import annotations
 
 import os
@@ -31,26 +32,41 @@ MALFORMED = [
     pytest.param({"step": "x"}, "field step is missing or not an integer", id="step a word"),
     pytest.param({"step": 2.5}, "rank, step, timeline and seq must be integers", id="step a fraction"),
     pytest.param({"step": 2**63}, "step must be below 2^53 (9007199254740992)", id="step beyond int64"),
-    pytest.param({"time": 1_700_000_000_000_000_000}, "time must be unix seconds, got 1700000000000000000",
-                 id="time in nanoseconds"),
-    pytest.param({"time": 1_700_000_000_000}, "time must be unix seconds, got 1700000000000",
-                 id="time in milliseconds"),
+    pytest.param(
+        {"time": 1_700_000_000_000_000_000},
+        "time must be unix seconds, got 1700000000000000000",
+        id="time in nanoseconds",
+    ),
+    pytest.param(
+        {"time": 1_700_000_000_000}, "time must be unix seconds, got 1700000000000", id="time in milliseconds"
+    ),
     pytest.param({"time": -1}, "time must be unix seconds, got -1", id="time negative"),
     pytest.param({"metrics": {"loss": "abc"}}, 'metrics.loss must be a number, got "abc"', id="loss a word"),
     pytest.param({"metrics": [1.0]}, "field metrics must be an object", id="metrics a list"),
     pytest.param({"metrics": ...}, "a step record needs metrics (an object of numbers)", id="step without metrics"),
     pytest.param({"rank": 5}, "unknown rank 5: the run has world size 2", id="rank outside world size"),
     pytest.param({"rank": 1}, "rank 1 written in the file of rank 0", id="rank of another file"),
-    pytest.param({"kind": "checkpoint", "event": "exploded"}, "unknown checkpoint event exploded",
-                 id="bad checkpoint event"),
-    pytest.param({"kind": "action", "action": "rewind", "status": "done", "request_id": "r1"},
-                 "unknown action status done", id="bad action status"),
-    pytest.param({"kind": "run_end", "status": "done"},
-                 "a run_end record needs status, one of finished, failed, aborted", id="bad run_end status"),
-    pytest.param({"kind": "eval", "cum_tokens": "abc"}, 'field cum_tokens must be a number, got "abc"',
-                 id="eval cum_tokens a word"),
-    pytest.param({"kind": "eval", "cum_flops": [1]}, "field cum_flops must be a number, got [1]",
-                 id="eval cum_flops a list"),
+    pytest.param(
+        {"kind": "checkpoint", "event": "exploded"}, "unknown checkpoint event exploded", id="bad checkpoint event"
+    ),
+    pytest.param(
+        {"kind": "action", "action": "rewind", "status": "done", "request_id": "r1"},
+        "unknown action status done",
+        id="bad action status",
+    ),
+    pytest.param(
+        {"kind": "run_end", "status": "done"},
+        "a run_end record needs status, one of finished, failed, aborted",
+        id="bad run_end status",
+    ),
+    pytest.param(
+        {"kind": "eval", "cum_tokens": "abc"},
+        'field cum_tokens must be a number, got "abc"',
+        id="eval cum_tokens a word",
+    ),
+    pytest.param(
+        {"kind": "eval", "cum_flops": [1]}, "field cum_flops must be a number, got [1]", id="eval cum_flops a list"
+    ),
 ]
 
 
@@ -83,7 +99,8 @@ def malformed_line(record):
 
 @pytest.mark.parametrize(("bad", "reason"), MALFORMED)
 def test_malformed_line_is_rejected_with_its_place_and_reason(
-        two_rank_run, write_lines, ingest, record, malformed_line, bad, reason) -> None:
+    two_rank_run, write_lines, ingest, record, malformed_line, bad, reason
+) -> None:
     path = write_lines([record("heartbeat", step=1), malformed_line(bad), record("heartbeat", step=3, seq=2)])
     store = ingest(two_rank_run)
     offset = path.read_bytes().index(b"\n") + 1
@@ -94,7 +111,8 @@ def test_malformed_line_is_rejected_with_its_place_and_reason(
 
 
 def test_every_malformed_line_in_one_batch_leaves_the_good_lines_around_it(
-        two_rank_run, write_lines, ingest, record, malformed_line) -> None:
+    two_rank_run, write_lines, ingest, record, malformed_line
+) -> None:
     lines = [record("heartbeat", step=1)]
     for step, case in enumerate(MALFORMED, start=2):
         lines += [malformed_line(case.values[0]), record("heartbeat", step=step)]
@@ -107,14 +125,28 @@ def test_every_malformed_line_in_one_batch_leaves_the_good_lines_around_it(
     assert reasons == expected
 
 
-@pytest.mark.parametrize(("token", "read_as"), [
-    ("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"),
-    ('"NaN"', "nan"), ('"Infinity"', "inf"), ('"-Infinity"', "-inf"),
-    ("1e400", "inf"), ("-1e400", "-inf"),
-])
-def test_non_finite_numbers_are_read_in_canonical_and_user_metrics(run_dir, write_lines, ingest, token, read_as) -> None:
-    write_lines(['{"kind":"step","time":1,"rank":0,"step":1,"timeline":0,"seq":0,'
-                 f'"metrics":{{"loss":{token},"mine":{token}}}}}'])
+@pytest.mark.parametrize(
+    ("token", "read_as"),
+    [
+        ("NaN", "nan"),
+        ("Infinity", "inf"),
+        ("-Infinity", "-inf"),
+        ('"NaN"', "nan"),
+        ('"Infinity"', "inf"),
+        ('"-Infinity"', "-inf"),
+        ("1e400", "inf"),
+        ("-1e400", "-inf"),
+    ],
+)
+def test_non_finite_numbers_are_read_in_canonical_and_user_metrics(
+    run_dir, write_lines, ingest, token, read_as
+) -> None:
+    write_lines(
+        [
+            '{"kind":"step","time":1,"rank":0,"step":1,"timeline":0,"seq":0,'
+            f'"metrics":{{"loss":{token},"mine":{token}}}}}'
+        ]
+    )
     store = ingest(run_dir)
     assert rows(store, "SELECT loss::VARCHAR, extra['mine']::VARCHAR FROM steps") == [(read_as, read_as)]
 
@@ -133,7 +165,8 @@ def test_torn_last_line_waits_for_the_next_pass_then_is_ingested_once(run_dir, w
 
 
 def test_second_ingest_of_unchanged_files_adds_nothing_and_new_lines_are_added_once(
-        run_dir, write_lines, ingest, record) -> None:
+    run_dir, write_lines, ingest, record
+) -> None:
     write_lines([record("heartbeat", step=s, seq=s) for s in range(3)])
     ingest(run_dir)
     assert heartbeat_steps(ingest(run_dir)) == [0, 1, 2]
@@ -157,7 +190,8 @@ def replace(path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "state"), [(shrink, "shrunk"), (replace, "replaced")], ids=["shrunk", "replaced"])
 def test_a_file_that_changed_under_the_collector_is_reported_once_and_not_reread(
-        run_dir, write_lines, ingest, record, change, state) -> None:
+    run_dir, write_lines, ingest, record, change, state
+) -> None:
     path = write_lines([record("heartbeat", step=s, seq=s) for s in (1, 2)])
     ingest(run_dir)
     change(path)
@@ -189,9 +223,14 @@ def test_a_line_longer_than_the_batch_budget_is_still_ingested(run_dir, write_li
 
 @pytest.mark.parametrize("seconds", [0, 1e11 - 1], ids=["synthetic clock from 0", "last unix second accepted"])
 def test_times_out_of_unix_seconds_are_rejected_and_leave_the_time_views_working(
-        run_dir, write_lines, ingest, record, seconds) -> None:
-    write_lines([record("step", time=seconds, metrics={"loss": 1.0}),
-                 record("step", time=1_700_000_000_000_000_000, seq=1, metrics={"loss": 2.0})])
+    run_dir, write_lines, ingest, record, seconds
+) -> None:
+    write_lines(
+        [
+            record("step", time=seconds, metrics={"loss": 1.0}),
+            record("step", time=1_700_000_000_000_000_000, seq=1, metrics={"loss": 2.0}),
+        ]
+    )
     store = ingest(run_dir)
     assert rows(store, "SELECT reason FROM rejected") == [("time must be unix seconds, got 1700000000000000000",)]
     assert rows(store, "SELECT time, loss FROM step_metrics") == [(seconds, 1.0)]
@@ -199,10 +238,13 @@ def test_times_out_of_unix_seconds_are_rejected_and_leave_the_time_views_working
     assert rows(store, "SELECT last_step FROM run") == [(1,)]
 
 
-@pytest.mark.parametrize("metrics", [
-    pytest.param({"loss": True, "grad_norm": False}, id="canonical metrics only"),
-    pytest.param({"loss": True, "grad_norm": False, "mine": True}, id="with a user metric"),
-])
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        pytest.param({"loss": True, "grad_norm": False}, id="canonical metrics only"),
+        pytest.param({"loss": True, "grad_norm": False, "mine": True}, id="with a user metric"),
+    ],
+)
 def test_booleans_are_read_as_one_and_zero_in_every_metric(run_dir, write_lines, ingest, record, metrics) -> None:
     write_lines([record("step", metrics=metrics)])
     store = ingest(run_dir)
@@ -211,12 +253,16 @@ def test_booleans_are_read_as_one_and_zero_in_every_metric(run_dir, write_lines,
     assert rows(store, "SELECT loss, grad_norm, extra FROM steps") == [(1.0, 0.0, expected_extra)]
 
 
-@pytest.mark.parametrize(("kind", "metrics", "field", "value", "table"), [
-    ("step", {"loss": 1.0}, "param_checksum", "c0ffee", "steps"),
-    ("rank_step", {"step_time": 0.1}, "shards", [3], "rank_steps"),
-])
+@pytest.mark.parametrize(
+    ("kind", "metrics", "field", "value", "table"),
+    [
+        ("step", {"loss": 1.0}, "param_checksum", "c0ffee", "steps"),
+        ("rank_step", {"step_time": 0.1}, "shards", [3], "rank_steps"),
+    ],
+)
 def test_a_field_of_another_kind_is_kept_in_attrs(
-        run_dir, write_lines, ingest, record, kind, metrics, field, value, table) -> None:
+    run_dir, write_lines, ingest, record, kind, metrics, field, value, table
+) -> None:
     write_lines([record(kind, metrics=metrics, **{field: value})])
     assert rows(ingest(run_dir), f"SELECT attrs ->> '$.{field}' FROM {table}") == [(str(value).replace(" ", ""),)]
 
@@ -276,7 +322,8 @@ def test_stop_ends_ingest_available_between_passes(run_dir, write_lines, record)
 
 
 def test_a_failure_that_is_not_the_lines_fault_commits_nothing_and_the_line_is_read_later(
-        run_dir, write_lines, record) -> None:
+    run_dir, write_lines, record
+) -> None:
     """Out of memory while parsing a valid line: not an 'unreadable record', the pass fails whole."""
     message = "x" * 5_000_000
     write_lines([record("log", message=message)])
@@ -300,7 +347,7 @@ def test_a_store_that_refuses_the_write_is_one_store_error(run_dir, write_lines,
 
 @pytest.mark.parametrize("metrics", ['{"loss":1,"loss":2}', '{"aux":1,"aux":2}'], ids=["canonical", "user metric"])
 def test_a_metric_named_twice_is_rejected_not_dropped(two_rank_run, write_lines, ingest, metrics: str) -> None:
-    line = ('{"kind":"step","time":1700000000.0,"rank":0,"step":1,"timeline":0,"seq":0,"metrics":' + metrics + "}")
+    line = '{"kind":"step","time":1700000000.0,"rank":0,"step":1,"timeline":0,"seq":0,"metrics":' + metrics + "}"
     write_lines([line])
     store = ingest(two_rank_run)
     assert rows(store, "SELECT reason FROM rejected") == [("field metrics names a metric more than once",)]

@@ -1,6 +1,7 @@
 """Hostile telemetry: files that are not what they claim, run.json values out of range, envelopes that
 say two things at once. Each is refused with a reason, and what is already recorded, or valid beside
 it, is kept."""
+
 from __future__ import annotations
 
 import json
@@ -61,15 +62,19 @@ def test_a_directory_named_like_a_rank_file_is_refused(run_dir, telemetry, inges
     assert "directory" in refused(store)["telemetry/rank-00002.jsonl"]
 
 
-@pytest.mark.parametrize(("name", "why"), [
-    ("x.jsonl", "not a rank file name"),
-    ("rank-1.jsonl", "not a rank file name"),
-    ("rank-000005.jsonl", "rank 5's file is rank-00005.jsonl"),
-    ("rank-0000a.jsonl", "not a rank file name"),
-    ("rank-2147483648.jsonl", "rank 2147483648 is above the largest rank 2147483647"),
-])
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("x.jsonl", "not a rank file name"),
+        ("rank-1.jsonl", "not a rank file name"),
+        ("rank-000005.jsonl", "rank 5's file is rank-00005.jsonl"),
+        ("rank-0000a.jsonl", "not a rank file name"),
+        ("rank-2147483648.jsonl", "rank 2147483648 is above the largest rank 2147483647"),
+    ],
+)
 def test_a_file_name_outside_the_format_is_refused_and_its_forged_records_ignored(
-        run_dir, telemetry, ingest, record, name, why) -> None:
+    run_dir, telemetry, ingest, record, name, why
+) -> None:
     (telemetry / "rank-00005.jsonl").write_bytes(line(record, rank=5))
     forged = json.dumps(record("run_end", rank=5, status="failed")) + "\n"
     (telemetry / name).write_text(forged)
@@ -80,12 +85,13 @@ def test_a_file_name_outside_the_format_is_refused_and_its_forged_records_ignore
     assert rows(store, "SELECT status FROM run") != [("failed",)]
 
 
-def test_a_file_name_that_is_not_utf8_is_refused_and_every_command_goes_on(
-        run_dir, telemetry, record, bedside) -> None:
+def test_a_file_name_that_is_not_utf8_is_refused_and_every_command_goes_on(run_dir, telemetry, record, bedside) -> None:
     (telemetry / "rank-00000.jsonl").write_bytes(line(record))
     with open(os.fsencode(telemetry) + b"/rank-\xff\xfe.jsonl", "wb") as fh:
         fh.write(line(record))
-    query = bedside("query", run_dir, "SELECT path, state, state_detail FROM ingest_status ORDER BY path", "--format", "json")
+    query = bedside(
+        "query", run_dir, "SELECT path, state, state_detail FROM ingest_status ORDER BY path", "--format", "json"
+    )
     assert query.returncode == 0, query.stderr
     assert "Traceback" not in query.stderr
     statuses = {r["path"]: (r["state"], r["state_detail"]) for r in json.loads(query.stdout)}
@@ -113,7 +119,8 @@ def test_a_rank_beyond_the_schema_does_not_stop_the_other_runs_of_a_folder(tmp_p
 
 # -- lines too long, files replaced, rejected text bounded ---------------------------------------------
 def test_a_line_with_no_newline_past_the_maximum_is_rejected_from_its_offset_and_not_reread(
-        run_dir, telemetry, ingest, record) -> None:
+    run_dir, telemetry, ingest, record
+) -> None:
     path = telemetry / "rank-00000.jsonl"
     path.write_bytes(line(record) + b'{"kind":"log","message":"' + b"x" * (MAX_LINE_BYTES + 10))
     store = ingest(run_dir)
@@ -153,7 +160,8 @@ def test_a_rejected_line_keeps_a_bounded_prefix_and_its_full_length(run_dir, tel
 # -- run.json values ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("world_size", ["3e9", "1e400", "true", "1.5", '"4"', "0"])
 def test_a_bad_world_size_is_reported_by_name_and_the_telemetry_ingested(
-        run_dir, telemetry, ingest, record, world_size) -> None:
+    run_dir, telemetry, ingest, record, world_size
+) -> None:
     RunLayout(run_dir).run_info.write_text(f'{{"name": "hostile", "world_size": {world_size}}}')
     (telemetry / "rank-00000.jsonl").write_bytes(line(record))
     warnings: list[str] = []
@@ -166,8 +174,7 @@ def test_a_bad_world_size_is_reported_by_name_and_the_telemetry_ingested(
     assert rows(ingest(run_dir), "SELECT count(*) FROM events") == [(1,)]  # every later pass goes on too
 
 
-def test_a_bad_topology_entry_is_reported_and_the_rest_of_run_json_kept(
-        run_dir, telemetry, ingest, record) -> None:
+def test_a_bad_topology_entry_is_reported_and_the_rest_of_run_json_kept(run_dir, telemetry, ingest, record) -> None:
     write_run_info(RunLayout(run_dir), RunInfo(name="topo", world_size=2))
     info = json.loads(RunLayout(run_dir).run_info.read_text())
     info["topology"] = [{"rank": 0, "host": "a", "dp": 0}, {"rank": 1, "host": "b", "dp": 3e9}]
@@ -176,8 +183,10 @@ def test_a_bad_topology_entry_is_reported_and_the_rest_of_run_json_kept(
     store = ingest(run_dir)
     [(size, problems)] = rows(store, "SELECT world_size, problems FROM run_info")
     assert size == 2
-    assert problems == ["topology[1].dp must be an integer from 0 to 2147483647, got 3000000000.0: "
-                        "the placement of this entry is ignored"]
+    assert problems == [
+        "topology[1].dp must be an integer from 0 to 2147483647, got 3000000000.0: "
+        "the placement of this entry is ignored"
+    ]
     assert rows(store, "SELECT rank, host FROM rank_topology") == [(0, "a")]
     assert rows(store, "SELECT count(*) FROM events") == [(1,)]
 
@@ -185,39 +194,75 @@ def test_a_bad_topology_entry_is_reported_and_the_rest_of_run_json_kept(
 # -- envelopes that say two things at once, or the wrong type --------------------------------------
 ENVELOPE = '"time":1700000000,"step":1,"timeline":0,"seq":0'
 STRICT = [
-    pytest.param('{"kind":"heartbeat","rank":0,"rank":1,' + ENVELOPE + '}', "field rank appears more than once",
-                 id="two ranks"),
-    pytest.param('{"kind":"heartbeat","kind":"run_end","status":"failed","rank":0,' + ENVELOPE + '}',
-                 "field kind appears more than once", id="two kinds"),
-    pytest.param('{"kind":"step","rank":0,' + ENVELOPE + ',"metrics":{"loss":1},"metrics":{"loss":9}}',
-                 "field metrics appears more than once", id="two metrics"),
-    pytest.param('{"kind":5,"rank":0,' + ENVELOPE + '}', "field kind must be a string, got 5", id="kind a number"),
-    pytest.param('{"kind":["step"],"rank":0,' + ENVELOPE + '}', 'field kind must be a string, got ["step"]',
-                 id="kind a list"),
-    pytest.param('{"kind":"' + "k" * 100_000 + '","rank":0,' + ENVELOPE + '}',
-                 "field kind is 100000 characters long, over the limit of 64", id="kind 100 KB"),
-    pytest.param('{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":{"a":1}}',
-                 'field param_checksum must be a string, got {"a":1}', id="param_checksum an object"),
-    pytest.param('{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":123}',
-                 "field param_checksum must be a string, got 123", id="param_checksum a number"),
-    pytest.param('{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":true}',
-                 "field param_checksum must be a string, got true", id="param_checksum a boolean"),
-    pytest.param('{"kind":"step","rank":0,' + ENVELOPE + ',"metrics":{"loss":1},"shards":"s1"}',
-                 'field shards must be an array, got "s1"', id="shards a string"),
-    pytest.param('{"kind":"heartbeat","rank":0,"time":1700000000,"step":9007199254740993,"timeline":0,"seq":0}',
-                 "step must be below 2^53 (9007199254740992)", id="step beyond 2^53"),
-    pytest.param('{"kind":"heartbeat","rank":0,"time":1700000000,"step":1,"timeline":0,"seq":9007199254740992}',
-                 "seq must be below 2^53 (9007199254740992)", id="seq at 2^53"),
-    pytest.param('{"kind":"rank_info","rank":0,' + ENVELOPE + ',"host":"a","mesh":{"dp":3e9}}',
-                 "field mesh.dp must be an integer from 0 to 2147483647, got 3000000000.0", id="rank_info dp 3e9"),
-    pytest.param('{"kind":"rank_info","rank":0,' + ENVELOPE + ',"host":"a","local_rank":"x"}',
-                 'field local_rank must be an integer from 0 to 2147483647, got "x"', id="rank_info local_rank a word"),
+    pytest.param(
+        '{"kind":"heartbeat","rank":0,"rank":1,' + ENVELOPE + "}", "field rank appears more than once", id="two ranks"
+    ),
+    pytest.param(
+        '{"kind":"heartbeat","kind":"run_end","status":"failed","rank":0,' + ENVELOPE + "}",
+        "field kind appears more than once",
+        id="two kinds",
+    ),
+    pytest.param(
+        '{"kind":"step","rank":0,' + ENVELOPE + ',"metrics":{"loss":1},"metrics":{"loss":9}}',
+        "field metrics appears more than once",
+        id="two metrics",
+    ),
+    pytest.param('{"kind":5,"rank":0,' + ENVELOPE + "}", "field kind must be a string, got 5", id="kind a number"),
+    pytest.param(
+        '{"kind":["step"],"rank":0,' + ENVELOPE + "}", 'field kind must be a string, got ["step"]', id="kind a list"
+    ),
+    pytest.param(
+        '{"kind":"' + "k" * 100_000 + '","rank":0,' + ENVELOPE + "}",
+        "field kind is 100000 characters long, over the limit of 64",
+        id="kind 100 KB",
+    ),
+    pytest.param(
+        '{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":{"a":1}}',
+        'field param_checksum must be a string, got {"a":1}',
+        id="param_checksum an object",
+    ),
+    pytest.param(
+        '{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":123}',
+        "field param_checksum must be a string, got 123",
+        id="param_checksum a number",
+    ),
+    pytest.param(
+        '{"kind":"rank_step","rank":0,' + ENVELOPE + ',"metrics":{"step_time":1},"param_checksum":true}',
+        "field param_checksum must be a string, got true",
+        id="param_checksum a boolean",
+    ),
+    pytest.param(
+        '{"kind":"step","rank":0,' + ENVELOPE + ',"metrics":{"loss":1},"shards":"s1"}',
+        'field shards must be an array, got "s1"',
+        id="shards a string",
+    ),
+    pytest.param(
+        '{"kind":"heartbeat","rank":0,"time":1700000000,"step":9007199254740993,"timeline":0,"seq":0}',
+        "step must be below 2^53 (9007199254740992)",
+        id="step beyond 2^53",
+    ),
+    pytest.param(
+        '{"kind":"heartbeat","rank":0,"time":1700000000,"step":1,"timeline":0,"seq":9007199254740992}',
+        "seq must be below 2^53 (9007199254740992)",
+        id="seq at 2^53",
+    ),
+    pytest.param(
+        '{"kind":"rank_info","rank":0,' + ENVELOPE + ',"host":"a","mesh":{"dp":3e9}}',
+        "field mesh.dp must be an integer from 0 to 2147483647, got 3000000000.0",
+        id="rank_info dp 3e9",
+    ),
+    pytest.param(
+        '{"kind":"rank_info","rank":0,' + ENVELOPE + ',"host":"a","local_rank":"x"}',
+        'field local_rank must be an integer from 0 to 2147483647, got "x"',
+        id="rank_info local_rank a word",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("bad", "reason"), STRICT)
 def test_an_envelope_that_is_ambiguous_or_mistyped_is_rejected_with_its_reason(
-        run_dir, telemetry, ingest, record, bad, reason) -> None:
+    run_dir, telemetry, ingest, record, bad, reason
+) -> None:
     (telemetry / "rank-00000.jsonl").write_bytes(line(record, step=1) + bad.encode() + b"\n" + line(record, step=3))
     store = ingest(run_dir)
     assert rows(store, "SELECT reason FROM rejected") == [(reason,)]
@@ -226,8 +271,10 @@ def test_an_envelope_that_is_ambiguous_or_mistyped_is_rejected_with_its_reason(
 
 
 def test_a_param_checksum_of_digits_or_braces_is_kept_as_the_string_it_is(run_dir, telemetry, ingest, record) -> None:
-    lines = [json.dumps(record("rank_step", step=i, metrics={"step_time": 1.0}, param_checksum=digest)) + "\n"
-             for i, digest in enumerate(["12345678", "{abc", "-1e5"])]
+    lines = [
+        json.dumps(record("rank_step", step=i, metrics={"step_time": 1.0}, param_checksum=digest)) + "\n"
+        for i, digest in enumerate(["12345678", "{abc", "-1e5"])
+    ]
     (telemetry / "rank-00000.jsonl").write_text("".join(lines))
     store = ingest(run_dir)
     assert rows(store, "SELECT param_checksum FROM rank_steps ORDER BY step") == [("12345678",), ("{abc",), ("-1e5",)]

@@ -7,6 +7,7 @@ holds (tables, row counts, committed offsets), the incidents a clean detection f
 message must have been answered 2xx exactly once. ``KILLS`` is sized for CI; ``bench/harness.py --long``
 runs the same with many more kills (docs/reliability.md).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -30,8 +31,19 @@ from bedside.collectors.store import Store
 KILLS = int(os.environ.get("BEDSIDE_HARNESS_KILLS", "3"))
 SEED = int(os.environ.get("BEDSIDE_HARNESS_SEED", "20261201"))
 OWNER_START_S, FINISH_S = 90.0, 180.0
-DATA_TABLES = ("sources", "run_info", "rank_topology", "steps", "rank_steps", "evals", "checkpoints", "actions",
-               "events", "faults", "rejected_lines")
+DATA_TABLES = (
+    "sources",
+    "run_info",
+    "rank_topology",
+    "steps",
+    "rank_steps",
+    "evals",
+    "checkpoints",
+    "actions",
+    "events",
+    "faults",
+    "rejected_lines",
+)
 
 
 def cli(*args: str | Path) -> list[str]:
@@ -44,9 +56,9 @@ def pieces(run: Path, count: int) -> list[dict[Path, bytes]]:
     for path in sorted(RunLayout(run).telemetry.glob("rank-*.jsonl")):
         lines = path.read_bytes().splitlines(keepends=True)
         bounds = [len(lines) * i // (count + 1) for i in range(count + 2)]
-        path.write_bytes(b"".join(lines[:bounds[1]]))
+        path.write_bytes(b"".join(lines[: bounds[1]]))
         for i in range(count):
-            rest[i][path] = b"".join(lines[bounds[i + 1]:bounds[i + 2]])
+            rest[i][path] = b"".join(lines[bounds[i + 1] : bounds[i + 2]])
     return rest
 
 
@@ -59,9 +71,13 @@ def append(piece: dict[Path, bytes]) -> None:
 def start_owner(kind: str, run: Path, config: Path, port: int) -> subprocess.Popen:
     """``bedside watch`` or ``bedside serve`` of ``run`` in a process group of its own."""
     extra = ["--rescan-every", "0.2"] if kind == "watch" else ["--port", str(port), "--refresh", "1"]
-    return subprocess.Popen(cli(kind, run, "--config", config, *extra), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, **ENVIRON, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        cli(kind, run, "--config", config, *extra),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **ENVIRON, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def kill_at_random(owner: subprocess.Popen, run: Path, rng: random.Random) -> None:
@@ -85,14 +101,17 @@ def facts(run: Path) -> dict[str, object]:
         cur = store.cursor()
         counts = {t: cur.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0] for t in DATA_TABLES}
         offsets = cur.execute("SELECT path, committed_offset, state FROM sources ORDER BY path").fetchall()
-        incidents = cur.execute("SELECT incident_id, kinds, severity, status, start_step FROM incidents "
-                                "WHERE NOT list_contains(kinds, 'hang') ORDER BY 1").fetchall()
+        incidents = cur.execute(
+            "SELECT incident_id, kinds, severity, status, start_step FROM incidents "
+            "WHERE NOT list_contains(kinds, 'hang') ORDER BY 1"
+        ).fetchall()
     return {"counts": counts, "offsets": offsets, "incidents": incidents}
 
 
 @pytest.mark.parametrize("kind", ["watch", "serve"])
 def test_an_owner_killed_at_random_loses_and_repeats_no_row_and_no_alert(
-        kind: str, tiny_faults: Path, tmp_path: Path, receiver: Receiver) -> None:
+    kind: str, tiny_faults: Path, tmp_path: Path, receiver: Receiver
+) -> None:
     reference = tmp_path / "reference"
     subprocess.run(["cp", "-r", str(tiny_faults), str(reference)], check=True)
     rng = random.Random(f"{SEED}-{kind}")
@@ -107,9 +126,13 @@ def test_an_owner_killed_at_random_loses_and_repeats_no_row_and_no_alert(
                 os.killpg(owner.pid, signal.SIGKILL)
                 owner.wait()
         append(rest[kill])
-    final = subprocess.run(cli("watch", tiny_faults, "--config", config, "--until-finished", "--drain", "30",
-                               "--quiet"), capture_output=True, text=True, timeout=FINISH_S,
-                           env={**os.environ, **ENVIRON})
+    final = subprocess.run(
+        cli("watch", tiny_faults, "--config", config, "--until-finished", "--drain", "30", "--quiet"),
+        capture_output=True,
+        text=True,
+        timeout=FINISH_S,
+        env={**os.environ, **ENVIRON},
+    )
     assert final.returncode == 0, final.stderr
     assert subprocess.run(cli("detect", reference), capture_output=True, timeout=FINISH_S).returncode == 0
     assert facts(tiny_faults) == facts(reference)
@@ -123,8 +146,20 @@ TRAINER_KILLS = int(os.environ.get("BEDSIDE_HARNESS_TRAINER_KILLS", "2"))
 
 
 def train_command(run: Path, *extra: str) -> list[str]:
-    return cli("train", "--nproc", "2", "--steps", str(TRAIN_STEPS), "--checkpoint-every", str(CHECKPOINT_EVERY),
-               "--keep-checkpoints", "100", "--out", run, *extra)
+    return cli(
+        "train",
+        "--nproc",
+        "2",
+        "--steps",
+        str(TRAIN_STEPS),
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--keep-checkpoints",
+        "100",
+        "--out",
+        run,
+        *extra,
+    )
 
 
 def descendants(pid: int) -> list[int]:
@@ -159,8 +194,15 @@ def rank_process(trainer: subprocess.Popen, rank: int) -> int | None:
 
 def last_step(run: Path, rank: int) -> int:
     path = RunLayout(run).rank_file(rank)
-    steps = [json.loads(line).get("step", -1) for line in path.read_bytes().splitlines()[-50:]
-             if line.startswith(b'{"kind":"rank_step"')] if path.exists() else []
+    steps = (
+        [
+            json.loads(line).get("step", -1)
+            for line in path.read_bytes().splitlines()[-50:]
+            if line.startswith(b'{"kind":"rank_step"')
+        ]
+        if path.exists()
+        else []
+    )
     return max(steps, default=-1)
 
 
@@ -168,9 +210,13 @@ def kill_rank_at_random(run: Path, resume: bool, rng: random.Random) -> int:
     """Train (or resume) until rank 1 passes a random step, SIGKILL that rank; the step it had passed."""
     start = last_step(run, 1) if resume else 0
     target = min(start + rng.randint(3, 12), TRAIN_STEPS - 2)
-    trainer = subprocess.Popen(train_command(run, *(["--resume"] if resume else [])), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    trainer = subprocess.Popen(
+        train_command(run, *(["--resume"] if resume else [])),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         deadline = time.monotonic() + FINISH_S
         while last_step(run, 1) < target and trainer.poll() is None:
@@ -192,16 +238,23 @@ def test_a_trainer_rank_killed_at_random_resumes_with_each_step_recorded_once_pe
     rng = random.Random(f"{SEED}-trainer")
     for kill in range(TRAINER_KILLS):
         kill_rank_at_random(run, resume=kill > 0, rng=rng)
-    done = subprocess.run(train_command(run, "--resume"), capture_output=True, text=True, timeout=FINISH_S * 2,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        train_command(run, "--resume"),
+        capture_output=True,
+        text=True,
+        timeout=FINISH_S * 2,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert subprocess.run(cli("collect", run, "--quiet"), timeout=FINISH_S).returncode == 0
     with Store.open(RunLayout(run).store, read_only=True, schemas=SCHEMAS) as store:
         cur = store.cursor()
-        [[twice]] = cur.execute("SELECT count(*) FROM (SELECT rank, timeline, step FROM rank_steps "
-                                "GROUP BY ALL HAVING count(*) > 1)").fetchall()
-        [[steps_twice]] = cur.execute("SELECT count(*) FROM (SELECT timeline, step FROM steps "
-                                      "GROUP BY ALL HAVING count(*) > 1)").fetchall()
+        [[twice]] = cur.execute(
+            "SELECT count(*) FROM (SELECT rank, timeline, step FROM rank_steps GROUP BY ALL HAVING count(*) > 1)"
+        ).fetchall()
+        [[steps_twice]] = cur.execute(
+            "SELECT count(*) FROM (SELECT timeline, step FROM steps GROUP BY ALL HAVING count(*) > 1)"
+        ).fetchall()
         timelines = cur.execute("SELECT timeline, min(step), max(step) FROM steps GROUP BY 1 ORDER BY 1").fetchall()
         [[status]] = cur.execute("SELECT status FROM run").fetchall()
         [[rejected]] = cur.execute("SELECT count(*) FROM rejected").fetchall()

@@ -3,6 +3,7 @@
 What the collector opens and lists is seen through Python's audit hooks (``open``, ``os.listdir``,
 ``os.scandir``): the real calls of the real collector and follower, recorded while a test asks.
 """
+
 from __future__ import annotations
 
 import sys
@@ -70,8 +71,9 @@ def test_the_lines_of_many_files_share_one_record_batch() -> None:
     ]
 
 
-def test_a_pass_opens_only_the_files_that_grew(many_ranks: RunLayout, write_lines: Callable[..., Path],
-                                               record: Callable[..., dict]) -> None:
+def test_a_pass_opens_only_the_files_that_grew(
+    many_ranks: RunLayout, write_lines: Callable[..., Path], record: Callable[..., dict]
+) -> None:
     with Store.open(many_ranks.store) as store:
         collector = Collector(many_ranks.root, store)
         assert collector.ingest_available().lines == FILES
@@ -94,7 +96,8 @@ def wait_for_rows(store: Store, rows: int) -> None:
 
 
 def test_between_rescans_the_follower_looks_only_at_the_files_that_events_name(
-        many_ranks: RunLayout, write_lines: Callable[..., Path], record: Callable[..., dict]) -> None:
+    many_ranks: RunLayout, write_lines: Callable[..., Path], record: Callable[..., dict]
+) -> None:
     with following(many_ranks.root, rescan_every_s=60.0) as store:
         wait_for_rows(store, FILES)
         with file_calls(many_ranks.telemetry) as calls:
@@ -106,7 +109,8 @@ def test_between_rescans_the_follower_looks_only_at_the_files_that_events_name(
 
 
 def test_a_new_rank_file_between_rescans_is_found_by_its_event(
-        many_ranks: RunLayout, write_lines: Callable[..., Path], record: Callable[..., dict]) -> None:
+    many_ranks: RunLayout, write_lines: Callable[..., Path], record: Callable[..., dict]
+) -> None:
     with following(many_ranks.root, rescan_every_s=60.0) as store:
         wait_for_rows(store, FILES)
         write_lines([record("rank_step", rank=FILES, metrics={"step_time": 0.3})], rank=FILES)

@@ -2,6 +2,7 @@
 store, broken for real (a table renamed away through a second cursor, as a stray DDL or a damaged catalog would),
 shows the failure in a banner on every page, logs it, tells the webhook (signed) once, retries with backoff, and,
 once the table is back, ingests what the trainer wrote meanwhile with no row lost or counted twice."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -23,8 +24,9 @@ STOPPED = "ingestion and detection stopped"
 
 
 @pytest.fixture
-def live_owner(tiny_faults: Path, tmp_path: Path, receiver: Receiver,
-               monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RunOwner, Callable[[], None]]]:
+def live_owner(
+    tiny_faults: Path, tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[RunOwner, Callable[[], None]]]:
     """The desk of ``bedside serve`` on the first part of tiny_faults, live (its owner follows in a thread), with a
     signed webhook on ``receiver``: the owner once it has caught up, and what appends the rest of the run."""
     append_rest = split_run(tiny_faults)
@@ -53,8 +55,11 @@ def rename(owner: RunOwner, table: str, to: str) -> bool:
 
 
 def test_a_failing_owner_is_shown_logged_alerted_retried_and_loses_nothing(
-        tiny_faults: Path, live_owner: tuple[RunOwner, Callable[[], None]], receiver: Receiver,
-        capsys: pytest.CaptureFixture) -> None:
+    tiny_faults: Path,
+    live_owner: tuple[RunOwner, Callable[[], None]],
+    receiver: Receiver,
+    capsys: pytest.CaptureFixture,
+) -> None:
     owner, append_rest = live_owner
     assert rename(owner, "rank_steps", "rank_steps_away")
     append_rest()  # the trainer keeps writing
@@ -78,7 +83,16 @@ def test_a_failing_owner_is_shown_logged_alerted_retried_and_loses_nothing(
     eventually(lambda: not owner.health.failing, "the owner works again")
     eventually(lambda: len(owner_messages(receiver, "owner_recovered")) == 1, "owner_recovered at the webhook")
     VALIDATOR.validate(owner_messages(receiver, "owner_recovered")[0].json())
-    eventually(lambda: owner.store.cursor().execute(
-        "SELECT (SELECT count(*) FROM rank_steps), (SELECT count(DISTINCT (source_id, line_offset)) FROM rank_steps),"
-        " (SELECT count(*) FROM steps)").fetchone() == (400, 400, 200), "every row once")
+    eventually(
+        lambda: (
+            owner.store.cursor()
+            .execute(
+                "SELECT (SELECT count(*) FROM rank_steps), (SELECT count(DISTINCT (source_id, line_offset)) FROM rank_steps),"
+                " (SELECT count(*) FROM steps)"
+            )
+            .fetchone()
+            == (400, 400, 200)
+        ),
+        "every row once",
+    )
     assert not [e.value for e in open_page("overview", run=tiny_faults.name).error if STOPPED in e.value]

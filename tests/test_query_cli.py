@@ -1,4 +1,5 @@
 """The ``bedside`` CLI as a user runs it: query output, refused SQL, a held store, runs, errors, help."""
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,9 @@ def parse_json(out: str) -> list[tuple]:
     return [(r["step"], r["loss"]) for r in json.loads(out)]
 
 
-@pytest.mark.parametrize(("fmt", "parse"), [("table", parse_table), ("csv", parse_csv), ("json", parse_json)],
-                         ids=["table", "csv", "json"])
+@pytest.mark.parametrize(
+    ("fmt", "parse"), [("table", parse_table), ("csv", parse_csv), ("json", parse_json)], ids=["table", "csv", "json"]
+)
 def test_query_prints_each_format(collected_run, bedside, fmt: str, parse: Callable[[str], list]) -> None:
     done = bedside("query", collected_run, STEP_LOSS_SQL, "--format", fmt)
     assert (done.returncode, done.stderr) == (0, "")
@@ -78,13 +80,16 @@ def assert_one_line_error(done: subprocess.CompletedProcess, fragment: str) -> N
     assert fragment in done.stderr
 
 
-@pytest.mark.parametrize(("sql", "fragment"), [
-    pytest.param("SELEC step FROM step_metrics", "SQL error: ", id="syntax error"),
-    pytest.param("SELECT no_such_column FROM step_metrics", "SQL error: ", id="unknown column"),
-    pytest.param("DELETE FROM steps", "only SELECT queries are allowed", id="delete"),
-    pytest.param("CREATE TABLE t (a INTEGER)", "only SELECT queries are allowed", id="create table"),
-    pytest.param("SELECT 1; SELECT 2", "exactly one SQL statement", id="two statements"),
-])
+@pytest.mark.parametrize(
+    ("sql", "fragment"),
+    [
+        pytest.param("SELEC step FROM step_metrics", "SQL error: ", id="syntax error"),
+        pytest.param("SELECT no_such_column FROM step_metrics", "SQL error: ", id="unknown column"),
+        pytest.param("DELETE FROM steps", "only SELECT queries are allowed", id="delete"),
+        pytest.param("CREATE TABLE t (a INTEGER)", "only SELECT queries are allowed", id="create table"),
+        pytest.param("SELECT 1; SELECT 2", "exactly one SQL statement", id="two statements"),
+    ],
+)
 def test_bad_or_writing_sql_is_refused_in_one_line(collected_run, bedside, sql: str, fragment: str) -> None:
     assert_one_line_error(bedside("query", collected_run, sql), fragment)
 
@@ -104,14 +109,16 @@ def wait_for(condition: Callable[[], bool]) -> None:
 
 
 def test_query_reads_the_raw_telemetry_while_a_collector_holds_the_store(
-        uncollected_run, bedside, start_bedside, tmp_path) -> None:
+    uncollected_run, bedside, start_bedside, tmp_path
+) -> None:
     log = tmp_path / "collect.log"
     with open(log, "w") as err:
         collector = start_bedside("collect", uncollected_run, "--follow", stderr=err)
     wait_for(lambda: "ingested" in log.read_text() or collector.poll() is not None)
     assert collector.poll() is None, log.read_text()
-    done = bedside("query", uncollected_run, "SELECT count(*) AS steps, sum(loss) AS total FROM step_metrics",
-                   "--format", "csv")
+    done = bedside(
+        "query", uncollected_run, "SELECT count(*) AS steps, sum(loss) AS total FROM step_metrics", "--format", "csv"
+    )
     collector.send_signal(signal.SIGTERM)
     assert collector.wait(timeout=EVENTUALLY_S) == 0, log.read_text()
     assert (done.returncode, done.stdout.splitlines()) == (0, ["steps,total", "3,0.875"])
@@ -126,15 +133,21 @@ def test_runs_lists_each_run_with_its_status(tmp_path, bedside) -> None:
     finally:
         live.close()
     assert listed.returncode == 0, listed.stderr
-    runs = {r["name"]: (r["status"], r["last_step"], r["world_size"]) for r in csv.DictReader(io.StringIO(listed.stdout))}
+    runs = {
+        r["name"]: (r["status"], r["last_step"], r["world_size"]) for r in csv.DictReader(io.StringIO(listed.stdout))
+    }
     assert runs == {"done": ("finished", "3", "1"), "going": ("live", "3", "1")}
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (("collect",), "no run directory"),
-    (("query", STEP_LOSS_SQL), "no run directory"),
-    (("runs",), "no such directory"),
-], ids=["collect", "query", "runs"])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("collect",), "no run directory"),
+        (("query", STEP_LOSS_SQL), "no run directory"),
+        (("runs",), "no such directory"),
+    ],
+    ids=["collect", "query", "runs"],
+)
 def test_a_missing_directory_is_a_clean_error(tmp_path, bedside, args: tuple, fragment: str) -> None:
     command, *rest = args
     assert_one_line_error(bedside(command, tmp_path / "missing", *rest), fragment)
@@ -171,8 +184,10 @@ OUT_OF_RANGE = [
     (("collect", "--batch-mb", "0"), "argument --batch-mb: expected an integer from 1 to 1024, got 0"),
     (("collect", "--batch-mb", "1025"), "argument --batch-mb: expected an integer from 1 to 1024, got 1025"),
     (("collect", "--batch-mb", "1.5"), "argument --batch-mb: expected an integer from 1 to 1024, got '1.5'"),
-    (("collect", "--follow", "--rescan-every", "0"),
-     "argument --rescan-every: expected a number of seconds > 0, got '0'"),
+    (
+        ("collect", "--follow", "--rescan-every", "0"),
+        "argument --rescan-every: expected a number of seconds > 0, got '0'",
+    ),
     (("collect", "--follow", "--rescan-every", "nan"), "argument --rescan-every: expected a number of seconds > 0"),
     (("query", STEP_LOSS_SQL, "--timeout", "-1"), "argument --timeout: expected a number of seconds > 0, got '-1'"),
     (("query", STEP_LOSS_SQL, "--timeout", "inf"), "argument --timeout: expected a number of seconds > 0"),
@@ -187,9 +202,14 @@ def test_options_out_of_range_are_refused(tmp_path, bedside, args: tuple, messag
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("option", "value", "parsed"), [
-    ("--batch-mb", "1", 1), ("--batch-mb", "1024", 1024), ("--rescan-every", "0.01", 0.01),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "parsed"),
+    [
+        ("--batch-mb", "1", 1),
+        ("--batch-mb", "1024", 1024),
+        ("--rescan-every", "0.01", 0.01),
+    ],
+)
 def test_options_at_the_ends_of_their_range_are_accepted(option: str, value: str, parsed: float) -> None:
     args = build_parser().parse_args(["collect", "run", option, value])
     assert getattr(args, option[2:].replace("-", "_")) == parsed

@@ -1,4 +1,5 @@
 """The record dataclasses: the schema's fields exactly, and every one through the collector and back."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,24 +37,50 @@ from bedside.collectors.store import Store
 ENVELOPE = {"time": 1_700_000_000.5, "rank": 0, "step": 3, "timeline": 1, "seq": 0}
 EXAMPLES: list[Record] = [  # every field of every kind set
     RankInfo(**ENVELOPE, host="node-a", local_rank=0, world_size=1, pid=4242, mesh={"dp": 0, "tp": 0, "pp": 0}),
-    Step(**ENVELOPE, metrics={"loss": 2.5, "grad_norm": "NaN", "lr": 0.001, "tokens": 512, "flops": 1e12,
-                              "mine": "-Infinity"}, shards=[3, "s7"]),
-    RankStep(**ENVELOPE, metrics={"step_time": 0.25, "data_time": 0.01, "compute_time": 0.2, "comm_time": 0.03,
-                                  "optimizer_time": 0.01, "local_grad_norm": "Infinity", "mine": 1.5},
-             param_checksum="c0ffee"),
+    Step(
+        **ENVELOPE,
+        metrics={"loss": 2.5, "grad_norm": "NaN", "lr": 0.001, "tokens": 512, "flops": 1e12, "mine": "-Infinity"},
+        shards=[3, "s7"],
+    ),
+    RankStep(
+        **ENVELOPE,
+        metrics={
+            "step_time": 0.25,
+            "data_time": 0.01,
+            "compute_time": 0.2,
+            "comm_time": 0.03,
+            "optimizer_time": 0.01,
+            "local_grad_norm": "Infinity",
+            "mine": 1.5,
+        },
+        param_checksum="c0ffee",
+    ),
     Eval(**ENVELOPE, metrics={"loss": 2.25, "accuracy": 0.5}, split="val", cum_tokens=1536, cum_flops=3e12),
-    Checkpoint(**ENVELOPE, metrics={"duration_s": 1.5, "bytes": 1024}, event="saved", path="ckpt/3",
-               message="written"),
-    Action(**ENVELOPE, action="rewind", status="applied", request_id="req-1", operator="alice",
-           reason="loss spike", message="rewound", args={"to_step": 1}),
+    Checkpoint(**ENVELOPE, metrics={"duration_s": 1.5, "bytes": 1024}, event="saved", path="ckpt/3", message="written"),
+    Action(
+        **ENVELOPE,
+        action="rewind",
+        status="applied",
+        request_id="req-1",
+        operator="alice",
+        reason="loss spike",
+        message="rewound",
+        args={"to_step": 1},
+    ),
     Heartbeat(**ENVELOPE),
     Log(**ENVELOPE, message="spike seen", level="warning"),
     FaultInjected(**ENVELOPE, fault="nan_loss", target_ranks=[0], args={"p": 1.0}),
     Event(**ENVELOPE, kind="custom_probe", metrics={"value": 1.0}, fields={"note": "a kind unknown to v1"}),
     RunEnd(**{**ENVELOPE, "step": 4}, status="finished", message="done"),
 ]
-TABLES = {Kind.STEP: "steps", Kind.RANK_STEP: "rank_steps", Kind.EVAL: "evals", Kind.CHECKPOINT: "checkpoints",
-          Kind.ACTION: "actions", Kind.FAULT_INJECTED: "faults"}
+TABLES = {
+    Kind.STEP: "steps",
+    Kind.RANK_STEP: "rank_steps",
+    Kind.EVAL: "evals",
+    Kind.CHECKPOINT: "checkpoints",
+    Kind.ACTION: "actions",
+    Kind.FAULT_INJECTED: "faults",
+}
 """Where the collector puts each kind; every other kind goes to events, the whole line as its payload."""
 METRIC_MAPS = ("extra", "scores")
 """Columns holding the metrics that have no column of their own."""
@@ -67,8 +94,10 @@ def kind_schema(kind: str) -> dict:
 def test_a_kinds_record_class_has_the_schemas_fields_and_requires_what_it_requires(kind: Kind) -> None:
     cls = KIND_RECORDS[kind]
     spec = schema()
-    assert {"kind", *(f.name for f in dataclasses.fields(cls))} == {*spec["properties"],
-                                                                    *kind_schema(kind).get("properties", {})}
+    assert {"kind", *(f.name for f in dataclasses.fields(cls))} == {
+        *spec["properties"],
+        *kind_schema(kind).get("properties", {}),
+    }
     assert {"kind", *required_fields(cls)} == {*spec["required"], *kind_schema(kind).get("required", [])}
 
 
@@ -103,8 +132,10 @@ def stored_row(store: Store, record: Record) -> dict:
         cursor = store.cursor().execute("SELECT * FROM events WHERE kind = ?", [str(record.kind)])
     names = [column[0] for column in cursor.description]
     (row,) = cursor.fetchall()
-    return {name: json.loads(value) if name in ("payload", "attrs", "shards", "args", "target_ranks") and value
-            else value for name, value in zip(names, row)}
+    return {
+        name: json.loads(value) if name in ("payload", "attrs", "shards", "args", "target_ranks") and value else value
+        for name, value in zip(names, row)
+    }
 
 
 def set_fields(record: Record) -> dict:
@@ -121,8 +152,10 @@ def read_back(row: dict, record: Record) -> dict:
     fields = {name: row[name] if name in row else line.get(name) for name in set_fields(record) if name != "metrics"}
     if record.metrics is not None:
         maps = {k: v for column in METRIC_MAPS if row.get(column) for k, v in row[column].items()}
-        fields["metrics"] = {name: row[name] if name in row else maps.get(name, line.get("metrics", {}).get(name))
-                             for name in record.metrics}
+        fields["metrics"] = {
+            name: row[name] if name in row else maps.get(name, line.get("metrics", {}).get(name))
+            for name in record.metrics
+        }
     return fields
 
 
@@ -168,10 +201,11 @@ def test_our_own_writers_build_a_kinds_record_strictly() -> None:
 
 def test_a_line_leaves_out_what_is_none_and_puts_the_envelope_first() -> None:
     line = to_line(Checkpoint(**ENVELOPE, event="saved", metrics={"bytes": 1}))
-    assert line == ('{"kind":"checkpoint","time":1700000000.5,"rank":0,"step":3,"timeline":1,"seq":0,'
-                    '"metrics":{"bytes":1},"event":"saved"}\n')
-    assert list(json.loads(line))[:len(ENVELOPE_FIELDS)] == list(ENVELOPE_FIELDS)
-
+    assert line == (
+        '{"kind":"checkpoint","time":1700000000.5,"rank":0,"step":3,"timeline":1,"seq":0,'
+        '"metrics":{"bytes":1},"event":"saved"}\n'
+    )
+    assert list(json.loads(line))[: len(ENVELOPE_FIELDS)] == list(ENVELOPE_FIELDS)
 
 
 def test_the_simulators_templated_lines_are_the_lines_of_its_records() -> None:
@@ -181,7 +215,8 @@ def test_the_simulators_templated_lines_are_the_lines_of_its_records() -> None:
     phases = {"step_time": 0.5, "data_time": 0.01, "compute_time": 0.4, "comm_time": 0.05, "optimizer_time": 0.04}
     placed = (where["time"], where["rank"], where["step"], where["seq"])  # the templates' timeline is 0
     rank_step = RANK_STEP % (*placed, *phases.values(), '"NaN"', CHECKSUM % 0xC0FFEE)
-    assert json.loads(rank_step) == to_dict(RankStep(**where, metrics={**phases, "local_grad_norm": "NaN"},
-                                                     param_checksum="0000000000c0ffee"))
+    assert json.loads(rank_step) == to_dict(
+        RankStep(**where, metrics={**phases, "local_grad_norm": "NaN"}, param_checksum="0000000000c0ffee")
+    )
     heartbeat = HEARTBEAT % placed
     assert json.loads(heartbeat) == to_dict(Heartbeat(**where))

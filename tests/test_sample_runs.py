@@ -1,4 +1,5 @@
 """The recorded sample runs stay readable by the current collector, with their ground truth."""
+
 from __future__ import annotations
 
 import shutil
@@ -34,7 +35,9 @@ def test_the_tiny_rewind_run_keeps_both_timelines_and_the_operators_actions(tmp_
         cursor = store.cursor()
         assert cursor.execute("SELECT count(*) FROM rejected").fetchall() == [(0,)]
         assert cursor.execute("SELECT timeline, min(step) FROM step_metrics GROUP BY ALL ORDER BY 1").fetchall() == [
-            (0, 1), (1, 61)]
+            (0, 1),
+            (1, 61),
+        ]
         applied = cursor.execute("SELECT action FROM action_events WHERE status = 'applied' ORDER BY time").fetchall()
         assert [a for (a,) in applied] == ["rewind", "quarantine", "quarantine"]
         faults = cursor.execute("SELECT fault FROM fault_labels ORDER BY step").fetchall()

@@ -1,5 +1,6 @@
 """Scoring findings against ground truth: the margin, ranks, delay, culprit, false alarms, the per-kind table,
 and the demo's scorecard over the recorded sample run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,29 +29,53 @@ NAN = Label("nan", "nonfinite", Window(200), (0,), "nan:rank=0,step=200")
 
 def findings(*rows: tuple[str, int, tuple[int, ...]], timeline: int = 0) -> pd.DataFrame:
     """Findings of ``timeline`` from (kind, start step, ranks)."""
-    return pd.DataFrame([(f"{kind}@{start}/{i}", kind, timeline, start, ranks)
-                         for i, (kind, start, ranks) in enumerate(rows)], columns=list(FINDING_COLUMNS))
+    return pd.DataFrame(
+        [(f"{kind}@{start}/{i}", kind, timeline, start, ranks) for i, (kind, start, ranks) in enumerate(rows)],
+        columns=list(FINDING_COLUMNS),
+    )
 
 
-@pytest.mark.parametrize(("start", "ranks", "found"), [
-    (100, (3,), True), (98, (3,), True), (97, (3,), False), (140, (3,), True), (150, (3,), True), (151, (3,), False),
-    (120, (), True), (120, (2, 3), True), (120, (2,), False),
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    ("start", "ranks", "found"),
+    [
+        (100, (3,), True),
+        (98, (3,), True),
+        (97, (3,), False),
+        (140, (3,), True),
+        (150, (3,), True),
+        (151, (3,), False),
+        (120, (), True),
+        (120, (2, 3), True),
+        (120, (2,), False),
+    ],
+    ids=lambda v: str(v),
+)
 def test_a_finding_matches_a_label_within_the_margin_when_it_blames_its_ranks(start, ranks, found) -> None:
     rows = match(findings(("straggler", start, ranks)), [STRAGGLER], Margin(before=2, after=10))
     assert rows["found"].tolist() == [found]
 
 
 def test_delay_and_culprit_come_from_the_earliest_matching_finding() -> None:
-    rows = match(findings(("straggler", 110, (3,)), ("straggler", 104, (2, 3)), ("loss_spike", 100, ())),
-                 [STRAGGLER], Margin(before=5))
+    rows = match(
+        findings(("straggler", 110, (3,)), ("straggler", 104, (2, 3)), ("loss_spike", 100, ())),
+        [STRAGGLER],
+        Margin(before=5),
+    )
     [row] = rows.to_dict("records")
     assert (row["delay"], row["culprit"], row["finding_id"]) == (4, False, "straggler@104/1")
 
 
-@pytest.mark.parametrize(("starts", "delay"), [
-    ((190, 200), 0), ((190, 198, 205), -2), ((190, 195), -5), ((205, 203), 3), ((190,), -10),
-], ids=str)
+@pytest.mark.parametrize(
+    ("starts", "delay"),
+    [
+        ((190, 200), 0),
+        ((190, 198, 205), -2),
+        ((190, 195), -5),
+        ((205, 203), 3),
+        ((190,), -10),
+    ],
+    ids=str,
+)
 def test_the_finding_nearest_the_onset_gives_the_delay_not_an_earlier_one_in_the_margin(starts, delay) -> None:
     """On time means from two steps before the fault on; only when no finding is, the latest before it counts."""
     rows = match(findings(*(("nonfinite", start, (0,)) for start in starts)), [NAN], Margin(before=12, after=12))
@@ -58,8 +83,14 @@ def test_the_finding_nearest_the_onset_gives_the_delay_not_an_earlier_one_in_the
 
 
 def test_false_alarms_are_findings_no_label_explains() -> None:
-    found = findings(("straggler", 120, (1,)), ("throughput_drop", 130, ()), ("nonfinite", 200, ()),
-                     ("grad_spike", 201, ()), ("sdc", 50, (5,)), ("nonfinite", 150, ()))
+    found = findings(
+        ("straggler", 120, (1,)),
+        ("throughput_drop", 130, ()),
+        ("nonfinite", 200, ()),
+        ("grad_spike", 201, ()),
+        ("sdc", 50, (5,)),
+        ("nonfinite", 150, ()),
+    )
     alarms = false_alarms(found, [STRAGGLER, NAN], Margin())
     # a peer's straggler finding in the window is no alarm, nor the drop a straggler causes
     assert alarms["start_step"].tolist() == [50, 150]
@@ -81,8 +112,9 @@ def test_after_a_rewind_a_finding_matches_and_explains_only_faults_of_its_timeli
 
 def test_labels_are_one_per_fault_and_timeline() -> None:
     args = {"spec": "nan:rank=1,step=10", "first": 10, "last": 10, "every": 1, "expected_kind": "nonfinite"}
-    records = pd.DataFrame({"timeline": [0, 1], "step": 10, "fault": "nan", "target_ranks": "[1]",
-                            "args": json.dumps(args)})
+    records = pd.DataFrame(
+        {"timeline": [0, 1], "step": 10, "fault": "nan", "target_ranks": "[1]", "args": json.dumps(args)}
+    )
     assert [label.timeline for label in labels_of(records)] == [0, 1]
 
 
@@ -99,7 +131,9 @@ def test_the_table_counts_recall_precision_and_alarms_per_kind() -> None:
 
 def test_a_fault_recorded_at_every_firing_is_one_label() -> None:
     args = {"spec": "nan:rank=1,from=10,steps=3", "first": 10, "last": 12, "every": 1, "expected_kind": "nonfinite"}
-    records = pd.DataFrame({"timeline": 0, "step": [10, 11, 12], "fault": "nan", "target_ranks": "[1]", "args": json.dumps(args)})
+    records = pd.DataFrame(
+        {"timeline": 0, "step": [10, 11, 12], "fault": "nan", "target_ranks": "[1]", "args": json.dumps(args)}
+    )
     assert labels_of(records) == [Label("nan", "nonfinite", Window(10, 12), (1,), args["spec"])]
 
 
@@ -112,8 +146,12 @@ SHARED_FAULT_DIFFERENCES = {
     # the trainer corrupts real token data in shards the tiny runs all read every step, so no shard stands
     # out and the loss shows it first (its seed draws the corruption); the simulator raises the loss of the
     # chosen shards' samples by ``excess``, which the bad_shard detector pins on them
-    "bad_shard": {"expected_kind": ("loss_spike", "bad_shard"), "settings": ((), ("excess",)),
-                  "magnitude": (None, "excess"), "extra": (("seed",), ())},
+    "bad_shard": {
+        "expected_kind": ("loss_spike", "bad_shard"),
+        "settings": ((), ("excess",)),
+        "magnitude": (None, "excess"),
+        "extra": (("seed",), ()),
+    },
     # the trainer stops one real process; the simulator also hangs a host, and its peers' collective
     # times out after ``timeout_s``, which only the simulator models
     "hang": {"targets": ("rank", "node"), "settings": ((), ("timeout_s",))},
@@ -123,8 +161,13 @@ SHARED_FAULT_DIFFERENCES = {
     "nan": {"targets": ("rank", "rank_or_zero"), "each_firing": (True, False)},
     # the trainer slows a real rank by a measured factor or a fixed delay, checked by its injector; the
     # simulator slows ranks or a host, in compute or in the data wait, by a factor it records as magnitude
-    "straggler": {"targets": ("rank", "node"), "settings": ((), ("factor",)), "choices": ((), ("phase",)),
-                  "magnitude": (None, "factor"), "extra": (("delay_ms", "factor"), ())},
+    "straggler": {
+        "targets": ("rank", "node"),
+        "settings": ((), ("factor",)),
+        "choices": ((), ("phase",)),
+        "magnitude": (None, "factor"),
+        "extra": (("delay_ms", "factor"), ()),
+    },
 }
 """What the trainer's and the simulator's faults of one name may differ in: (trainer, simulator) by field."""
 
@@ -152,6 +195,9 @@ def test_the_demo_scorecard_scores_the_sample_run(tmp_path: Path) -> None:
         card = demo_scorecard(store, margin=12)
     assert list(card.columns) == ["step", "fault", "target_ranks", "found_as", "delay_steps"]
     assert card.values.tolist() == [
-        [80, "bad_shard", "[0,1]", "loss_spike", 5], [105, "straggler", "[1]", "straggler", -3],
-        [150, "grad_bitflip", "[1]", "sdc", 0], [170, "param_bitflip", "[0]", "sdc", 0],
-        [185, "nan", "[0]", "nonfinite", 0]]
+        [80, "bad_shard", "[0,1]", "loss_spike", 5],
+        [105, "straggler", "[1]", "straggler", -3],
+        [150, "grad_bitflip", "[1]", "sdc", 0],
+        [170, "param_bitflip", "[0]", "sdc", 0],
+        [185, "nan", "[0]", "nonfinite", 0],
+    ]

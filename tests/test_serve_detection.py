@@ -1,5 +1,6 @@
 """Detection covers every row of a store, whoever ingested it: a run collected by ``bedside collect`` and then
 served (or watched) shows its incidents, not a green "No incidents.", and the page says when detectors ran."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,5 +1,6 @@
 """``bedside simulate``: the CLI end to end through collect and query, the timing of a synchronous job,
 every fault's signature and ground truth, nuisances, determinism, and refused input."""
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,9 @@ def faulty_run(tmp_path_factory, bedside) -> Path:
     """8 ranks on 2 hosts, 200 steps, one of each fault, nuisances on; simulated and collected by the CLI."""
     run = tmp_path_factory.mktemp("simulate") / "run"
     injected = [arg for spec in FAULTS for arg in ("--inject", spec)]
-    simulate_and_collect(bedside, run, "--ranks", str(RANKS), "--steps", str(STEPS), "--ranks-per-host", "4",
-                         "--seed", "7", *injected)
+    simulate_and_collect(
+        bedside, run, "--ranks", str(RANKS), "--steps", str(STEPS), "--ranks-per-host", "4", "--seed", "7", *injected
+    )
     return run
 
 
@@ -76,17 +78,29 @@ def pivot(rank_steps: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def test_collect_rejects_nothing_and_the_views_hold_every_record(faulty_run: Path, bedside) -> None:
-    [status] = cli_json(bedside, faulty_run,
-                        "SELECT sum(rejected)::INT AS rejected, count(*) AS files FROM ingest_status")
+    [status] = cli_json(
+        bedside, faulty_run, "SELECT sum(rejected)::INT AS rejected, count(*) AS files FROM ingest_status"
+    )
     assert status == {"rejected": 0, "files": RANKS + 1}
-    [counts] = cli_json(bedside, faulty_run, """
+    [counts] = cli_json(
+        bedside,
+        faulty_run,
+        """
         SELECT (SELECT count(*) FROM rank_step_metrics) AS rank_steps, (SELECT count(*) FROM step_metrics) AS steps,
                (SELECT count(DISTINCT step) FROM eval_scores) AS evals,
                (SELECT count(*) FROM eval_scores WHERE split = 'heldout') AS scores,
                (SELECT count(*) FROM fault_labels) AS labels, (SELECT status FROM run) AS status,
-               (SELECT count(*) FROM rank_step_metrics WHERE param_checksum IS NOT NULL) AS checksums""")
-    assert counts == {"rank_steps": RANKS * STEPS, "steps": STEPS, "evals": 4, "scores": 8, "labels": len(FAULTS),
-                      "status": "finished", "checksums": RANKS * STEPS // 10}
+               (SELECT count(*) FROM rank_step_metrics WHERE param_checksum IS NOT NULL) AS checksums""",
+    )
+    assert counts == {
+        "rank_steps": RANKS * STEPS,
+        "steps": STEPS,
+        "evals": 4,
+        "scores": 8,
+        "labels": len(FAULTS),
+        "status": "finished",
+        "checksums": RANKS * STEPS // 10,
+    }
 
 
 def test_topology_and_the_nuisances_are_in_run_json(faulty_run: Path) -> None:
@@ -97,13 +111,15 @@ def test_topology_and_the_nuisances_are_in_run_json(faulty_run: Path) -> None:
     assert config["inject"] == list(FAULTS)
     assert config["nuisances"]["resume"]["step"] == 100
     assert {"common_mode", "diurnal", "jitter", "eval_stalls", "checkpoint_stalls", "mixture_switch"} <= set(
-        config["nuisances"])
+        config["nuisances"]
+    )
 
 
 def test_every_fault_is_labeled_once_with_its_expected_kind(faulty_run: Path) -> None:
     labels = query(faulty_run, "SELECT step, rank, fault, target_ranks, args FROM fault_labels ORDER BY step")
-    written = [Label.from_record(*row) for row in labels[["step", "fault", "target_ranks", "args"]].itertuples(
-        index=False)]
+    written = [
+        Label.from_record(*row) for row in labels[["step", "fault", "target_ranks", "args"]].itertuples(index=False)
+    ]
     generated = simulate(SimulationConfig(ranks=RANKS, steps=STEPS, ranks_per_host=4, seed=7, inject=tuple(FAULTS)))
     assert written == generated.labels  # the dataset's ground truth is what the run directory says
     args = [json.loads(a) for a in labels["args"]]
@@ -154,7 +170,7 @@ def test_a_throughput_drop_slows_every_step(faulty_run: Path, rank_steps: pd.Dat
     first = rank_steps.groupby("step")["step_time"].first()
     step_time = pd.Series(first.to_numpy(dtype=float), index=first.index.astype(int))
     for window in json.loads((faulty_run / "run.json").read_text())["config"]["nuisances"]["common_mode"]:
-        step_time.loc[window["first"]:window["last"]] /= window["slowdown"]
+        step_time.loc[window["first"] : window["last"]] /= window["slowdown"]
     before = step_time[(step_time.index > 101) & (step_time.index < 170) & ~step_time.index.isin(range(140, 160))]
     assert step_time.loc[186:200].median() / before.median() == pytest.approx(1.25, rel=0.06)
 
@@ -188,9 +204,12 @@ def test_checksums_agree_across_replicas_until_one_diverges(rank_steps: pd.DataF
 
 
 def test_steps_reading_the_bad_shard_have_a_higher_loss(faulty_run: Path) -> None:
-    steps = query(faulty_run, "SELECT step, loss, list_has_any(CAST(shards AS INTEGER[]), [3, 4]) AS bad "
-                              "FROM step_metrics WHERE step >= 20 AND step NOT BETWEEN 55 AND 80 AND step <> 130 "
-                              "ORDER BY step")
+    steps = query(
+        faulty_run,
+        "SELECT step, loss, list_has_any(CAST(shards AS INTEGER[]), [3, 4]) AS bad "
+        "FROM step_metrics WHERE step >= 20 AND step NOT BETWEEN 55 AND 80 AND step <> 130 "
+        "ORDER BY step",
+    )
     residual = steps["loss"] - steps["loss"].rolling(9, center=True, min_periods=3).median()
     assert steps["bad"].sum() >= 5
     assert residual[steps["bad"]].median() > 0.15 and residual[~steps["bad"]].abs().median() < 0.05
@@ -208,7 +227,12 @@ def test_eval_stalls_while_training_loss_keeps_falling(faulty_run: Path) -> None
 def test_checkpoints_and_a_resume_are_events_not_faults(faulty_run: Path) -> None:
     events = query(faulty_run, "SELECT step, event, duration_s FROM checkpoint_events ORDER BY time")
     assert events[["step", "event"]].values.tolist() == [
-        [100, "save_started"], [100, "saved"], [100, "loaded"], [200, "save_started"], [200, "saved"]]
+        [100, "save_started"],
+        [100, "saved"],
+        [100, "loaded"],
+        [200, "save_started"],
+        [200, "saved"],
+    ]
     restarts = query(faulty_run, "SELECT rank FROM event_log WHERE kind = 'rank_info' AND step = 100")
     assert sorted(restarts["rank"]) == list(range(RANKS))
     beats = query(faulty_run, "SELECT count(*) AS n FROM event_log WHERE kind = 'heartbeat'")
@@ -223,8 +247,11 @@ def test_a_hung_rank_goes_silent_while_its_peers_block_and_keep_beating(tmp_path
     simulate_and_collect(bedside, run, "--ranks", "8", "--steps", "100", "--inject", "hang:rank=2,step=40,timeout_s=60")
     last = query(run, "SELECT rank, max(step) AS step, max(time) AS t FROM rank_step_metrics GROUP BY rank")
     assert set(last["step"]) == {39}
-    events = query(run, "SELECT rank, kind, count(*) AS n, min(time) AS t FROM event_log "
-                        "WHERE step = 39 GROUP BY ALL ORDER BY rank, kind")
+    events = query(
+        run,
+        "SELECT rank, kind, count(*) AS n, min(time) AS t FROM event_log "
+        "WHERE step = 39 GROUP BY ALL ORDER BY rank, kind",
+    )
     assert 2 not in set(events["rank"])
     beats = events[events["kind"] == "heartbeat"]
     assert sorted(beats["rank"]) == [0, 1, 3, 4, 5, 6, 7] and set(beats["n"]) == {5}
@@ -236,13 +263,18 @@ def test_a_hung_rank_goes_silent_while_its_peers_block_and_keep_beating(tmp_path
 
 def test_a_thousand_ranks_collect_cleanly(tmp_path: Path, bedside) -> None:
     run = tmp_path / "wide"
-    simulate_and_collect(bedside, run, "--ranks", "1024", "--steps", "20", "--pp", "4",
-                         "--inject", "straggler:host=5,factor=1.3,from=10")
-    [counts] = cli_json(bedside, run, """
+    simulate_and_collect(
+        bedside, run, "--ranks", "1024", "--steps", "20", "--pp", "4", "--inject", "straggler:host=5,factor=1.3,from=10"
+    )
+    [counts] = cli_json(
+        bedside,
+        run,
+        """
         SELECT (SELECT sum(rejected)::INT FROM ingest_status) AS rejected,
                (SELECT count(*) FROM rank_step_metrics) AS rows,
                (SELECT count(DISTINCT host) FROM ranks) AS hosts, (SELECT max(pp) FROM ranks) AS last_stage,
-               (SELECT count(*) FROM rank_step_metrics GROUP BY step ORDER BY 1 LIMIT 1) AS per_step""")
+               (SELECT count(*) FROM rank_step_metrics GROUP BY step ORDER BY 1 LIMIT 1) AS per_step""",
+    )
     assert counts == {"rejected": 0, "rows": 1024 * 20, "hosts": 128, "last_stage": 3, "per_step": 1024}
 
 
@@ -262,8 +294,11 @@ def test_the_last_pipeline_stage_is_slower_and_stages_keep_their_own_checksums(t
 def test_every_noise_family_writes_a_clean_run(tmp_path: Path, noise: str) -> None:
     run = tmp_path / noise
     simulate_run(SimulationConfig(ranks=4, steps=120, noise=noise, inject=("spike:step=80,sigma=30",)), run)
-    frame = query(run, "SELECT (SELECT sum(rejected) FROM ingest_status) AS rejected, "
-                       "(SELECT count(*) FROM step_metrics WHERE loss > 0) AS steps")
+    frame = query(
+        run,
+        "SELECT (SELECT sum(rejected) FROM ingest_status) AS rejected, "
+        "(SELECT count(*) FROM step_metrics WHERE loss > 0) AS steps",
+    )
     assert frame.values.tolist() == [[0, 120]]
 
 
@@ -310,18 +345,29 @@ def test_a_fault_leaves_the_other_signals_unchanged(tmp_path: Path) -> None:
     assert ratio[steps >= 30].median() == pytest.approx(2.0, rel=0.1)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--ranks", "0"], "argument --ranks: expected an integer from 1 to 65536, got 0"),
-    (["--ranks", "6", "--pp", "4"], "bedside: error: --pp 4 must divide --ranks 6"),
-    (["--inject", "melt:rank=1,step=3"], "bad fault spec 'melt:rank=1,step=3': unknown fault 'melt'"),
-    (["--inject", "nan:rank=9,step=3"], "bad fault spec 'nan:rank=9,step=3': rank 9 is out of range for world size 8"),
-    (["--inject", "straggler:rank=1,factor=0.5,from=3"], "factor must be > 1 and <= 100, got 0.5"),
-    (["--inject", "spike:step=30,shape=wobbly"], "shape must be one of single, grad_leading, divergent, got 'wobbly'"),
-    (["--inject", "hang:rank=1,step=10", "--inject", "nan:step=20"],
-     "step 20 is never reached, the run hangs at step 10"),
-    (["--inject", "bad_shard:from=3"], "bad_shard needs shard= or shards= (one of them)"),
-    (["--inject", "sdc_grad:rank=1,step=500"], "step 500 is after the run's last step 50"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ranks", "0"], "argument --ranks: expected an integer from 1 to 65536, got 0"),
+        (["--ranks", "6", "--pp", "4"], "bedside: error: --pp 4 must divide --ranks 6"),
+        (["--inject", "melt:rank=1,step=3"], "bad fault spec 'melt:rank=1,step=3': unknown fault 'melt'"),
+        (
+            ["--inject", "nan:rank=9,step=3"],
+            "bad fault spec 'nan:rank=9,step=3': rank 9 is out of range for world size 8",
+        ),
+        (["--inject", "straggler:rank=1,factor=0.5,from=3"], "factor must be > 1 and <= 100, got 0.5"),
+        (
+            ["--inject", "spike:step=30,shape=wobbly"],
+            "shape must be one of single, grad_leading, divergent, got 'wobbly'",
+        ),
+        (
+            ["--inject", "hang:rank=1,step=10", "--inject", "nan:step=20"],
+            "step 20 is never reached, the run hangs at step 10",
+        ),
+        (["--inject", "bad_shard:from=3"], "bad_shard needs shard= or shards= (one of them)"),
+        (["--inject", "sdc_grad:rank=1,step=500"], "step 500 is after the run's last step 50"),
+    ],
+)
 def test_bad_options_are_one_error_line(tmp_path: Path, capsys, args: list[str], message: str) -> None:
     run = tmp_path / "run"
     argv = ["simulate", "--out", str(run), "--steps", "50", *(["--ranks", "8"] if "--ranks" not in args else []), *args]
@@ -343,14 +389,17 @@ def test_an_existing_run_is_never_overwritten(tmp_path: Path, bedside) -> None:
     assert [p.name for p in run.iterdir()] == ["notes.txt"]
 
 
-@pytest.mark.parametrize(("spec", "ranks", "window"), [
-    ("straggler:host=1,factor=1.05,from=10,steps=5", (8, 9, 10, 11, 12, 13, 14, 15), (10, 14, 1)),
-    ("straggler:ranks=2-3,from=10,every=4", (2, 3), (10, None, 4)),
-    ("nan:step=7", (0,), (7, 7, 1)),
-    ("spike:step=20,sigma=3,shape=divergent", tuple(range(32)), (20, None, 1)),
-    ("sdc_grad:rank=5,from=12,every=3,scale_log2=20", (5,), (12, None, 3)),
-    ("eval_stall:from=30,steps=10", tuple(range(32)), (30, 39, 1)),
-])
+@pytest.mark.parametrize(
+    ("spec", "ranks", "window"),
+    [
+        ("straggler:host=1,factor=1.05,from=10,steps=5", (8, 9, 10, 11, 12, 13, 14, 15), (10, 14, 1)),
+        ("straggler:ranks=2-3,from=10,every=4", (2, 3), (10, None, 4)),
+        ("nan:step=7", (0,), (7, 7, 1)),
+        ("spike:step=20,sigma=3,shape=divergent", tuple(range(32)), (20, None, 1)),
+        ("sdc_grad:rank=5,from=12,every=3,scale_log2=20", (5,), (12, None, 3)),
+        ("eval_stall:from=30,steps=10", tuple(range(32)), (30, 39, 1)),
+    ],
+)
 def test_fault_specs_parse_into_targets_and_windows(spec: str, ranks: tuple, window: tuple) -> None:
     fault = parse_fault(spec, Topology(32, 1, 8), 100)
     assert fault.ranks == ranks

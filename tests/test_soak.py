@@ -5,6 +5,7 @@ Another process appends one record per rank per second (``live_ranks.py``); the 
 stays within a couple of steps of the writer and the process's RSS grows by no more than a bound that
 holds nothing per step; at the end every record is in the store once. ``bench/many_files.py --long`` runs the same harness at 4,096 ranks.
 """
+
 from __future__ import annotations
 
 import os

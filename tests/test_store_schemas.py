@@ -2,6 +2,7 @@
 
 Versions count per namespace; a store from before namespaces (one sequence of versions) is converted in place.
 """
+
 from __future__ import annotations
 
 import re
@@ -49,16 +50,22 @@ def legacy(path: Path) -> None:
     migrations numbered 3 to 5 between the telemetry's."""
     with Store.open(path, schemas=SCHEMAS) as store:
         con = store.cursor()
-        con.execute("CREATE TABLE old AS SELECT CASE WHEN namespace = 'service' THEN version + 2 ELSE version END "
-                    "AS version, name, applied_at FROM schema_migrations")
+        con.execute(
+            "CREATE TABLE old AS SELECT CASE WHEN namespace = 'service' THEN version + 2 ELSE version END "
+            "AS version, name, applied_at FROM schema_migrations"
+        )
         con.execute("DROP TABLE schema_migrations")
-        con.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, "
-                    "applied_at TIMESTAMP DEFAULT current_timestamp)")
+        con.execute(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, "
+            "applied_at TIMESTAMP DEFAULT current_timestamp)"
+        )
         con.execute("INSERT INTO schema_migrations SELECT * FROM old")
         con.execute("DROP TABLE old")
-        con.execute("INSERT INTO incident_rows (incident_id, title, severity, resolved, timeline, start_step, "
-                    "end_step, kinds, ranks, findings, summary, suggested_action, opened_at, updated_at) VALUES "
-                    "('nonfinite@0:1', 't', 'critical', false, 0, 1, 1, ['nonfinite'], [0], 1, 's', '{}', 0, 0)")
+        con.execute(
+            "INSERT INTO incident_rows (incident_id, title, severity, resolved, timeline, start_step, "
+            "end_step, kinds, ranks, findings, summary, suggested_action, opened_at, updated_at) VALUES "
+            "('nonfinite@0:1', 't', 'critical', false, 0, 1, 1, ['nonfinite'], [0], 1, 's', '{}', 0, 0)"
+        )
 
 
 def test_a_store_from_before_namespaces_is_adopted_without_applying_anything_twice(tmp_path: Path) -> None:
@@ -108,9 +115,12 @@ def test_no_telemetry_query_or_migration_reads_the_service_s_tables() -> None:
     """The telemetry's SQL knows nothing downstream: a query over findings, incidents or alerts belongs to the
     service's schema, whose stores have those tables."""
     root = Path(__file__).resolve().parents[1] / "collectors" / "store"
-    crossing = [f"{path.name} names {name}" for path in sorted(root.glob("*/*.sql"))
-                for name in SERVICE_OBJECTS
-                if re.search(rf"\b{name}\b", _without_comments(path.read_text()), re.IGNORECASE)]
+    crossing = [
+        f"{path.name} names {name}"
+        for path in sorted(root.glob("*/*.sql"))
+        for name in SERVICE_OBJECTS
+        if re.search(rf"\b{name}\b", _without_comments(path.read_text()), re.IGNORECASE)
+    ]
     assert crossing == []
 
 

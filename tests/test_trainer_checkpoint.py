@@ -3,6 +3,7 @@
 One real 2-rank gloo group (spawned processes, DDP) for the save/load round trip; the rest runs in a
 world-size-1 gloo group inside the test process.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,13 @@ def _two_rank_worker(rank: int, workdir: str, parallelism: str) -> None:
         results = []
         for step in (3, 6):
             train(model, optimizer, 3, seed=step + rank)  # different data per rank, DDP keeps replicas equal
-            extra = {"step": step, "timeline": 0, "rank": rank, "sampler": {"cursor": step, "skip_ranges": [[1, 2]]},
-                     "rng": rng_state()}
+            extra = {
+                "step": step,
+                "timeline": 0,
+                "rank": rank,
+                "sampler": {"cursor": step, "skip_ranges": [[1, 2]]},
+                "rng": rng_state(),
+            }
             handle = manager.save(step, 0, model, optimizer, extra)
             expected, expected_extra = snapshot(model, optimizer), extra
             assert isinstance(handle.done(), bool)
@@ -110,9 +116,18 @@ def _two_rank_worker(rank: int, workdir: str, parallelism: str) -> None:
         fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
         loaded_extra = manager.load(choice.checkpoint, fresh, fresh_optimizer)
         manager.close()
-        torch.save({"expected": expected, "loaded": snapshot(fresh, fresh_optimizer), "extra": expected_extra,
-                    "loaded_extra": loaded_extra, "results": [r.__dict__ for r in results],
-                    "choice": choice.checkpoint.path, "skipped": choice.skipped}, work / f"rank-{rank}.pt")
+        torch.save(
+            {
+                "expected": expected,
+                "loaded": snapshot(fresh, fresh_optimizer),
+                "extra": expected_extra,
+                "loaded_extra": loaded_extra,
+                "results": [r.__dict__ for r in results],
+                "choice": choice.checkpoint.path,
+                "skipped": choice.skipped,
+            },
+            work / f"rank-{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 
@@ -195,7 +210,10 @@ def test_manifest_lists_every_file_with_its_size_and_sha256(manager) -> None:
 def test_retention_keeps_the_last_k_and_the_milestones(manager) -> None:
     results = save_steps(manager(keep_last=2, milestone_every=4), range(1, 10))
     assert sorted(p.name for p in results[0].path.parent.iterdir()) == [
-        "step-00000004-t0", "step-00000008-t0", "step-00000009-t0"]
+        "step-00000004-t0",
+        "step-00000008-t0",
+        "step-00000009-t0",
+    ]
     deleted = {p.name for r in results for p in r.deleted}
     assert deleted == {f"step-{s:08d}-t0" for s in (1, 2, 3, 5, 6, 7)}
 
@@ -218,13 +236,16 @@ def test_retention_lets_a_corrupt_checkpoint_go_once_the_verified_ones_are_newer
     assert results[0].deleted == () and results[1].deleted == (damaged.path,)
 
 
-@pytest.mark.parametrize(("damage", "reason"), [
-    ("flip", r"__0_0\.distcp: sha256 .* does not match"),
-    ("truncate", r"__0_0\.distcp: size \d+ bytes, manifest says \d+"),
-    ("remove", r"__0_0\.distcp: missing"),
-    ("manifest_garbage", r"manifest\.json: unreadable"),
-    ("manifest_removed", r"manifest\.json: missing"),
-])
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("flip", r"__0_0\.distcp: sha256 .* does not match"),
+        ("truncate", r"__0_0\.distcp: size \d+ bytes, manifest says \d+"),
+        ("remove", r"__0_0\.distcp: missing"),
+        ("manifest_garbage", r"manifest\.json: unreadable"),
+        ("manifest_removed", r"manifest\.json: missing"),
+    ],
+)
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(manager, damage: str, reason: str) -> None:
     checkpoints = manager()
     older, newest = save_steps(checkpoints, [2, 4])

@@ -2,6 +2,7 @@
 two-rank gloo run are applied by every rank at the same step, rejected with a reason, or
 rejected as duplicates; a paused run stays paused across a crash and a restart; plus the
 request writer's checks."""
+
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +63,13 @@ def reached_step(run: Path, step: int) -> bool:
 def start_training(run: Path, *options: str) -> subprocess.Popen:
     """The torchrun command of ``bedside train --nproc 2 --out RUN ...``, in the background."""
     args = build_parser().parse_args(["train", "--nproc", "2", "--out", str(run), *options])
-    return subprocess.Popen(torchrun_command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        torchrun_command(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def stop(trainer: subprocess.Popen) -> None:
@@ -88,12 +94,15 @@ def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
     trainer = start_training(run, "--steps", str(STEPS), "--checkpoint-every", str(EVERY))
     try:
         wait_for(lambda: reached_step(run, FILE_AT), f"step {FILE_AT}")
-        ids = {"rewind": action(run, "rewind", "--to-step", "20", "--reason", "loss spike"),
-               "skip": action(run, "skip", "--first-batch", str(SKIPPED[0]), "--last-batch", str(SKIPPED[1]),
-                              "--reason", "bad data"),
-               "too_early": action(run, "rewind", "--to-step", "1", "--reason", "start over"),
-               "forward": action(run, "rewind", "--to-step", "500", "--reason", "typo"),
-               "bad_time": file_by_hand(run, "req-by-hand", requested_at="now")}
+        ids = {
+            "rewind": action(run, "rewind", "--to-step", "20", "--reason", "loss spike"),
+            "skip": action(
+                run, "skip", "--first-batch", str(SKIPPED[0]), "--last-batch", str(SKIPPED[1]), "--reason", "bad data"
+            ),
+            "too_early": action(run, "rewind", "--to-step", "1", "--reason", "start over"),
+            "forward": action(run, "rewind", "--to-step", "500", "--reason", "typo"),
+            "bad_time": file_by_hand(run, "req-by-hand", requested_at="now"),
+        }
         processed = RunLayout(run).control_processed / f"{ids['rewind']}.json"
         wait_for(processed.exists, "the rewind to be processed")
         (RunLayout(run).control_requests / processed.name).write_text(processed.read_text())  # filed again
@@ -106,8 +115,15 @@ def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
 
 def file_by_hand(run: Path, request_id: str, **fields: object) -> str:
     """A request written (and signed with the run's key) without our writer, as a third party might."""
-    body = {"request_id": request_id, "run_id": run_identity(RunLayout(run)), "action": "pause", "args": {},
-            "operator": "script", "reason": "test", **fields}
+    body = {
+        "request_id": request_id,
+        "run_id": run_identity(RunLayout(run)),
+        "action": "pause",
+        "args": {},
+        "operator": "script",
+        "reason": "test",
+        **fields,
+    }
     body["signature"] = sign_request(body, read_control_key(RunLayout(run)))
     requests = RunLayout(run).control_requests
     (requests / f".{request_id}.tmp").write_text(json.dumps(body))
@@ -121,8 +137,10 @@ def rows(store: Store, query: str, *params) -> list[tuple]:
 
 def test_each_request_is_acknowledged_as_requested_then_applied_or_rejected_with_a_reason(controlled) -> None:
     store, ids = controlled
-    acks = rows(store, "SELECT request_id, action, status, operator, reason, message FROM action_events "
-                       "ORDER BY time, status DESC")
+    acks = rows(
+        store,
+        "SELECT request_id, action, status, operator, reason, message FROM action_events ORDER BY time, status DESC",
+    )
     by_id = {name: [row[2:] for row in acks if row[0] == request_id] for name, request_id in ids.items()}
     assert [status for status, *_ in by_id["skip"]] == ["requested", "applied"]
     assert by_id["skip"][1][1:3] == ("tester", "bad data")
@@ -138,16 +156,18 @@ def test_each_request_is_acknowledged_as_requested_then_applied_or_rejected_with
 
 def test_a_duplicate_request_id_is_applied_once_and_rejected_once(controlled) -> None:
     store, ids = controlled
-    statuses = rows(store, "SELECT status, message FROM action_events WHERE request_id = ? ORDER BY time",
-                    ids["rewind"])
+    statuses = rows(
+        store, "SELECT status, message FROM action_events WHERE request_id = ? ORDER BY time", ids["rewind"]
+    )
     assert [status for status, _ in statuses] == ["requested", "applied", "requested", "rejected"]
     assert "duplicate" in statuses[-1][1]
 
 
 def test_the_rewind_starts_a_new_timeline_at_step_21_on_every_rank_at_the_same_step(controlled) -> None:
     store, _ = controlled
-    assert rows(store, "SELECT rank, min(step) FROM rank_step_metrics WHERE timeline = 1 GROUP BY rank "
-                       "ORDER BY rank") == [(0, 21), (1, 21)]
+    assert rows(
+        store, "SELECT rank, min(step) FROM rank_step_metrics WHERE timeline = 1 GROUP BY rank ORDER BY rank"
+    ) == [(0, 21), (1, 21)]
     left = rows(store, "SELECT DISTINCT max(step) FROM rank_step_metrics WHERE timeline = 0 GROUP BY rank")
     assert len(left) == 1 and left[0][0] >= FILE_AT
     assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 1, STEPS)]
@@ -155,8 +175,9 @@ def test_the_rewind_starts_a_new_timeline_at_step_21_on_every_rank_at_the_same_s
 
 def test_the_skipped_batches_are_never_trained_on_the_live_timeline(controlled) -> None:
     store, _ = controlled
-    batches = [int(b) for (b,) in rows(store, "SELECT extra['batch'] FROM step_metrics WHERE timeline = 1 "
-                                              "ORDER BY step")]
+    batches = [
+        int(b) for (b,) in rows(store, "SELECT extra['batch'] FROM step_metrics WHERE timeline = 1 ORDER BY step")
+    ]
     first, last = SKIPPED
     assert batches == list(range(20, first)) + list(range(last + 1, last + 1 + STEPS - first))
 
@@ -169,11 +190,15 @@ def test_a_request_is_one_signed_json_file_with_a_unique_id(tmp_path) -> None:
     ids = {request_action(layout, "rewind", {"to_step": 5}, operator="ana", reason="spike") for _ in range(20)}
     assert len(ids) == 20 and sorted(p.stem for p in layout.control_requests.iterdir()) == sorted(ids)
     body = json.loads((layout.control_requests / f"{min(ids)}.json").read_text())
-    assert body.keys() == {"request_id", "run_id", "action", "args", "operator", "reason", "requested_at",
-                           "signature"}
+    assert body.keys() == {"request_id", "run_id", "action", "args", "operator", "reason", "requested_at", "signature"}
     assert body["run_id"] == run_identity(layout)
     assert request_signature_problem(body, key, run_identity(layout)) is None
-    assert (body["action"], body["args"], body["operator"], body["reason"]) == ("rewind", {"to_step": 5}, "ana", "spike")
+    assert (body["action"], body["args"], body["operator"], body["reason"]) == (
+        "rewind",
+        {"to_step": 5},
+        "ana",
+        "spike",
+    )
 
 
 @pytest.mark.parametrize("action_name", ACTIONS)
@@ -182,17 +207,20 @@ def test_every_action_accepts_its_arguments(action_name: str) -> None:
     assert build_request(action_name, args.get(action_name, {}), operator="a", reason="r")["action"] == action_name
 
 
-@pytest.mark.parametrize(("action_name", "args", "problem"), [
-    ("explode", {}, "unknown action 'explode'"),
-    ("rewind", {}, "rewind needs to_step"),
-    ("rewind", {"to_step": -1}, "to_step must be an integer >= 0, got -1"),
-    ("rewind", {"to_step": "5"}, "to_step must be an integer >= 0, got '5'"),
-    ("rewind", {"to_step": True}, "to_step must be an integer >= 0, got True"),
-    ("skip", {"first_batch": 3}, "skip needs last_batch"),
-    ("skip", {"first_batch": 5, "last_batch": 4}, "skip needs first_batch <= last_batch, got 5 > 4"),
-    ("quarantine", {"shard": 1, "to_step": 2}, "quarantine takes shard, not to_step"),
-    ("pause", {"shard": 1}, "pause takes no arguments, not shard"),
-])
+@pytest.mark.parametrize(
+    ("action_name", "args", "problem"),
+    [
+        ("explode", {}, "unknown action 'explode'"),
+        ("rewind", {}, "rewind needs to_step"),
+        ("rewind", {"to_step": -1}, "to_step must be an integer >= 0, got -1"),
+        ("rewind", {"to_step": "5"}, "to_step must be an integer >= 0, got '5'"),
+        ("rewind", {"to_step": True}, "to_step must be an integer >= 0, got True"),
+        ("skip", {"first_batch": 3}, "skip needs last_batch"),
+        ("skip", {"first_batch": 5, "last_batch": 4}, "skip needs first_batch <= last_batch, got 5 > 4"),
+        ("quarantine", {"shard": 1, "to_step": 2}, "quarantine takes shard, not to_step"),
+        ("pause", {"shard": 1}, "pause takes no arguments, not shard"),
+    ],
+)
 def test_a_bad_request_is_refused_with_a_clear_reason(action_name: str, args: dict, problem: str) -> None:
     with pytest.raises(ValueError, match=f"^{problem}"):
         check_args(action_name, args)
@@ -209,7 +237,10 @@ def test_the_command_line_refuses_a_missing_run_and_bad_arguments(tmp_path, caps
     (tmp_path / "telemetry").mkdir()
     assert bedside(["action", str(tmp_path), "skip", "--first-batch", "4", "--reason", "x"]) == 2
     errors = capsys.readouterr().err.splitlines()
-    assert errors == [f"bedside: error: no run directory at {tmp_path / 'nope'}", "bedside: error: skip needs --last-batch"]
+    assert errors == [
+        f"bedside: error: no run directory at {tmp_path / 'nope'}",
+        "bedside: error: skip needs --last-batch",
+    ]
     assert not RunLayout(tmp_path).control_requests.exists()
 
 
@@ -241,19 +272,22 @@ def test_a_paused_run_heartbeats_applies_requests_and_resumes_where_it_stopped(p
     applied = dict(rows(store, "SELECT action, step FROM action_events WHERE status = 'applied'"))
     assert applied["pause"] == applied["checkpoint"] == applied["quarantine"] == applied["resume"]
     paused_at = applied["pause"]
-    beats = rows(store, "SELECT rank, count(*) FROM event_log WHERE kind = 'heartbeat' AND step = ? GROUP BY rank "
-                        "ORDER BY rank", paused_at)
+    beats = rows(
+        store,
+        "SELECT rank, count(*) FROM event_log WHERE kind = 'heartbeat' AND step = ? GROUP BY rank ORDER BY rank",
+        paused_at,
+    )
     assert [rank for rank, _ in beats] == [0, 1] and all(n >= 2 for _, n in beats)
     assert ("saved", paused_at) in rows(store, "SELECT event, step FROM checkpoint_events")
     before = rows(store, "SELECT shards FROM step_metrics WHERE step <= ?", paused_at)
     after = rows(store, "SELECT shards FROM step_metrics WHERE step > ?", paused_at)
-    assert any(1 in json.loads(read) for read, in before)
-    assert after and all(1 not in json.loads(read) for read, in after)
+    assert any(1 in json.loads(read) for (read,) in before)
+    assert after and all(1 not in json.loads(read) for (read,) in after)
 
 
 def test_stop_saves_a_checkpoint_and_ends_the_run_as_aborted_with_the_reason(paused_then_stopped) -> None:
     store, _ = paused_then_stopped
-    (status, last_step), = rows(store, "SELECT status, last_step FROM run")
+    ((status, last_step),) = rows(store, "SELECT status, last_step FROM run")
     assert status == "aborted" and last_step < 1000
     assert ("saved", last_step) in rows(store, "SELECT event, step FROM checkpoint_events")
     ends = rows(store, "SELECT rank, message FROM event_log WHERE kind = 'run_end' ORDER BY rank")
@@ -324,8 +358,11 @@ def paused_across_crashes(tmp_path_factory) -> tuple[Store, dict[str, str]]:
 
 def test_a_pause_lost_with_a_crash_is_taken_again_after_the_restart(paused_across_crashes) -> None:
     store, ids = paused_across_crashes
-    pause = rows(store, "SELECT status, step, message FROM action_events WHERE request_id = ? ORDER BY time, "
-                        "status DESC", ids["pause"])
+    pause = rows(
+        store,
+        "SELECT status, step, message FROM action_events WHERE request_id = ? ORDER BY time, status DESC",
+        ids["pause"],
+    )
     assert [status for status, *_ in pause] == ["requested", "applied", "requested", "applied"]
     assert pause[2][2] == RETAKEN_NOTE
     [(loaded,)] = rows(store, "SELECT step FROM checkpoint_events WHERE event = 'loaded' ORDER BY time LIMIT 1")
@@ -334,14 +371,28 @@ def test_a_pause_lost_with_a_crash_is_taken_again_after_the_restart(paused_acros
 
 def test_a_run_restarted_from_a_checkpoint_saved_while_paused_comes_back_paused(paused_across_crashes) -> None:
     store, ids = paused_across_crashes
-    (timeline, step, restarted), = rows(store, "SELECT timeline, step, time FROM event_log WHERE kind = 'log' "
-                                               "AND message LIKE 'restored paused%'")
-    [(resumed,)] = rows(store, "SELECT time FROM action_events WHERE request_id = ? AND status = 'applied'",
-                        ids["resume"])
-    beats = rows(store, "SELECT DISTINCT rank FROM event_log WHERE kind = 'heartbeat' AND timeline = ? AND step = ? "
-                        "AND time BETWEEN ? AND ? ORDER BY rank", timeline, step, restarted, resumed)
+    ((timeline, step, restarted),) = rows(
+        store, "SELECT timeline, step, time FROM event_log WHERE kind = 'log' AND message LIKE 'restored paused%'"
+    )
+    [(resumed,)] = rows(
+        store, "SELECT time FROM action_events WHERE request_id = ? AND status = 'applied'", ids["resume"]
+    )
+    beats = rows(
+        store,
+        "SELECT DISTINCT rank FROM event_log WHERE kind = 'heartbeat' AND timeline = ? AND step = ? "
+        "AND time BETWEEN ? AND ? ORDER BY rank",
+        timeline,
+        step,
+        restarted,
+        resumed,
+    )
     assert beats == [(0,), (1,)]
-    first_trained = rows(store, "SELECT step, time > ? FROM step_metrics WHERE timeline = ? AND time > ? "
-                                "ORDER BY time LIMIT 1", resumed, timeline, restarted)
+    first_trained = rows(
+        store,
+        "SELECT step, time > ? FROM step_metrics WHERE timeline = ? AND time > ? ORDER BY time LIMIT 1",
+        resumed,
+        timeline,
+        restarted,
+    )
     assert first_trained == [(step + 1, True)]
     assert rows(store, "SELECT status, last_step FROM run") == [("finished", 60)]

@@ -1,5 +1,6 @@
 """The trainer's synthetic data: a Markov language with an exact entropy floor, the
 sharded corpus, and the deterministic batch sampler with skips and quarantine."""
+
 from __future__ import annotations
 
 import json

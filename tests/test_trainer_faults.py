@@ -1,6 +1,7 @@
 """Fault injection: the spec language, each hook on real tensors, and every fault's signature
 in a real two-rank run (gloo under torchrun), checked in the store against its ground truth
 (the hang's is in test_trainer_hang.py)."""
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,25 @@ from bedside.trainer.train import parse_args
 
 LAYOUT = {"samples_per_shard": 5, "vocab_size": 64}
 EXAMPLES = [
-    "straggler:rank=1,factor=2.0,from=20", "straggler:ranks=0-1,factor=1.5,from=20,every=5",
-    "straggler:rank=0,delay_ms=40,from=3,steps=4", "bad_shard:shard=3,from=10", "bad_shard:shards=2-4,step=5,steps=3",
-    "lr_blip:step=30,factor=50,steps=2", "nan:rank=0,step=25", "inf:rank=1,step=25",
-    "grad_bitflip:rank=1,step=40,bit=30", "grad_bitflip:rank=0,from=10,every=7,index=3", "param_bitflip:rank=1,step=45",
-    "repeat_batch:from=60", "shuffle_targets:from=60", "hang:rank=1,step=70", "crash:rank=1,step=70,code=3",
+    "straggler:rank=1,factor=2.0,from=20",
+    "straggler:ranks=0-1,factor=1.5,from=20,every=5",
+    "straggler:rank=0,delay_ms=40,from=3,steps=4",
+    "bad_shard:shard=3,from=10",
+    "bad_shard:shards=2-4,step=5,steps=3",
+    "lr_blip:step=30,factor=50,steps=2",
+    "nan:rank=0,step=25",
+    "inf:rank=1,step=25",
+    "grad_bitflip:rank=1,step=40,bit=30",
+    "grad_bitflip:rank=0,from=10,every=7,index=3",
+    "param_bitflip:rank=1,step=45",
+    "repeat_batch:from=60",
+    "shuffle_targets:from=60",
+    "hang:rank=1,step=70",
+    "crash:rank=1,step=70,code=3",
 ]
-KNOWN = ("bad_shard, crash, grad_bitflip, hang, inf, lr_blip, nan, param_bitflip, repeat_batch, shuffle_targets, "
-         "straggler")
+KNOWN = (
+    "bad_shard, crash, grad_bitflip, hang, inf, lr_blip, nan, param_bitflip, repeat_batch, shuffle_targets, straggler"
+)
 
 
 def plan(*specs: str, rank: int = 0, world_size: int = 2, logger: RunLogger | None = None) -> FaultPlan:
@@ -55,9 +67,13 @@ def test_every_documented_example_parses_and_is_in_the_docs() -> None:
 
 
 def test_parsed_specs_carry_their_targets_windows_and_defaults() -> None:
-    node, blip, flip, param, crash = plan("straggler:ranks=0-1,factor=1.5,from=20,every=5",
-                                          "lr_blip:step=30,factor=50,steps=2", "grad_bitflip:rank=1,step=40",
-                                          "param_bitflip:rank=1,step=45", "crash:rank=1,step=70").faults
+    node, blip, flip, param, crash = plan(
+        "straggler:ranks=0-1,factor=1.5,from=20,every=5",
+        "lr_blip:step=30,factor=50,steps=2",
+        "grad_bitflip:rank=1,step=40",
+        "param_bitflip:rank=1,step=45",
+        "crash:rank=1,step=70",
+    ).faults
     window = node.window
     assert (node.targets, window.first, window.last, window.every, node.factor) == ((0, 1), 20, None, 5, 1.5)
     assert (blip.targets, blip.window.first, blip.window.last, blip.factor) == ((0, 1), 30, 31, 50.0)
@@ -237,8 +253,14 @@ def timed(call, *args) -> float:
 
 def test_ground_truth_is_written_once_per_firing_by_the_lowest_targeted_rank(tmp_path: Path, read_records) -> None:
     logger = RunLogger(tmp_path, rank=0, world_size=2)
-    faults = plan("lr_blip:step=2,factor=5,steps=3", "straggler:ranks=0-1,delay_ms=1,from=2,every=2",
-                  "nan:rank=1,step=2", "grad_bitflip:rank=0,from=3", rank=0, logger=logger)
+    faults = plan(
+        "lr_blip:step=2,factor=5,steps=3",
+        "straggler:ranks=0-1,delay_ms=1,from=2,every=2",
+        "nan:rank=1,step=2",
+        "grad_bitflip:rank=0,from=3",
+        rank=0,
+        logger=logger,
+    )
     for step in range(1, 6):
         faults.before_compute(step)
         faults.corrupt_loss(step, torch.tensor(1.0))
@@ -247,26 +269,63 @@ def test_ground_truth_is_written_once_per_firing_by_the_lowest_targeted_rank(tmp
     logger.close()
     records = read_records(tmp_path / "ground_truth" / "rank-00000.jsonl")
     assert [(r["step"], r["fault"], r["target_ranks"]) for r in records] == [
-        (2, "straggler", [0, 1]), (2, "lr_blip", [0, 1]), (3, "grad_bitflip", [0]), (4, "straggler", [0, 1]),
-        (4, "grad_bitflip", [0]), (5, "grad_bitflip", [0])]
-    assert records[1]["args"] == {"spec": "lr_blip:step=2,factor=5,steps=3", "first": 2, "last": 4, "every": 1,
-                                  "expected_kind": "loss_spike", "factor": 5.0}
-    assert {key: records[2]["args"][key] for key in ("bit", "before", "after")} == {"bit": 30, "before": 0.5,
-                                                                                   "after": 2.0 ** 127}
+        (2, "straggler", [0, 1]),
+        (2, "lr_blip", [0, 1]),
+        (3, "grad_bitflip", [0]),
+        (4, "straggler", [0, 1]),
+        (4, "grad_bitflip", [0]),
+        (5, "grad_bitflip", [0]),
+    ]
+    assert records[1]["args"] == {
+        "spec": "lr_blip:step=2,factor=5,steps=3",
+        "first": 2,
+        "last": 4,
+        "every": 1,
+        "expected_kind": "loss_spike",
+        "factor": 5.0,
+    }
+    assert {key: records[2]["args"][key] for key in ("bit", "before", "after")} == {
+        "bit": 30,
+        "before": 0.5,
+        "after": 2.0**127,
+    }
 
 
 # -- end to end: two gloo ranks under torchrun, then the store ----------------------------
 
-FAULTY = ["grad_bitflip:rank=1,step=8", "nan:rank=0,step=12", "param_bitflip:rank=1,step=13",
-          "straggler:rank=1,factor=4,from=15", "bad_shard:shards=0-3,from=16", "lr_blip:step=27,factor=50,steps=2"]
+FAULTY = [
+    "grad_bitflip:rank=1,step=8",
+    "nan:rank=0,step=12",
+    "param_bitflip:rank=1,step=13",
+    "straggler:rank=1,factor=4,from=15",
+    "bad_shard:shards=0-3,from=16",
+    "lr_blip:step=27,factor=50,steps=2",
+]
 BROKEN = ["shuffle_targets:from=1", "crash:rank=1,step=20,code=3"]
 
 
 def train(run: Path, specs: list[str], steps: int = 30) -> tuple[subprocess.CompletedProcess, Store]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     inject = [option for spec in specs for option in ("--inject", spec)]
-    done = subprocess.run([sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--steps", str(steps),
-                           "--out", str(run), *inject], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bedside.app.cli",
+            "train",
+            "--nproc",
+            "2",
+            "--steps",
+            str(steps),
+            "--out",
+            str(run),
+            *inject,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     store = Store.open(run / "bedside.duckdb")
     Collector(run, store).ingest_available()
     return done, store
@@ -311,11 +370,18 @@ def tiny_language() -> MarkovLanguage:
 
 
 def test_the_ground_truth_of_every_injection_is_in_fault_labels(faulty: Store) -> None:
-    labels = rows(faulty, "SELECT step, rank, fault, target_ranks, json_extract_string(args, '$.spec') "
-                          "FROM fault_labels ORDER BY step")
+    labels = rows(
+        faulty,
+        "SELECT step, rank, fault, target_ranks, json_extract_string(args, '$.spec') FROM fault_labels ORDER BY step",
+    )
     assert [(step, rank, fault, json.loads(targets)) for step, rank, fault, targets, _ in labels] == [
-        (8, 1, "grad_bitflip", [1]), (12, 0, "nan", [0]), (13, 1, "param_bitflip", [1]),
-        (15, 1, "straggler", [1]), (16, 0, "bad_shard", [0, 1]), (27, 0, "lr_blip", [0, 1])]
+        (8, 1, "grad_bitflip", [1]),
+        (12, 0, "nan", [0]),
+        (13, 1, "param_bitflip", [1]),
+        (15, 1, "straggler", [1]),
+        (16, 0, "bad_shard", [0, 1]),
+        (27, 0, "lr_blip", [0, 1]),
+    ]
     assert [spec for *_, spec in labels] == FAULTY
     assert rows(faulty, "SELECT count(*) FROM rejected") == [(0,)]
 
@@ -323,13 +389,18 @@ def test_the_ground_truth_of_every_injection_is_in_fault_labels(faulty: Store) -
 def test_a_gradient_bitflip_shows_as_the_ranks_local_grad_norm_far_above_its_peers(faulty: Store) -> None:
     healthy, flipped = by_rank(faulty, "local_grad_norm", 8)
     assert flipped > 1e6 * healthy
-    assert [flipped > 1e6 * healthy for healthy, flipped in (by_rank(faulty, "local_grad_norm", 7),
-                                                             by_rank(faulty, "local_grad_norm", 9))] == [False] * 2
+    assert [
+        flipped > 1e6 * healthy
+        for healthy, flipped in (by_rank(faulty, "local_grad_norm", 7), by_rank(faulty, "local_grad_norm", 9))
+    ] == [False] * 2
 
 
 def test_a_parameter_bitflip_makes_the_replicas_checksums_differ_from_the_next_checksum(faulty: Store) -> None:
-    distinct = rows(faulty, "SELECT step, count(DISTINCT param_checksum) FROM rank_step_metrics "
-                            "WHERE param_checksum IS NOT NULL GROUP BY step ORDER BY step")
+    distinct = rows(
+        faulty,
+        "SELECT step, count(DISTINCT param_checksum) FROM rank_step_metrics "
+        "WHERE param_checksum IS NOT NULL GROUP BY step ORDER BY step",
+    )
     assert distinct == [(10, 1), (20, 2), (30, 2)]
 
 
@@ -346,9 +417,14 @@ def test_a_straggler_slows_its_compute_by_the_factor_and_makes_its_peer_wait(fau
     [(args,)] = rows(faulty, "SELECT args FROM fault_labels WHERE fault = 'straggler'")
     delay, reference = json.loads(args)["delay_s"], json.loads(args)["reference_compute_s"]
     assert delay == pytest.approx(3 * reference)
-    medians = dict(((rank, after), (compute, comm)) for rank, after, compute, comm in rows(
-        faulty, "SELECT rank, step >= 15, median(compute_time), median(comm_time) FROM rank_step_metrics "
-                "WHERE step > 1 GROUP BY ALL"))
+    medians = dict(
+        ((rank, after), (compute, comm))
+        for rank, after, compute, comm in rows(
+            faulty,
+            "SELECT rank, step >= 15, median(compute_time), median(comm_time) FROM rank_step_metrics "
+            "WHERE step > 1 GROUP BY ALL",
+        )
+    )
     assert 2.5 < medians[1, True][0] / reference < 6
     assert medians[0, True][1] - medians[0, False][1] > 0.4 * delay
 
@@ -357,9 +433,14 @@ def test_a_bad_shard_raises_the_loss_of_the_rank_that_reads_it(faulty: Store) ->
     """Paired by step, so the learning trend cancels: the rank with more of shards 0-3 has the higher loss."""
     config = preset("tiny_cpu")
     data = config.data
-    corpus = ShardedCorpus(tiny_language(), seq_len=config.model.seq_len, num_shards=data.num_shards,
-                           samples_per_shard=data.samples_per_shard, heldout_samples=data.heldout_samples,
-                           seed=data.seed)
+    corpus = ShardedCorpus(
+        tiny_language(),
+        seq_len=config.model.seq_len,
+        num_shards=data.num_shards,
+        samples_per_shard=data.samples_per_shard,
+        heldout_samples=data.heldout_samples,
+        seed=data.seed,
+    )
     sampler = BatchSampler(corpus, global_batch_size=config.global_batch, seed=config.seed)
     effect = {True: [], False: []}
     for step in range(2, 31):
@@ -396,16 +477,18 @@ def test_shuffled_targets_keep_the_job_busy_but_stop_it_learning(broken: tuple[i
 def test_a_crash_kills_the_rank_and_the_launcher_exits_non_zero(broken: tuple[int, Store]) -> None:
     returncode, store = broken
     assert returncode != 0
-    assert rows(store, "SELECT step, rank, fault, json_extract(args, '$.code') FROM fault_labels "
-                       "WHERE fault = 'crash'") == [(20, 1, "crash", "3")]
+    assert rows(
+        store, "SELECT step, rank, fault, json_extract(args, '$.code') FROM fault_labels WHERE fault = 'crash'"
+    ) == [(20, 1, "crash", "3")]
     assert rows(store, "SELECT max(step) FROM rank_step_metrics WHERE rank = 1") == [(19,)]
     assert rows(store, "SELECT count(*) FROM event_log WHERE kind = 'run_end' AND rank = 1") == [(0,)]
 
 
 def test_a_repeated_batch_keeps_the_job_busy_while_the_heldout_loss_stops_improving(repeating: Store) -> None:
     config = preset("tiny_cpu")
-    assert rows(repeating, "SELECT count(*), min(tokens), max(tokens), count(DISTINCT extra['batch']) "
-                           "FROM step_metrics") == [(100, config.tokens_per_step, config.tokens_per_step, 100)]
+    assert rows(
+        repeating, "SELECT count(*), min(tokens), max(tokens), count(DISTINCT extra['batch']) FROM step_metrics"
+    ) == [(100, config.tokens_per_step, config.tokens_per_step, 100)]
     heldout = dict(rows(repeating, "SELECT step, value FROM eval_scores WHERE name = 'loss'"))
     assert sorted(heldout) == [50, 100] and heldout[100] > heldout[50]  # a clean run gains about 0.2 here
     [(last,)] = rows(repeating, "SELECT loss FROM step_metrics WHERE step = 100")

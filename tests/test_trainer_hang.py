@@ -1,5 +1,6 @@
 """Ranks that stop: the hang and crash hooks in a bare process, and a hung rank in a real two-rank
 gloo run under torchrun, which the test ends as an operator would (SIGTERM to torchrun)."""
+
 from __future__ import annotations
 
 import json
@@ -55,13 +56,16 @@ def alive(pid: int) -> bool:
 
 
 def start_rank(tmp_path: Path, spec: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", HANG_OR_CRASH, str(tmp_path), spec], stdout=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", HANG_OR_CRASH, str(tmp_path), spec], stdout=subprocess.PIPE, text=True
+    )
 
 
 def test_a_hang_stops_stepping_and_stays_alive_and_a_crash_exits_with_its_code(tmp_path: Path, read_records) -> None:
-    hung, crashed = start_rank(tmp_path / "hang", "hang:rank=0,step=2"), start_rank(tmp_path / "crash",
-                                                                                  "crash:rank=0,step=3,code=7")
+    hung, crashed = (
+        start_rank(tmp_path / "hang", "hang:rank=0,step=2"),
+        start_rank(tmp_path / "crash", "crash:rank=0,step=3,code=7"),
+    )
     try:
         assert crashed.wait(timeout=60) == 7 and crashed.stdout.read().split() == ["1", "2"]
         assert hung.stdout.readline() == "1\n"
@@ -72,8 +76,9 @@ def test_a_hang_stops_stepping_and_stays_alive_and_a_crash_exits_with_its_code(t
     finally:
         hung.kill()
         hung.wait()
-    assert [(r["step"], r["fault"]) for r in read_records(tmp_path / "crash" / "ground_truth" / "rank-00000.jsonl")] \
-        == [(3, "crash")]
+    assert [
+        (r["step"], r["fault"]) for r in read_records(tmp_path / "crash" / "ground_truth" / "rank-00000.jsonl")
+    ] == [(3, "crash")]
 
 
 # -- a hung rank in a real run ----------------------------------------------------------------
@@ -89,10 +94,15 @@ def hung_run(tmp_path_factory) -> HungRun:
     """Rank 1 hangs at step HANG; once its ground truth is on disk, torchrun gets SIGTERM."""
     run = tmp_path_factory.mktemp("hang") / "run"
     layout = RunLayout(run)
-    args = build_parser().parse_args(["train", "--nproc", "2", "--steps", str(STEPS), "--out", str(run),
-                                      "--inject", f"hang:rank=1,step={HANG}"])
-    job = subprocess.Popen(torchrun_command(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    args = build_parser().parse_args(
+        ["train", "--nproc", "2", "--steps", str(STEPS), "--out", str(run), "--inject", f"hang:rank=1,step={HANG}"]
+    )
+    job = subprocess.Popen(
+        torchrun_command(args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         wait_for(lambda: written(layout.ground_truth_file(1)), "the hang's ground truth")
         time.sleep(SETTLE_S)
@@ -114,8 +124,10 @@ def test_a_hung_rank_keeps_the_job_alive_until_sigterm_to_torchrun_ends_every_ra
 
 def test_the_hung_rank_and_its_peer_stop_recording_at_the_step_before_and_never_end(hung_run: HungRun) -> None:
     cursor = hung_run.store.cursor()
-    assert cursor.execute("SELECT rank, max(step) FROM rank_step_metrics GROUP BY rank ORDER BY rank").fetchall() \
-        == [(0, HANG - 1), (1, HANG - 1)]
+    assert cursor.execute("SELECT rank, max(step) FROM rank_step_metrics GROUP BY rank ORDER BY rank").fetchall() == [
+        (0, HANG - 1),
+        (1, HANG - 1),
+    ]
     assert cursor.execute("SELECT max(step) FROM step_metrics").fetchall() == [(HANG - 1,)]
     assert cursor.execute("SELECT count(*) FROM event_log WHERE kind = 'run_end'").fetchall() == [(0,)]
     assert cursor.execute("SELECT step, rank, fault FROM fault_labels").fetchall() == [(HANG, 1, "hang")]

@@ -1,4 +1,5 @@
 """The trainer's transformer: shapes, causality, init, accounting and that it can learn."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,10 +22,21 @@ def tokens(config: ModelConfig = SMALL, batch: int = 4, seed: int = 1) -> torch.
     return torch.randint(config.vocab_size, (batch, config.seq_len), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("change", [
-    {"vocab_size": 0}, {"seq_len": -1}, {"d_model": 30}, {"n_layers": 0}, {"n_heads": 0},
-    {"mlp_ratio": 0}, {"dropout": 1.0}, {"dropout": -0.1}, {"d_model": 32.0}, {"n_layers": True},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"vocab_size": 0},
+        {"seq_len": -1},
+        {"d_model": 30},
+        {"n_layers": 0},
+        {"n_heads": 0},
+        {"mlp_ratio": 0},
+        {"dropout": 1.0},
+        {"dropout": -0.1},
+        {"d_model": 32.0},
+        {"n_layers": True},
+    ],
+)
 def test_config_rejects_bad_values(change: dict) -> None:
     with pytest.raises(ValueError, match="model\\."):
         dataclasses.replace(SMALL, **change)

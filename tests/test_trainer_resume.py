@@ -1,5 +1,6 @@
 """Crash, resume and checkpoint fallback with the real trainer: two gloo ranks under torchrun;
 control requests across a crash and a resume."""
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,24 @@ STEPS, EVERY, CRASH = 30, 10, 25
 
 def train(run: Path, *extra: str) -> subprocess.CompletedProcess:
     """``bedside train`` over two ranks, to its end (a crash included)."""
-    command = [sys.executable, "-m", "bedside.app.cli", "train", "--nproc", "2", "--steps", str(STEPS),
-               "--checkpoint-every", str(EVERY), "--out", str(run), *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "bedside.app.cli",
+        "train",
+        "--nproc",
+        "2",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(EVERY),
+        "--out",
+        str(run),
+        *extra,
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 def corrupt_one_byte(checkpoint: Path) -> Path:
@@ -65,19 +80,27 @@ def rows(store: Store, query: str, *params) -> list[tuple]:
 
 def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_loaded(resumed) -> None:
     store, victim, _ = resumed
-    events = rows(store, "SELECT event, path, message FROM checkpoint_events WHERE event IN ('corrupt', 'loaded') "
-                         "ORDER BY time")
+    events = rows(
+        store, "SELECT event, path, message FROM checkpoint_events WHERE event IN ('corrupt', 'loaded') ORDER BY time"
+    )
     assert [(event, path) for event, path, _ in events] == [
-        ("corrupt", "checkpoints/step-00000020-t0"), ("loaded", "checkpoints/step-00000010-t0")]
+        ("corrupt", "checkpoints/step-00000020-t0"),
+        ("loaded", "checkpoints/step-00000010-t0"),
+    ]
     assert victim.name in events[0][2]
 
 
 def test_the_resumed_run_retrains_on_a_new_timeline_and_reproduces_the_lost_steps(resumed) -> None:
     store, *_ = resumed
     assert rows(store, "SELECT timeline, min(step), max(step) FROM step_metrics GROUP BY ALL ORDER BY 1") == [
-        (0, 1, CRASH - 1), (1, EVERY + 1, STEPS)]
-    replayed = rows(store, "SELECT a.loss = b.loss FROM step_metrics a JOIN step_metrics b USING (step) "
-                           "WHERE a.timeline = 0 AND b.timeline = 1")
+        (0, 1, CRASH - 1),
+        (1, EVERY + 1, STEPS),
+    ]
+    replayed = rows(
+        store,
+        "SELECT a.loss = b.loss FROM step_metrics a JOIN step_metrics b USING (step) "
+        "WHERE a.timeline = 0 AND b.timeline = 1",
+    )
     assert len(replayed) == CRASH - 1 - EVERY and all(same for (same,) in replayed)
 
 
@@ -125,11 +148,24 @@ def rewound_across_crashes(tmp_path_factory) -> tuple[Store, str]:
 def test_a_request_whose_effect_a_crash_lost_is_applied_again_and_never_twice(rewound_across_crashes) -> None:
     store, rewind = rewound_across_crashes
     assert rows(store, "SELECT timeline, min(step), max(step) FROM step_metrics GROUP BY ALL ORDER BY 1") == [
-        (0, 1, CRASH - 1), (2, EVERY + 1, 14), (4, EVERY + 1, 28), (5, 21, STEPS)]
-    acks = rows(store, "SELECT timeline, status, message FROM action_events WHERE request_id = ? "
-                       "ORDER BY time, status DESC", rewind)
+        (0, 1, CRASH - 1),
+        (2, EVERY + 1, 14),
+        (4, EVERY + 1, 28),
+        (5, 21, STEPS),
+    ]
+    acks = rows(
+        store,
+        "SELECT timeline, status, message FROM action_events WHERE request_id = ? ORDER BY time, status DESC",
+        rewind,
+    )
     assert [(timeline, status) for timeline, status, _ in acks] == [
-        (1, "requested"), (2, "applied"), (3, "requested"), (4, "applied"), (5, "requested"), (5, "rejected")]
+        (1, "requested"),
+        (2, "applied"),
+        (3, "requested"),
+        (4, "applied"),
+        (5, "requested"),
+        (5, "rejected"),
+    ]
     assert acks[2][2] == RETAKEN_NOTE and acks[5][2] == f"duplicate: request {rewind} was already received"
     assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 5, STEPS)]
 
@@ -151,7 +187,9 @@ def test_a_restart_with_every_checkpoint_corrupt_retrains_on_a_new_timeline(rest
     store, _ = restarted_from_scratch
     assert rows(store, "SELECT timeline, step FROM step_metrics GROUP BY ALL HAVING count(*) > 1") == []
     assert rows(store, "SELECT timeline, min(step), max(step) FROM step_metrics GROUP BY ALL ORDER BY 1") == [
-        (0, 1, STEPS), (1, 1, STEPS)]
+        (0, 1, STEPS),
+        (1, 1, STEPS),
+    ]
     [(message,)] = rows(store, "SELECT message FROM event_log WHERE kind = 'log' AND message LIKE 'no good%'")
     assert message == "no good checkpoint to resume from: starting from step 0 on timeline 1"
     assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 1, STEPS)]
@@ -161,11 +199,12 @@ def test_the_corrupt_checkpoints_are_reported_and_make_way_for_the_new_good_ones
     store, run = restarted_from_scratch
     corrupt = [f"checkpoints/step-{step:08d}-t0" for step in (30, 20, 10)]
     assert rows(store, "SELECT path FROM checkpoint_events WHERE event = 'corrupt' ORDER BY time") == [
-        (path,) for path in corrupt]
-    assert sorted(path for (path,) in rows(store, "SELECT path FROM checkpoint_events WHERE event = 'deleted'")) \
-        == sorted(corrupt)
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        f"step-{step:08d}-t1" for step in (10, 20, 30)]
+        (path,) for path in corrupt
+    ]
+    assert sorted(
+        path for (path,) in rows(store, "SELECT path FROM checkpoint_events WHERE event = 'deleted'")
+    ) == sorted(corrupt)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{step:08d}-t1" for step in (10, 20, 30)]
 
 
 def test_the_corrupt_checkpoints_raise_a_critical_finding_with_their_paths(restarted_from_scratch, bedside) -> None:
@@ -175,6 +214,7 @@ def test_the_corrupt_checkpoints_raise_a_critical_finding_with_their_paths(resta
     [finding] = [f for f in map(json.loads, result.stdout.splitlines()) if f["kind"] == "checkpoint_corrupt"]
     assert finding["severity"] == "critical" and finding["evidence"]["count"] == 3
     assert [c["path"] for c in finding["evidence"]["checkpoints"]] == [
-        f"checkpoints/step-{step:08d}-t0" for step in (30, 20, 10)]
+        f"checkpoints/step-{step:08d}-t0" for step in (30, 20, 10)
+    ]
     assert all("does not match the manifest" in c["reason"] for c in finding["evidence"]["checkpoints"])
     assert finding["evidence"]["cleared_at_step"] == EVERY  # the first checkpoint saved on the new timeline

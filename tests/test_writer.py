@@ -1,4 +1,5 @@
 """RunLogger: what it accepts, what reaches the disk (even through kill -9), close() and run.json."""
+
 from __future__ import annotations
 
 import json
@@ -50,30 +51,36 @@ def last_record(run_dir: Path, logger: RunLogger, read_records) -> dict:
     return read_records(RunLayout(run_dir).rank_file(0))[-1]
 
 
-@pytest.mark.parametrize(("value", "written"), [
-    pytest.param(torch.tensor(1.5), 1.5, id="0-d float tensor"),
-    pytest.param(torch.tensor(7), 7, id="0-d int tensor"),
-    pytest.param(torch.tensor(math.inf), "Infinity", id="0-d inf tensor"),
-    pytest.param(np.float32(2.5), 2.5, id="numpy float32"),
-    pytest.param(np.float64(math.nan), "NaN", id="numpy nan"),
-    pytest.param(np.int64(9), 9, id="numpy int64"),
-    pytest.param(True, 1, id="bool"),
-])
+@pytest.mark.parametrize(
+    ("value", "written"),
+    [
+        pytest.param(torch.tensor(1.5), 1.5, id="0-d float tensor"),
+        pytest.param(torch.tensor(7), 7, id="0-d int tensor"),
+        pytest.param(torch.tensor(math.inf), "Infinity", id="0-d inf tensor"),
+        pytest.param(np.float32(2.5), 2.5, id="numpy float32"),
+        pytest.param(np.float64(math.nan), "NaN", id="numpy nan"),
+        pytest.param(np.int64(9), 9, id="numpy int64"),
+        pytest.param(True, 1, id="bool"),
+    ],
+)
 def test_tensors_and_numpy_scalars_are_written_as_numbers(run_dir, logger, read_records, value, written) -> None:
     logger.step(3, loss=value)
     assert last_record(run_dir, logger, read_records)["metrics"] == {"loss": written}
 
 
-@pytest.mark.parametrize("value", [
-    pytest.param("1.0", id="str"),
-    pytest.param([1.0], id="list"),
-    pytest.param({"a": 1.0}, id="dict"),
-    pytest.param(object(), id="object"),
-    pytest.param(complex(1, 2), id="complex"),
-    pytest.param(torch.tensor([1.0, 2.0]), id="2-element tensor"),
-    pytest.param(np.array([1, 2]), id="numpy array"),
-    pytest.param(np.str_("1"), id="numpy str"),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("1.0", id="str"),
+        pytest.param([1.0], id="list"),
+        pytest.param({"a": 1.0}, id="dict"),
+        pytest.param(object(), id="object"),
+        pytest.param(complex(1, 2), id="complex"),
+        pytest.param(torch.tensor([1.0, 2.0]), id="2-element tensor"),
+        pytest.param(np.array([1, 2]), id="numpy array"),
+        pytest.param(np.str_("1"), id="numpy str"),
+    ],
+)
 def test_metric_of_a_wrong_type_raises_type_error(logger, value) -> None:
     with pytest.raises(TypeError):
         logger.step(1, loss=value)
@@ -120,7 +127,11 @@ def test_close_flushes_everything_and_ends_with_run_end(run_dir, read_records) -
     records = read_records(RunLayout(run_dir).rank_file(0))
     assert len(records) == 102
     assert {k: records[-1][k] for k in ("kind", "step", "status", "message")} == {
-        "kind": "run_end", "step": 100, "status": "aborted", "message": "operator stop"}
+        "kind": "run_end",
+        "step": 100,
+        "status": "aborted",
+        "message": "operator stop",
+    }
 
 
 def test_an_exception_in_the_with_block_ends_the_run_as_failed(run_dir, read_records) -> None:
@@ -212,8 +223,9 @@ logger.close()
 
 
 def test_after_a_failed_write_the_file_stays_parseable_and_seq_stays_the_line_number(run_dir) -> None:
-    done = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(run_dir)], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, str(run_dir)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "could not write" in done.stderr
     lines = RunLayout(run_dir).rank_file(0).read_text().splitlines()

@@ -15,6 +15,7 @@ Each rank's ``extra`` (JSON: step, timeline, sampler state, RNG states from
 ``extra-rank-NNNNN.json`` in the checkpoint, covered by the manifest; rank 0's copy is
 also in the manifest itself.
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,8 +50,16 @@ from .manifest import (
     write_manifest,
 )
 
-__all__ = ["CheckpointChoice", "CheckpointError", "CheckpointInfo", "CheckpointManager", "SaveHandle", "SaveResult",
-           "rng_state", "set_rng_state"]
+__all__ = [
+    "CheckpointChoice",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "SaveHandle",
+    "SaveResult",
+    "rng_state",
+    "set_rng_state",
+]
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,14 @@ class CheckpointManager:
     creates a gloo group of all ranks for checkpoint traffic (a collective call).
     """
 
-    def __init__(self, root: Path, *, keep_last: int = 3, milestone_every: int | None = None,
-                 process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep_last: int = 3,
+        milestone_every: int | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if milestone_every is not None and milestone_every < 1:
@@ -118,45 +133,68 @@ class CheckpointManager:
         self._barrier()
 
     # -- saving ---------------------------------------------------------------------
-    def save(self, step: int, timeline: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             extra: dict[str, Any]) -> SaveHandle:
+    def save(
+        self, step: int, timeline: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
+    ) -> SaveHandle:
         """Stage model, optimizer and ``extra`` and write them in the background (all ranks)."""
         started = time.perf_counter()
         name = checkpoint_name(step, timeline)
         if self._last_saved is not None and (timeline, step) <= self._last_saved:
-            raise CheckpointError(f"{self.root / name}: not newer than the last save (timeline, step) "
-                                  f"{self._last_saved}")
+            raise CheckpointError(
+                f"{self.root / name}: not newer than the last save (timeline, step) {self._last_saved}"
+            )
         encoded = _encode_extra(extra, self.root / name)
         self.wait()  # one save at a time: blocks only when the previous one is still writing
         partial = self.root / (name + PARTIAL_SUFFIX)
         partial.mkdir(parents=True, exist_ok=True)
         write_json_atomic(partial / _extra_name(self.rank), encoded)
         model_state, optim_state = get_state_dict(model, optimizer)
-        upload = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial,
-                                process_group=self.group, no_dist=not self.distributed)
+        upload = dcp.async_save(
+            {"model": model_state, "optim": optim_state},
+            checkpoint_id=partial,
+            process_group=self.group,
+            no_dist=not self.distributed,
+        )
         completion: Future = getattr(upload, "upload_completion", upload)  # type: ignore[arg-type]
         self._last_saved = (timeline, step)
         future = self._executor.submit(self._finish, completion, partial, step, timeline, encoded, started)
         self._in_flight = SaveHandle(future, time.perf_counter() - started)
         return self._in_flight
 
-    def _finish(self, upload: Future, partial: Path, step: int, timeline: int, extra: dict[str, Any],
-                started: float) -> SaveResult:
+    def _finish(
+        self, upload: Future, partial: Path, step: int, timeline: int, extra: dict[str, Any], started: float
+    ) -> SaveResult:
         final = self.root / checkpoint_name(step, timeline)
         try:
             metadata = upload.result()  # on return every rank has written and fsynced its files
             if self.rank != 0:
-                return SaveResult(final, step, timeline, time.perf_counter() - started,
-                                  _payload_bytes(metadata, self.rank), "saved")
+                return SaveResult(
+                    final, step, timeline, time.perf_counter() - started, _payload_bytes(metadata, self.rank), "saved"
+                )
             info = write_manifest(partial, step=step, timeline=timeline, world_size=self.world_size, extra=extra)
             self._publish(partial, final)
             self._verdicts[final.name] = None  # hashed just now
             deleted, corrupt = self._apply_retention((timeline, step))
-            return SaveResult(final, step, timeline, time.perf_counter() - started, info.bytes, "saved",
-                              deleted=deleted, corrupt=corrupt)
+            return SaveResult(
+                final,
+                step,
+                timeline,
+                time.perf_counter() - started,
+                info.bytes,
+                "saved",
+                deleted=deleted,
+                corrupt=corrupt,
+            )
         except Exception as error:  # reported, not raised: the trainer logs a failed checkpoint event
-            return SaveResult(final, step, timeline, time.perf_counter() - started, 0, "save_failed",
-                              error=f"{partial}: {type(error).__name__}: {error}")
+            return SaveResult(
+                final,
+                step,
+                timeline,
+                time.perf_counter() - started,
+                0,
+                "save_failed",
+                error=f"{partial}: {type(error).__name__}: {error}",
+            )
 
     def _publish(self, partial: Path, final: Path) -> None:
         if final.exists():  # a save of the same step and timeline by an earlier process: replaced
@@ -175,8 +213,13 @@ class CheckpointManager:
                     found.append(Skipped(path, str(self._verdicts[path.name])))
             return self._verdicts[path.name] is None
 
-        victims = retention_victims(self.root, keep_last=self.keep_last, milestone_every=self.milestone_every,
-                                    published=published, is_good=is_good)
+        victims = retention_victims(
+            self.root,
+            keep_last=self.keep_last,
+            milestone_every=self.milestone_every,
+            published=published,
+            is_good=is_good,
+        )
         for path in victims:
             remove_tree(path)
             self._verdicts.pop(path.name, None)
@@ -280,8 +323,11 @@ def _encode_extra(extra: dict[str, Any], path: Path) -> dict[str, Any]:
 def _payload_bytes(metadata: Any, rank: int) -> int:
     """Bytes this rank wrote, from DCP's metadata (``__{rank}_*`` files)."""
     storage = getattr(metadata, "storage_data", None) or {}
-    return sum(getattr(info, "length", 0) for info in storage.values()
-               if str(getattr(info, "relative_path", "")).startswith(f"__{rank}_"))
+    return sum(
+        getattr(info, "length", 0)
+        for info in storage.values()
+        if str(getattr(info, "relative_path", "")).startswith(f"__{rank}_")
+    )
 
 
 # -- RNG state as JSON ------------------------------------------------------------------
@@ -289,9 +335,11 @@ def rng_state() -> dict[str, Any]:
     """This process's torch (CPU and CUDA), numpy and Python RNG states as JSON types."""
     kind, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
     version, internal, gauss_next = random.getstate()
-    state = {"torch": _b64(torch.get_rng_state()),
-             "numpy": [kind, np.asarray(keys).tolist(), int(position), int(has_gauss), float(gauss)],
-             "python": [version, list(internal), gauss_next]}
+    state = {
+        "torch": _b64(torch.get_rng_state()),
+        "numpy": [kind, np.asarray(keys).tolist(), int(position), int(has_gauss), float(gauss)],
+        "python": [version, list(internal), gauss_next],
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
     return state

@@ -8,6 +8,7 @@ visible as a branch. So does a run that finds no good checkpoint and starts agai
 from step 0 after it had recorded steps. Every checkpoint found corrupt (passed over
 by a resume or a rewind, or by retention) is reported as a ``corrupt`` event.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -94,23 +95,32 @@ class Checkpointing:
         trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer))
         trainer.timeline = max(highest, trainer.timeline) + 1
         if trainer.rank == 0:
-            trainer.log.checkpoint(trainer.step, "loaded", path=self._relative(choice.checkpoint.path),
-                                   message=f"rewind: continuing on timeline {trainer.timeline}")
+            trainer.log.checkpoint(
+                trainer.step,
+                "loaded",
+                path=self._relative(choice.checkpoint.path),
+                message=f"rewind: continuing on timeline {trainer.timeline}",
+            )
         return choice.checkpoint
 
     def _report_corrupt(self, skipped: tuple[Skipped, ...], step: int | None = None) -> None:
         trainer = self.trainer
         for passed in skipped if trainer.rank == 0 else ():
-            trainer.log.checkpoint(trainer.step if step is None else step, "corrupt", path=self._relative(passed.path),
-                                   message=passed.reason)
+            trainer.log.checkpoint(
+                trainer.step if step is None else step,
+                "corrupt",
+                path=self._relative(passed.path),
+                message=passed.reason,
+            )
 
     def _save(self) -> None:
         trainer = self.trainer
         self._last_saved = (trainer.timeline, trainer.step)
         if trainer.rank == 0:
             trainer.log.checkpoint(trainer.step, "save_started")
-        self._pending = self.manager.save(trainer.step, trainer.timeline, trainer.core, trainer.optimizer,
-                                          trainer.state_dict())
+        self._pending = self.manager.save(
+            trainer.step, trainer.timeline, trainer.core, trainer.optimizer, trainer.state_dict()
+        )
 
     def _report_if_done(self) -> None:
         if self._pending is not None and self._pending.done():
@@ -121,8 +131,14 @@ class Checkpointing:
         trainer = self.trainer
         if trainer.rank != 0:
             return
-        trainer.log.checkpoint(result.step, result.status, path=self._relative(result.path),
-                               duration_s=result.duration_s, bytes=result.bytes, message=result.error)
+        trainer.log.checkpoint(
+            result.step,
+            result.status,
+            path=self._relative(result.path),
+            duration_s=result.duration_s,
+            bytes=result.bytes,
+            message=result.error,
+        )
         self._report_corrupt(result.corrupt, result.step)
         for deleted in result.deleted:
             trainer.log.checkpoint(result.step, "deleted", path=self._relative(deleted))

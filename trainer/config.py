@@ -1,6 +1,7 @@
 """Training configuration as data: keyword-only dataclasses validated on creation,
 and named presets as plain functions. The config snapshot is the first thing a
 run records (run.json)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +32,9 @@ class DataConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _require_positive(self, "data.", ("vocab_size", "branching", "num_shards", "samples_per_shard",
-                                          "heldout_samples"))
+        _require_positive(
+            self, "data.", ("vocab_size", "branching", "num_shards", "samples_per_shard", "heldout_samples")
+        )
         if self.branching > self.vocab_size:
             raise ValueError(f"data.branching ({self.branching}) cannot exceed vocab_size ({self.vocab_size})")
 
@@ -76,8 +78,19 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:
             raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, got {self.parallelism!r}")
-        _require_positive(self, "", ("steps", "global_batch", "eval_every", "eval_batches", "checksum_every",
-                                     "checkpoint_every", "keep_checkpoints"))
+        _require_positive(
+            self,
+            "",
+            (
+                "steps",
+                "global_batch",
+                "eval_every",
+                "eval_batches",
+                "checksum_every",
+                "checkpoint_every",
+                "keep_checkpoints",
+            ),
+        )
         if self.model.vocab_size != self.data.vocab_size:
             raise ValueError(f"model.vocab_size ({self.model.vocab_size}) != data.vocab_size ({self.data.vocab_size})")
 

@@ -21,6 +21,7 @@ state (``REPEATABLE_ACTIONS``: that effect was lost with the restart), otherwise
 with the reason. So the history a run continues holds each request once, and none goes
 unanswered. Format: docs/telemetry-format.md, "Control requests".
 """
+
 from __future__ import annotations
 
 import json
@@ -107,8 +108,11 @@ class RequestInbox:
     def retake(self, handled: set[str]) -> None:
         """After a restart: the next ``poll`` hands over again the taken requests that ``handled`` (the
         restored state's) lacks."""
-        files = [p for p in self.processed.glob("*.json")
-                 if p.stem not in handled and _DUPLICATE not in p.name and _REFUSED not in p.name]
+        files = [
+            p
+            for p in self.processed.glob("*.json")
+            if p.stem not in handled and _DUPLICATE not in p.name and _REFUSED not in p.name
+        ]
         self._retaken = [replace(_read(path, self.key, self.run_id), retaken=True) for path in files]
 
     def _take_new(self, handled: set[str]) -> list[Request]:
@@ -162,8 +166,14 @@ def _read(path: Path, key: bytes | str, run_id: str) -> Request:
         requested_at = float(body.get("requested_at") or 0.0)
     except (TypeError, ValueError):
         return Request(request_id, problem=f"requested_at must be unix seconds, got {body.get('requested_at')!r}")
-    return Request(request_id, action=str(body.get("action", "")), args=args if isinstance(args, dict) else {},
-                   operator=_text(body.get("operator")), reason=_text(body.get("reason")), requested_at=requested_at)
+    return Request(
+        request_id,
+        action=str(body.get("action", "")),
+        args=args if isinstance(args, dict) else {},
+        operator=_text(body.get("operator")),
+        reason=_text(body.get("reason")),
+        requested_at=requested_at,
+    )
 
 
 def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -190,8 +200,14 @@ class ControlChannel:
         self.stop_reason: str | None = None
         self._count = torch.zeros(1, dtype=torch.int64)
         self._apply: dict[str, Callable[[Request], str]] = {
-            "rewind": self._rewind, "skip": self._skip, "quarantine": self._quarantine,
-            "checkpoint": self._checkpoint, "pause": self._pause, "resume": self._resume, "stop": self._stop}
+            "rewind": self._rewind,
+            "skip": self._skip,
+            "quarantine": self._quarantine,
+            "checkpoint": self._checkpoint,
+            "pause": self._pause,
+            "resume": self._resume,
+            "stop": self._stop,
+        }
 
     def _open_inbox(self) -> RequestInbox:
         """Rank 0's inbox, with the run's control key (created now when there is none) and run id."""
@@ -206,8 +222,7 @@ class ControlChannel:
         except ControlKeyError as error:
             run_id, key = "", key if isinstance(key, str) else f"the trainer {error}"
         if isinstance(key, str):
-            self.trainer.log.log(self.trainer.step, f"{key}; every control request will be rejected",
-                                 level="error")
+            self.trainer.log.log(self.trainer.step, f"{key}; every control request will be rejected", level="error")
         return RequestInbox(layout.control_requests, layout.control_processed, key, run_id)
 
     @property
@@ -230,8 +245,9 @@ class ControlChannel:
         if self.inbox is not None:
             self.inbox.retake(self.state.handled)
         if self.state.paused and self.trainer.rank == 0:
-            self.trainer.log.log(self.trainer.step, "restored paused: file a resume request to continue",
-                                 level="warning")
+            self.trainer.log.log(
+                self.trainer.step, "restored paused: file a resume request to continue", level="warning"
+            )
 
     def close(self) -> None:
         """At the end of the run: reject what is still filed, so that every request gets an answer."""
@@ -261,17 +277,26 @@ class ControlChannel:
             if request.action not in self._apply:
                 raise Rejected(f"unknown action {request.action!r}")
             if request.retaken and request.action not in REPEATABLE_ACTIONS:
-                raise Rejected(f"not repeated after a restart: a {request.action} request acts on the process "
-                               "that received it")
+                raise Rejected(
+                    f"not repeated after a restart: a {request.action} request acts on the process that received it"
+                )
             return "applied", self._apply[request.action](request)
         except Rejected as error:
             return "rejected", str(error)
 
     def _acknowledge(self, request: Request, status: str, message: str | None = None) -> None:
         if self.trainer.rank == 0:
-            self.trainer.log.event("action", self.trainer.step, action=request.action or "unknown", status=status,
-                                   request_id=request.request_id, operator=request.operator,
-                                   reason=request.reason, message=message, args=request.args)
+            self.trainer.log.event(
+                "action",
+                self.trainer.step,
+                action=request.action or "unknown",
+                status=status,
+                request_id=request.request_id,
+                operator=request.operator,
+                reason=request.reason,
+                message=message,
+                args=request.args,
+            )
 
     # -- the actions (every rank, same outcome) ---------------------------------------
     def _rewind(self, request: Request) -> str:
@@ -293,8 +318,10 @@ class ControlChannel:
             sampler.skip(first, last)
         for shard in shards:
             sampler.quarantine(shard)
-        return (f"rewound from step {before[1]} of timeline {before[0]} to the checkpoint of step {trainer.step} "
-                f"({loaded.path.name}); continuing on timeline {trainer.timeline}")
+        return (
+            f"rewound from step {before[1]} of timeline {before[0]} to the checkpoint of step {trainer.step} "
+            f"({loaded.path.name}); continuing on timeline {trainer.timeline}"
+        )
 
     def _skip(self, request: Request) -> str:
         first, last = _int_arg(request, "first_batch"), _int_arg(request, "last_batch")
@@ -330,8 +357,10 @@ class ControlChannel:
         return f"resumed after step {self.trainer.step}"
 
     def _stop(self, request: Request) -> str:
-        self.stop_reason = f"stopped by {request.operator or 'an operator'} at step {self.trainer.step}: " \
-                           f"{request.reason or 'no reason given'}"
+        self.stop_reason = (
+            f"stopped by {request.operator or 'an operator'} at step {self.trainer.step}: "
+            f"{request.reason or 'no reason given'}"
+        )
         return f"stopping after step {self.trainer.step}: a final checkpoint, then run_end aborted"
 
 

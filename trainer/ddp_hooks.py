@@ -9,6 +9,7 @@ so the job's mean loss costs no collective of its own.
 No ``from __future__ import annotations`` here: DDP checks the hook's
 annotations at registration and needs real types, not strings.
 """
+
 import time
 
 import torch
@@ -64,8 +65,9 @@ def allreduce_with_local_norm(state: LocalGrads, bucket: dist.GradBucket) -> tor
     return _allreduce_with_loss(state, bucket, loss)
 
 
-def _allreduce_with_loss(state: LocalGrads, bucket: dist.GradBucket,
-                         loss: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+def _allreduce_with_loss(
+    state: LocalGrads, bucket: dist.GradBucket, loss: torch.Tensor
+) -> torch.futures.Future[torch.Tensor]:
     """The last bucket's all-reduce with this rank's loss appended: the job's mean loss
     arrives with the gradients, with no collective of its own (``state.mean_loss``)."""
     gradients = bucket.buffer()

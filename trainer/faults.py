@@ -10,6 +10,7 @@ by RunLogger to ``RUN/ground_truth/``), written by the lowest rank it targets (r
 for job-wide faults): once at onset for a lasting fault, at every occurrence for
 one given ``every=`` and at every firing for the one-step events (nan, inf, bit flips).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,12 @@ class Recorder:
             if fault.announced:
                 return
             fault.announced = True
-        args = label_args(fault.spec.text, fault.fault_type, fault.window,
-                          {**fault.settings, **{k: _json_number(v) for k, v in details.items()}})
+        args = label_args(
+            fault.spec.text,
+            fault.fault_type,
+            fault.window,
+            {**fault.settings, **{k: _json_number(v) for k, v in details.items()}},
+        )
         self.log.event("fault_injected", step, fault=fault.name, target_ranks=list(fault.targets), args=args)
         if flush:
             self.log.flush()
@@ -74,6 +79,7 @@ class Context:
 
 
 # -- parsing ------------------------------------------------------------------------
+
 
 def parse_fault(text: str, context: Context) -> Fault:
     """The fault ``text`` describes; ValueError naming the spec and the problem otherwise."""
@@ -353,9 +359,22 @@ def flip_bit(flat: Tensor, index: int, bit: int) -> tuple[float, float]:
     return before, float(flat[index])
 
 
-FAULTS: dict[str, type[Fault]] = {kind.fault_type.name: kind for kind in (
-    Straggler, Hang, Crash, BadShard, RepeatBatch, ShuffleTargets, LrBlip, NonFinite, Infinite,
-    GradBitflip, ParamBitflip)}
+FAULTS: dict[str, type[Fault]] = {
+    kind.fault_type.name: kind
+    for kind in (
+        Straggler,
+        Hang,
+        Crash,
+        BadShard,
+        RepeatBatch,
+        ShuffleTargets,
+        LrBlip,
+        NonFinite,
+        Infinite,
+        GradBitflip,
+        ParamBitflip,
+    )
+}
 
 
 # -- the plan -------------------------------------------------------------------------
@@ -381,8 +400,16 @@ class FaultPlan:
         return cls()
 
     @classmethod
-    def parse(cls, specs: Sequence[str], *, rank: int, world_size: int, logger: RunLogger | None,
-              samples_per_shard: int | None = None, vocab_size: int | None = None) -> FaultPlan:
+    def parse(
+        cls,
+        specs: Sequence[str],
+        *,
+        rank: int,
+        world_size: int,
+        logger: RunLogger | None,
+        samples_per_shard: int | None = None,
+        vocab_size: int | None = None,
+    ) -> FaultPlan:
         """This rank's plan from ``specs``; ``bad_shard`` needs the corpus layout given here."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is out of range for world size {world_size}")

@@ -7,6 +7,7 @@ best reach ``entropy_rate()`` nats per token: evals report the loss above that f
 (``seq_len + 1`` tokens: inputs and targets are a shift) plus a held-out split; each
 sample is a pure function of (corpus seed, split, id), generated on demand.
 """
+
 from __future__ import annotations
 
 import bisect

@@ -10,6 +10,7 @@ files no longer match it, is corrupt; a ``.partial`` one is a save that never fi
 Nothing here needs torch: these functions serve the checkpoint manager, the rewind logic and
 any tool that inspects a run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -92,8 +93,11 @@ def list_partial(root: Path) -> list[tuple[tuple[int, int], Path]]:
     """Unfinished saves (``*.partial`` directories) under ``root`` as ``((timeline, step), path)``."""
     if not root.is_dir():
         return []
-    return [(key, path) for path in root.glob(f"*{PARTIAL_SUFFIX}")
-            if path.is_dir() and (key := parse_name(path.name.removesuffix(PARTIAL_SUFFIX)))]
+    return [
+        (key, path)
+        for path in root.glob(f"*{PARTIAL_SUFFIX}")
+        if path.is_dir() and (key := parse_name(path.name.removesuffix(PARTIAL_SUFFIX)))
+    ]
 
 
 def file_digest(path: Path) -> tuple[int, str]:
@@ -124,16 +128,24 @@ def fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
-def write_manifest(directory: Path, *, step: int, timeline: int, world_size: int,
-                   extra: dict[str, Any]) -> CheckpointInfo:
+def write_manifest(
+    directory: Path, *, step: int, timeline: int, world_size: int, extra: dict[str, Any]
+) -> CheckpointInfo:
     """Hash every file of ``directory`` and write its manifest (atomically, last)."""
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
         size, sha256 = file_digest(path)
         files[path.relative_to(directory).as_posix()] = {"size": size, "sha256": sha256}
-    manifest = {"format": FORMAT_VERSION, "step": step, "timeline": timeline, "created": time.time(),
-                "world_size": world_size, "bytes": sum(f["size"] for f in files.values()), "extra": extra,
-                "files": files}
+    manifest = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "timeline": timeline,
+        "created": time.time(),
+        "world_size": world_size,
+        "bytes": sum(f["size"] for f in files.values()),
+        "extra": extra,
+        "files": files,
+    }
     write_json_atomic(directory / MANIFEST, manifest)
     return _info(directory, manifest)
 
@@ -160,8 +172,9 @@ def _malformed(manifest: Any) -> str | None:
         if not isinstance(manifest.get(key), kind):
             return f"{key!r} missing or not {kind.__name__}"
     for name, entry in manifest["files"].items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("sha256"), str)):
+        if not (
+            isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
+        ):
             return f"entry for {name!r} lacks size or sha256"
     return None
 
@@ -170,8 +183,10 @@ def verify(directory: Path) -> CheckpointInfo:
     """Check every file the manifest lists (presence, size, sha256); CheckpointError naming the first bad one."""
     manifest = read_manifest(directory)
     if parse_name(directory.name) != (manifest["timeline"], manifest["step"]):
-        raise CheckpointError(f"{directory / MANIFEST}: says step {manifest['step']} timeline "
-                              f"{manifest['timeline']}, which does not match the directory name")
+        raise CheckpointError(
+            f"{directory / MANIFEST}: says step {manifest['step']} timeline "
+            f"{manifest['timeline']}, which does not match the directory name"
+        )
     root = directory.resolve()
     for name, expected in sorted(manifest["files"].items()):
         path = directory / name
@@ -183,15 +198,22 @@ def verify(directory: Path) -> CheckpointInfo:
         if size != expected["size"]:
             raise CheckpointError(f"{path}: size {size} bytes, manifest says {expected['size']}")
         if sha256 != expected["sha256"]:
-            raise CheckpointError(f"{path}: sha256 {sha256[:16]}… does not match the manifest's "
-                                  f"{expected['sha256'][:16]}…")
+            raise CheckpointError(
+                f"{path}: sha256 {sha256[:16]}… does not match the manifest's {expected['sha256'][:16]}…"
+            )
     return _info(directory, manifest)
 
 
 def _info(directory: Path, manifest: dict[str, Any]) -> CheckpointInfo:
-    return CheckpointInfo(path=directory, step=manifest["step"], timeline=manifest["timeline"],
-                          created=float(manifest.get("created", 0.0)), world_size=manifest["world_size"],
-                          bytes=int(manifest.get("bytes", 0)), extra=manifest["extra"])
+    return CheckpointInfo(
+        path=directory,
+        step=manifest["step"],
+        timeline=manifest["timeline"],
+        created=float(manifest.get("created", 0.0)),
+        world_size=manifest["world_size"],
+        bytes=int(manifest.get("bytes", 0)),
+        extra=manifest["extra"],
+    )
 
 
 def find_latest_good(root: Path, at_or_before_step: int | None = None) -> CheckpointChoice:
@@ -210,8 +232,14 @@ def find_latest_good(root: Path, at_or_before_step: int | None = None) -> Checkp
     return CheckpointChoice(None, tuple(skipped))
 
 
-def retention_victims(root: Path, *, keep_last: int, milestone_every: int | None, published: tuple[int, int],
-                      is_good: Callable[[Path], bool]) -> list[Path]:
+def retention_victims(
+    root: Path,
+    *,
+    keep_last: int,
+    milestone_every: int | None,
+    published: tuple[int, int],
+    is_good: Callable[[Path], bool],
+) -> list[Path]:
     """Checkpoints older than the newest ``keep_last`` good ones that are not milestones, and unfinished saves
     older than the one just ``published`` (newer ones may be in flight on other ranks).
 
@@ -223,7 +251,7 @@ def retention_victims(root: Path, *, keep_last: int, milestone_every: int | None
     for index, (_, path) in enumerate(newest_first):
         good += is_good(path)
         if good == keep_last:
-            older = newest_first[index + 1:]
+            older = newest_first[index + 1 :]
             break
     victims = [path for (_, step), path in older if not (milestone_every and step % milestone_every == 0)]
     return victims + [path for key, path in list_partial(root) if key < published]

@@ -5,6 +5,7 @@ Blocks live in ``Transformer.blocks`` (an ``nn.ModuleList``) so FSDP2 ``fully_sh
 can wrap each one. Initialisation draws from the global torch RNG only: the same
 seed gives bit-identical parameters.
 """
+
 from __future__ import annotations
 
 import math

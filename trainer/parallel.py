@@ -21,6 +21,7 @@ stream and block ~0 s). So compute is forward + backward without blocking comm, 
 comm is the time blocked in reduce-scatters plus the wait from the last one to the
 end of backward.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,8 +40,9 @@ from .ddp_hooks import LocalGrads, allreduce_with_local_norm
 from .model import Transformer
 
 
-def wrap(model: Transformer, parallelism: str, device: torch.device,
-         grads: LocalGrads) -> tuple[nn.Module, Transformer]:
+def wrap(
+    model: Transformer, parallelism: str, device: torch.device, grads: LocalGrads
+) -> tuple[nn.Module, Transformer]:
     """``(module to train, core Transformer)`` for ``"ddp"`` or ``"fsdp"``, instrumented through ``grads``."""
     if parallelism == "ddp":
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -70,14 +72,21 @@ class ReduceScatterWithLocalNorm(ReduceScatter):
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 op: dist.ReduceOp, async_op: bool = False) -> dist.Work | None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: dist.ReduceOp,
+        async_op: bool = False,
+    ) -> dist.Work | None:
         state = self.grads
         issued = time.perf_counter()
         state.observe(input_tensor)
         state.last_bucket_ready = issued - state.blocked_s
-        work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op, group=group,
-                                          async_op=async_op)
+        work = dist.reduce_scatter_single(
+            output=output_tensor, input=input_tensor, op=op, group=group, async_op=async_op
+        )
         state.blocked_s += time.perf_counter() - issued
         return work
 

@@ -9,6 +9,7 @@ the batch after). Skip ranges never change the mapping: they only move the curso
 past batches that must not be trained. The cursor, skip ranges and quarantined
 shards are the sampler's state, saved in every checkpoint.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

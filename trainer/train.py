@@ -4,6 +4,7 @@
 
 ``bedside train`` runs exactly this. Backend: nccl when CUDA is available, else gloo.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, help="override the preset's checkpoint interval (steps)")
     parser.add_argument("--keep-checkpoints", type=int, help="override how many of the newest checkpoints are kept")
     parser.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint in OUT")
-    parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                        help="inject a fault, e.g. straggler:rank=1,factor=2,from=20 (docs/faults.md); repeatable")
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault, e.g. straggler:rank=1,factor=2,from=20 (docs/faults.md); repeatable",
+    )
     args = parser.parse_args(argv)
     try:  # a bad spec fails here, before the process group and the run directory exist
         fault_plan(args.inject, preset(args.preset), rank=_env_int("RANK"), world_size=_env_int("WORLD_SIZE", 1))
@@ -43,11 +49,18 @@ def _env_int(name: str, default: int = 0) -> int:
     return int(os.environ.get(name) or default)
 
 
-def fault_plan(specs: list[str], config: TrainConfig, *, rank: int, world_size: int,
-               logger: RunLogger | None = None) -> FaultPlan:
+def fault_plan(
+    specs: list[str], config: TrainConfig, *, rank: int, world_size: int, logger: RunLogger | None = None
+) -> FaultPlan:
     """This rank's fault plan, with the corpus layout that bad_shard needs."""
-    return FaultPlan.parse(specs, rank=rank, world_size=world_size, logger=logger,
-                           samples_per_shard=config.data.samples_per_shard, vocab_size=config.data.vocab_size)
+    return FaultPlan.parse(
+        specs,
+        rank=rank,
+        world_size=world_size,
+        logger=logger,
+        samples_per_shard=config.data.samples_per_shard,
+        vocab_size=config.data.vocab_size,
+    )
 
 
 def init_distributed() -> torch.device:
@@ -67,21 +80,31 @@ def gather_topology() -> tuple[RankPlacement, ...]:
     mine = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0)))
     everyone: list[tuple[str, int]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, mine)
-    return tuple(RankPlacement(rank=r, host=host, local_rank=local, dp=r, tp=0, pp=0)
-                 for r, (host, local) in enumerate(everyone))
+    return tuple(
+        RankPlacement(rank=r, host=host, local_rank=local, dp=r, tp=0, pp=0) for r, (host, local) in enumerate(everyone)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    config = preset(args.preset, steps=args.steps, parallelism=args.parallelism,
-                    checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+    config = preset(
+        args.preset,
+        steps=args.steps,
+        parallelism=args.parallelism,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+    )
     device = init_distributed()
     topology = gather_topology()
     placement = topology[dist.get_rank()]
-    with RunLogger(args.out, name=os.path.basename(os.path.abspath(args.out)), config=config.to_json(),
-                   placement=placement, topology=topology) as logger:
-        faults = fault_plan(args.inject, config, rank=dist.get_rank(), world_size=dist.get_world_size(),
-                            logger=logger)
+    with RunLogger(
+        args.out,
+        name=os.path.basename(os.path.abspath(args.out)),
+        config=config.to_json(),
+        placement=placement,
+        topology=topology,
+    ) as logger:
+        faults = fault_plan(args.inject, config, rank=dist.get_rank(), world_size=dist.get_world_size(), logger=logger)
         Trainer(config, logger, device, faults=faults).train(resume=args.resume)
     dist.destroy_process_group()
 

@@ -4,6 +4,7 @@ Everything around the step (evaluation, parameter checksums, the learning-rate
 schedule, timing) is a small method or module of its own; the step itself never
 waits for the device or for telemetry.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,9 @@ class StepTimes:
 class Trainer:
     """One rank of a data-parallel training run, instrumented through RunLogger."""
 
-    def __init__(self, config: TrainConfig, logger: RunLogger, device: torch.device,
-                 faults: FaultPlan | None = None) -> None:
+    def __init__(
+        self, config: TrainConfig, logger: RunLogger, device: torch.device, faults: FaultPlan | None = None
+    ) -> None:
         self.config = config
         self.log = logger
         self.device = device
@@ -55,21 +57,30 @@ class Trainer:
         if config.global_batch % self.world_size:
             raise ValueError(f"global_batch {config.global_batch} is not divisible by {self.world_size} ranks")
         if config.data.heldout_samples < self.world_size:
-            raise ValueError(f"data.heldout_samples ({config.data.heldout_samples}) must be at least the "
-                             f"{self.world_size} ranks, or evaluation has nothing to read")
-        self.language = MarkovLanguage(vocab_size=config.data.vocab_size, branching=config.data.branching,
-                                       seed=config.data.seed)
-        self.corpus = ShardedCorpus(self.language, seq_len=config.model.seq_len, num_shards=config.data.num_shards,
-                                    samples_per_shard=config.data.samples_per_shard,
-                                    heldout_samples=config.data.heldout_samples, seed=config.data.seed)
+            raise ValueError(
+                f"data.heldout_samples ({config.data.heldout_samples}) must be at least the "
+                f"{self.world_size} ranks, or evaluation has nothing to read"
+            )
+        self.language = MarkovLanguage(
+            vocab_size=config.data.vocab_size, branching=config.data.branching, seed=config.data.seed
+        )
+        self.corpus = ShardedCorpus(
+            self.language,
+            seq_len=config.model.seq_len,
+            num_shards=config.data.num_shards,
+            samples_per_shard=config.data.samples_per_shard,
+            heldout_samples=config.data.heldout_samples,
+            seed=config.data.seed,
+        )
         self.sampler = BatchSampler(self.corpus, global_batch_size=config.global_batch, seed=config.seed)
         self.entropy_floor = self.language.entropy_rate()
         torch.manual_seed(config.seed)
         self.faults = faults or FaultPlan.none()
         self.grads = LocalGrads(faults=self.faults)
         self.model, self.core = wrap(Transformer(config.model).to(device), config.parallelism, device, self.grads)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.lr,
-                                           weight_decay=config.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
+        )
         self.step = 0
         self.control_state = ControlState()
         self.flops_per_step = flops_per_token(config.model) * config.tokens_per_step
@@ -94,8 +105,11 @@ class Trainer:
         control = ControlChannel(self, checkpointing)
         if resume:
             if not checkpointing.resume() and self.rank == 0:
-                self.log.log(self.step, f"no good checkpoint to resume from: starting from step 0 on timeline "
-                                        f"{self.timeline}", level="warning")
+                self.log.log(
+                    self.step,
+                    f"no good checkpoint to resume from: starting from step 0 on timeline {self.timeline}",
+                    level="warning",
+                )
             control.recover()
         while self.step < self.config.steps and control.at_step_boundary():
             self.train_step()
@@ -110,9 +124,15 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides model and optimizer that a rewind or resume restores (JSON)."""
-        return {"step": self.step, "timeline": self.timeline, "sampler": self.sampler.state_dict(),
-                "rng": rng_state(), "spent_tokens": self.spent_tokens, "spent_flops": self.spent_flops,
-                "control": self.control_state.state_dict()}
+        return {
+            "step": self.step,
+            "timeline": self.timeline,
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "spent_tokens": self.spent_tokens,
+            "spent_flops": self.spent_flops,
+            "control": self.control_state.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.timeline = state["step"], state["timeline"]
@@ -136,8 +156,12 @@ class Trainer:
         backward_done = time.perf_counter()
         grad_norm = self._optimizer_step()
         finished = time.perf_counter()
-        times = StepTimes(data=data_done - started, compute=self.grads.last_bucket_ready - data_done,
-                          comm=backward_done - self.grads.last_bucket_ready, optimizer=finished - backward_done)
+        times = StepTimes(
+            data=data_done - started,
+            compute=self.grads.last_bucket_ready - data_done,
+            comm=backward_done - self.grads.last_bucket_ready,
+            optimizer=finished - backward_done,
+        )
         self._emit(loss.detach(), grad_norm, times, batch_index, ids)
 
     def _optimizer_step(self) -> torch.Tensor:
@@ -163,8 +187,9 @@ class Trainer:
         return _inputs_and_targets(samples, self.device)
 
     # -- telemetry ----------------------------------------------------------------
-    def _emit(self, loss: torch.Tensor, grad_norm: torch.Tensor, times: StepTimes, batch_index: int,
-              ids: list[int]) -> None:
+    def _emit(
+        self, loss: torch.Tensor, grad_norm: torch.Tensor, times: StepTimes, batch_index: int, ids: list[int]
+    ) -> None:
         self.spent_tokens += self.config.tokens_per_step
         self.spent_flops += self.flops_per_step
         mean_loss = self.grads.mean_loss  # reduced with the last gradient bucket under DDP
@@ -173,14 +198,29 @@ class Trainer:
             dist.all_reduce(mean_loss)
             mean_loss /= self.world_size
         checksum = self._param_checksum() if self.step % self.config.checksum_every == 0 else None
-        self.log.rank_step(self.step, step_time=times.total, data_time=times.data, compute_time=times.compute,
-                           comm_time=times.comm, optimizer_time=times.optimizer,
-                           local_grad_norm=self.grads.local_grad_norm(), local_loss=loss, param_checksum=checksum)
+        self.log.rank_step(
+            self.step,
+            step_time=times.total,
+            data_time=times.data,
+            compute_time=times.compute,
+            comm_time=times.comm,
+            optimizer_time=times.optimizer,
+            local_grad_norm=self.grads.local_grad_norm(),
+            local_loss=loss,
+            param_checksum=checksum,
+        )
         if self.rank == 0:
-            self.log.step(self.step, loss=mean_loss, grad_norm=grad_norm,
-                          lr=self.optimizer.param_groups[0]["lr"], tokens=self.config.tokens_per_step,
-                          flops=self.flops_per_step, mfu=self._mfu(times.total), batch=batch_index,
-                          shards=self.sampler.shards_of(ids))
+            self.log.step(
+                self.step,
+                loss=mean_loss,
+                grad_norm=grad_norm,
+                lr=self.optimizer.param_groups[0]["lr"],
+                tokens=self.config.tokens_per_step,
+                flops=self.flops_per_step,
+                mfu=self._mfu(times.total),
+                batch=batch_index,
+                shards=self.sampler.shards_of(ids),
+            )
 
     def _mfu(self, step_time: float) -> float:
         peak = self.config.peak_flops_per_device * self.world_size
@@ -213,9 +253,12 @@ class Trainer:
         dist.all_reduce(totals)
         if self.rank == 0:
             loss = totals[0] / totals[2]
-            self.log.eval(self.step, {"loss": loss, "accuracy": totals[1] / totals[2],
-                                      "excess_loss": loss - self.entropy_floor},
-                          cum_tokens=self.spent_tokens, cum_flops=self.spent_flops)
+            self.log.eval(
+                self.step,
+                {"loss": loss, "accuracy": totals[1] / totals[2], "excess_loss": loss - self.entropy_floor},
+                cum_tokens=self.spent_tokens,
+                cum_flops=self.spent_flops,
+            )
 
     def _heldout_slices(self) -> list[list[int]]:
         """This rank's share of the held-out samples, in batches of its per-rank batch size."""
@@ -223,7 +266,7 @@ class Trainer:
         total -= total % self.world_size  # equal shares: FSDP's forward is a collective
         mine = list(range(self.rank, total, self.world_size))
         size = self.config.global_batch // self.world_size
-        return [mine[start:start + size] for start in range(0, len(mine), size)]
+        return [mine[start : start + size] for start in range(0, len(mine), size)]
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

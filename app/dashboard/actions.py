@@ -1,4 +1,5 @@
 """Turning an incident's suggestion into a control request's arguments, and a request's live status in words."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -12,8 +13,11 @@ from bedside.collectors.layout import RunLayout
 from .common import age, number
 
 ACTION_LABELS = {
-    "rewind": "rewind to a checkpoint", "skip": "skip a batch range", "quarantine": "quarantine a data shard",
-    "pause": "pause", "checkpoint": "checkpoint now",
+    "rewind": "rewind to a checkpoint",
+    "skip": "skip a batch range",
+    "quarantine": "quarantine a data shard",
+    "pause": "pause",
+    "checkpoint": "checkpoint now",
 }
 
 
@@ -25,8 +29,12 @@ def related_incidents(incident_id: str, incidents: pd.DataFrame) -> pd.DataFrame
 
     def related(other: pd.Series) -> bool:
         overlaps = other["start_step"] <= me["end_step"] and me["start_step"] <= other["end_step"]
-        shared = not ranks or not len(other["ranks"]) or bool(ranks & set(other["ranks"])) \
+        shared = (
+            not ranks
+            or not len(other["ranks"])
+            or bool(ranks & set(other["ranks"]))
             or (bool(me["cause"]) and other["cause"] == me["cause"])
+        )
         return bool(other["timeline"] == me["timeline"] and overlaps and shared)
 
     return incidents[incidents.apply(related, axis=1)] if not incidents.empty else incidents
@@ -39,8 +47,14 @@ def onset(incident_id: str, incidents: pd.DataFrame) -> tuple[int, str]:
     return int(first["start_step"]), str(first["incident_id"])
 
 
-def prefilled_args(action: str, suggestion: Mapping[str, Any], incident: pd.Series,
-                   checkpoints: pd.DataFrame, *, before: int | None = None) -> dict[str, int]:
+def prefilled_args(
+    action: str,
+    suggestion: Mapping[str, Any],
+    incident: pd.Series,
+    checkpoints: pd.DataFrame,
+    *,
+    before: int | None = None,
+) -> dict[str, int]:
     """Arguments for ``action`` from the suggestion when it is the same action, else from the incident.
 
     A rewind goes strictly before ``before`` (the onset of the incident and its relatives; default the incident's
@@ -52,12 +66,14 @@ def prefilled_args(action: str, suggestion: Mapping[str, Any], incident: pd.Seri
     limit = start if before is None else before
     if suggestion.get("action") == action:
         given = {name: suggestion.get("args", {}).get(name) for name in ACTION_ARGS[action]}
-        if all(value is not None for value in given.values()) and \
-                (action != "rewind" or int(given["to_step"]) < limit):
+        if all(value is not None for value in given.values()) and (action != "rewind" or int(given["to_step"]) < limit):
             return {name: int(value) for name, value in given.items()}
     if action == "rewind":
-        good = checkpoints[checkpoints["state"].isin(["verified", "saved"]) & ~checkpoints["deleted"].astype(bool)
-                           & (checkpoints["step"] < limit)]
+        good = checkpoints[
+            checkpoints["state"].isin(["verified", "saved"])
+            & ~checkpoints["deleted"].astype(bool)
+            & (checkpoints["step"] < limit)
+        ]
         return {"to_step": int(good["step"].max()) if not good.empty else 0}
     if action == "skip":
         return {"first_batch": start, "last_batch": end}
@@ -77,22 +93,29 @@ def what_is_lost(action: str, args: Mapping[str, int], cost: pd.DataFrame, run: 
 
     if action == "rewind" and not cost.empty and int(cost["steps"].iloc[0]):
         row = cost.iloc[0]
-        lines = [f"discards steps {int(row['first_step'])}-{int(row['last_step'])} of the live timeline: "
-                 f"{int(row['steps'])} steps, {age(row['seconds'])} of training, {number(row['flops'], 'FLOP')}"]
+        lines = [
+            f"discards steps {int(row['first_step'])}-{int(row['last_step'])} of the live timeline: "
+            f"{int(row['steps'])} steps, {age(row['seconds'])} of training, {number(row['flops'], 'FLOP')}"
+        ]
         if pd.notna(row["first_batch"]):
             replayed = int(row["last_batch"]) - int(row["first_batch"]) + 1
-            lines.append(f"replays global batches {int(row['first_batch'])}-{int(row['last_batch'])}"
-                         f"{samples(replayed)} on a new timeline")
+            lines.append(
+                f"replays global batches {int(row['first_batch'])}-{int(row['last_batch'])}"
+                f"{samples(replayed)} on a new timeline"
+            )
         return lines
     if action == "rewind":
         return [f"discards nothing: the run has not passed step {args['to_step']}"]
     if action == "skip":
         count = args["last_batch"] - args["first_batch"] + 1
-        return [f"skips global batches {args['first_batch']}-{args['last_batch']}: {count} batches{samples(count)} "
-                f"never trained"]
+        return [
+            f"skips global batches {args['first_batch']}-{args['last_batch']}: {count} batches{samples(count)} "
+            f"never trained"
+        ]
     if action == "quarantine":
-        return [f"stops reading data shard {args['shard']}" + (f" ({per_shard:,} samples)"
-                                                                if per_shard is not None else "")]
+        return [
+            f"stops reading data shard {args['shard']}" + (f" ({per_shard:,} samples)" if per_shard is not None else "")
+        ]
     return []
 
 

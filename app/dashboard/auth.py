@@ -5,6 +5,7 @@ slows down guessing (per browser session and for the whole process).
 (``TokenHash.of(token).encoded()`` makes one: docs/dashboard.md), so the plain token need not sit in the server's environment.
 Threat model: docs/security.md.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,8 +57,9 @@ class TokenHash:
             _, n, r, p, salt, digest = parts
             return cls(int(n), int(r), int(p), bytes.fromhex(salt), bytes.fromhex(digest))
         except ValueError:
-            raise TokenFormatError(f"the operator token hash must read {SCHEME}$N$r$p$<salt hex>$<hash hex> "
-                                   f"({len(parts)} fields given)") from None
+            raise TokenFormatError(
+                f"the operator token hash must read {SCHEME}$N$r$p$<salt hex>$<hash hex> ({len(parts)} fields given)"
+            ) from None
 
     def encoded(self) -> str:
         return f"{SCHEME}${self.n}${self.r}${self.p}${self.salt.hex()}${self.digest.hex()}"

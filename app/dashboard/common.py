@@ -1,4 +1,5 @@
 """What every page shares: the run being looked at, the operator's unlock, and small formatting helpers."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,14 @@ from .auth import Lockout
 from .data import RunData
 from .registry import Desk, desk
 
-STATUS_LABELS = {"live": "live", "stalled": "stalled", "finished": "finished", "failed": "crashed",
-                 "aborted": "aborted", "empty": "empty"}
+STATUS_LABELS = {
+    "live": "live",
+    "stalled": "stalled",
+    "finished": "finished",
+    "failed": "crashed",
+    "aborted": "aborted",
+    "empty": "empty",
+}
 SEVERITY_MARKS = {"critical": ":red[●]", "warning": ":orange[●]", "info": ":blue[●]"}
 
 

@@ -5,6 +5,7 @@ A run is read through its owner's store in this process. When another process ho
 the store (``bedside watch``), it is rebuilt read-only from the raw telemetry each
 refresh, without findings (those live in the owner's store).
 """
+
 from __future__ import annotations
 
 import threading
@@ -37,9 +38,15 @@ class RunData:
         self.layout = RunLayout(run_dir)
         self.owner = owner
         self.refresh_s = refresh_s
-        self.note = "" if owner else ("Read-only: another process holds this run's store (bedside watch?). Telemetry "
-                                      "is read from the raw files; findings, incidents and acknowledgements are in "
-                                      "that process.")
+        self.note = (
+            ""
+            if owner
+            else (
+                "Read-only: another process holds this run's store (bedside watch?). Telemetry "
+                "is read from the raw files; findings, incidents and acknowledgements are in "
+                "that process."
+            )
+        )
         self.timings: dict[str, float] = {}
         self._lock = threading.RLock()  # every browser session shares this object, each in its own thread
         self._cache: dict[tuple, pd.DataFrame] = {}
@@ -71,7 +78,10 @@ class RunData:
         if self._view is None or self._view[0] != version:
             if self._view:
                 self._view[1].store.close()
-            self._view = (version, open_for_reading(self.run_dir, verify=True, schemas=SCHEMAS))  # a damaged store: the telemetry
+            self._view = (
+                version,
+                open_for_reading(self.run_dir, verify=True, schemas=SCHEMAS),
+            )  # a damaged store: the telemetry
         return self._view[1].store
 
     def frame(self, query: str, /, **params: Any) -> pd.DataFrame:
@@ -104,14 +114,14 @@ class RunData:
                 return "the incident is resolved: act on an open one"
         return None
 
-    def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str,
-                incident_id: str | None) -> str:
+    def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str, incident_id: str | None) -> str:
         """File a control request for the trainer and record it in the audit trail; its request id."""
         if refusal := self.action_refusal(incident_id):
             raise BedsideError(f"not filed: {refusal}")
         try:
-            request_id = audit.file_request(self.layout, action, args, operator=operator, reason=reason,
-                                            incident_id=incident_id)
+            request_id = audit.file_request(
+                self.layout, action, args, operator=operator, reason=reason, incident_id=incident_id
+            )
         except ValueError as exc:
             raise BedsideError(str(exc)) from exc
         self._keep_audit_head()

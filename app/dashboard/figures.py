@@ -3,6 +3,7 @@
 A series is never drawn with more than ``MAX_POINTS`` points: each bucket of steps
 keeps its lowest and highest value, so a one-step spike stays visible at any zoom.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -20,8 +21,13 @@ RANK_LINES = 16
 SEVERITY_COLORS = {"info": "#3b82f6", "warning": "#f59e0b", "critical": "#dc2626"}
 PHASES = ("data_time", "compute_time", "comm_time", "optimizer_time")
 PHASE_COLORS = {"data_time": "#a78bfa", "compute_time": "#2563eb", "comm_time": "#f97316", "optimizer_time": "#10b981"}
-CHECKPOINT_COLORS = {"verified": "#16a34a", "saved": "#2563eb", "saving": "#94a3b8", "failed": "#f97316",
-                     "corrupt": "#dc2626"}
+CHECKPOINT_COLORS = {
+    "verified": "#16a34a",
+    "saved": "#2563eb",
+    "saving": "#94a3b8",
+    "failed": "#f97316",
+    "corrupt": "#dc2626",
+}
 FADED = 0.35
 
 
@@ -45,8 +51,9 @@ def downsample_minmax(frame: pd.DataFrame, x: str, y: str, max_points: int = MAX
     return frame.iloc[sorted(kept)].reset_index(drop=True)
 
 
-def eval_vs_compute(evals: pd.DataFrame, metric: str, band: pd.DataFrame | None = None,
-                    incidents: pd.DataFrame | None = None) -> go.Figure:
+def eval_vs_compute(
+    evals: pd.DataFrame, metric: str, band: pd.DataFrame | None = None, incidents: pd.DataFrame | None = None
+) -> go.Figure:
     """Held-out ``metric`` against cumulative FLOPs (log x), one line per timeline, the live one in front.
 
     ``band``: columns ``cum_flops``, ``low``, ``center``, ``high`` (the detectors' forecast);
@@ -55,23 +62,58 @@ def eval_vs_compute(evals: pd.DataFrame, metric: str, band: pd.DataFrame | None 
     fig = go.Figure()
     shown = evals[evals["name"] == metric].dropna(subset=["cum_flops"])
     if band is not None and not band.empty:
-        fig.add_trace(go.Scatter(x=band["cum_flops"], y=band["high"], mode="lines", line={"width": 0},
-                                 showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=band["cum_flops"], y=band["low"], mode="lines", line={"width": 0},
-                                 fill="tonexty", fillcolor="rgba(100,116,139,0.18)", name="forecast band"))
-        fig.add_trace(go.Scatter(x=band["cum_flops"], y=band["center"], mode="lines", name="forecast",
-                                 line={"dash": "dot", "color": "#64748b"}))
+        fig.add_trace(
+            go.Scatter(
+                x=band["cum_flops"], y=band["high"], mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=band["cum_flops"],
+                y=band["low"],
+                mode="lines",
+                line={"width": 0},
+                fill="tonexty",
+                fillcolor="rgba(100,116,139,0.18)",
+                name="forecast band",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=band["cum_flops"],
+                y=band["center"],
+                mode="lines",
+                name="forecast",
+                line={"dash": "dot", "color": "#64748b"},
+            )
+        )
     live = shown["timeline"].max() if not shown.empty else None
     for timeline, points in shown.groupby("timeline"):
-        fig.add_trace(go.Scatter(
-            x=points["cum_flops"], y=points["value"], mode="lines+markers", name=f"timeline {timeline}",
-            opacity=1.0 if timeline == live else FADED, customdata=points["step"],
-            hovertemplate="step %{customdata}<br>%{x:.3g} FLOPs<br>" + metric + " %{y:.4g}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=points["cum_flops"],
+                y=points["value"],
+                mode="lines+markers",
+                name=f"timeline {timeline}",
+                opacity=1.0 if timeline == live else FADED,
+                customdata=points["step"],
+                hovertemplate="step %{customdata}<br>%{x:.3g} FLOPs<br>" + metric + " %{y:.4g}<extra></extra>",
+            )
+        )
     for severity, marks in (incidents if incidents is not None else pd.DataFrame(columns=["severity"])).groupby(
-            "severity"):
-        fig.add_trace(go.Scatter(x=marks["cum_flops"], y=marks["value"], mode="markers", name=f"{severity} incident",
-                                 marker={"symbol": "x", "size": 12, "color": SEVERITY_COLORS.get(severity)},
-                                 text=marks["label"], hovertemplate="%{text}<extra></extra>"))
+        "severity"
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=marks["cum_flops"],
+                y=marks["value"],
+                mode="markers",
+                name=f"{severity} incident",
+                marker={"symbol": "x", "size": 12, "color": SEVERITY_COLORS.get(severity)},
+                text=marks["label"],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
     fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI")
     fig.update_yaxes(title=f"held-out {metric}")
     return _layout(fig, "Held-out eval against compute")
@@ -81,22 +123,43 @@ def training_curves(steps: pd.DataFrame, incidents: pd.DataFrame, actions: pd.Da
     """Loss, gradient norm and LR against step, each timeline a line (abandoned ones faded), with the windows
     of incidents about the training's numbers shaded by severity and applied rewinds and skips marked."""
     metrics = [m for m in ("loss", "grad_norm", "lr") if m in steps and steps[m].notna().any()]
-    fig = make_subplots(rows=max(1, len(metrics)), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=metrics)
+    fig = make_subplots(
+        rows=max(1, len(metrics)), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=metrics
+    )
     live = steps["timeline"].max() if not steps.empty else None
     for row, metric in enumerate(metrics, start=1):
         for timeline, series in steps.groupby("timeline"):
             points = downsample_minmax(series[["step", metric]], "step", metric)
-            fig.add_trace(go.Scatter(x=points["step"], y=points[metric], mode="lines", name=f"timeline {timeline}",
-                                     legendgroup=str(timeline), showlegend=row == 1,
-                                     opacity=1.0 if timeline == live else FADED), row=row, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=points["step"],
+                    y=points[metric],
+                    mode="lines",
+                    name=f"timeline {timeline}",
+                    legendgroup=str(timeline),
+                    showlegend=row == 1,
+                    opacity=1.0 if timeline == live else FADED,
+                ),
+                row=row,
+                col=1,
+            )
     for incident in incidents[incidents["kinds"].map(_about_training)].itertuples():
-        fig.add_vrect(x0=incident.start_step - 0.5, x1=incident.end_step + 0.5, line_width=0, opacity=0.15,
-                      fillcolor=SEVERITY_COLORS.get(incident.severity, "#94a3b8"))
+        fig.add_vrect(
+            x0=incident.start_step - 0.5,
+            x1=incident.end_step + 0.5,
+            line_width=0,
+            opacity=0.15,
+            fillcolor=SEVERITY_COLORS.get(incident.severity, "#94a3b8"),
+        )
     for action in actions.itertuples():
         if action.status == "applied" and action.action in ("rewind", "skip") and pd.notna(action.step):
-            fig.add_vline(x=float(action.step), line_dash="dash", line_color="#7c3aed",
-                          annotation_text=action.action, annotation_position="top left")
+            fig.add_vline(
+                x=float(action.step),
+                line_dash="dash",
+                line_color="#7c3aed",
+                annotation_text=action.action,
+                annotation_position="top left",
+            )
     fig.update_xaxes(title="step", row=max(1, len(metrics)), col=1)
     return _layout(fig, "Training", height=180 + 170 * len(metrics))
 
@@ -110,9 +173,16 @@ def rank_heatmap(times: pd.DataFrame, order: list[int]) -> go.Figure:
     """Step time per rank (rows, in ``order``: host then mesh coordinates) and step bucket (columns)."""
     grid = times.pivot_table(index="rank", columns="step", values="step_time", aggfunc="max")
     grid = grid.reindex([r for r in order if r in grid.index] + [r for r in grid.index if r not in order])
-    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=grid.columns, y=[f"rank {r}" for r in grid.index],
-                               colorscale="Viridis", colorbar={"title": "step s"},
-                               hovertemplate="%{y}, step %{x}: %{z:.3f} s<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid.to_numpy(),
+            x=grid.columns,
+            y=[f"rank {r}" for r in grid.index],
+            colorscale="Viridis",
+            colorbar={"title": "step s"},
+            hovertemplate="%{y}, step %{x}: %{z:.3f} s<extra></extra>",
+        )
+    )
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="step")
     return _layout(fig, "Step time by rank", height=min(900, 220 + 14 * len(grid)))
@@ -124,27 +194,43 @@ def phase_breakdown(phases: pd.DataFrame, top: int = 64) -> go.Figure:
     fig = go.Figure()
     for phase in PHASES:
         if phase in shown and shown[phase].notna().any():
-            fig.add_trace(go.Bar(x=[f"rank {r}" for r in shown["rank"]], y=shown[phase],
-                                 name=phase.removesuffix("_time"), marker_color=PHASE_COLORS[phase]))
+            fig.add_trace(
+                go.Bar(
+                    x=[f"rank {r}" for r in shown["rank"]],
+                    y=shown[phase],
+                    name=phase.removesuffix("_time"),
+                    marker_color=PHASE_COLORS[phase],
+                )
+            )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="median seconds per step")
     return _layout(fig, "Where each rank's step goes")
 
 
-def incident_window(window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: int,
-                    focus: tuple[int, ...] = ()) -> go.Figure:
+def incident_window(
+    window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: int, focus: tuple[int, ...] = ()
+) -> go.Figure:
     """An incident's evidence: the training curves around it and, when ranks are involved, their step times.
 
     The incident's own ranks (``focus``) are drawn as lines; with more than ``RANK_LINES`` ranks
     in all, the others are one band (min to max, with the median), so 1,024 ranks stay readable.
     """
     rows = 2 if not ranks.empty else 1
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=["loss and gradient norm", "step time by rank"][:rows],
-                        specs=[[{"secondary_y": True}]] + [[{}]] * (rows - 1))
+    fig = make_subplots(
+        rows=rows,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=["loss and gradient norm", "step time by rank"][:rows],
+        specs=[[{"secondary_y": True}]] + [[{}]] * (rows - 1),
+    )
     fig.add_trace(go.Scatter(x=window["step"], y=window["loss"], name="loss", mode="lines+markers"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=window["step"], y=window["grad_norm"], name="grad norm", mode="lines",
-                             line={"dash": "dot"}), row=1, col=1, secondary_y=True)
+    fig.add_trace(
+        go.Scatter(x=window["step"], y=window["grad_norm"], name="grad norm", mode="lines", line={"dash": "dot"}),
+        row=1,
+        col=1,
+        secondary_y=True,
+    )
     if not ranks.empty:  # a job-level incident has no ranks
         _rank_lines(fig, ranks, focus)
     fig.add_vrect(x0=start - 0.5, x1=end + 0.5, line_width=0, fillcolor="#f59e0b", opacity=0.15)
@@ -157,16 +243,43 @@ def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...]) -> 
     others = ranks[~ranks["rank"].isin(lined)]
     if not others.empty:
         band = others.groupby("step")["step_time"].agg(["min", "median", "max"]).reset_index()
-        fig.add_trace(go.Scatter(x=band["step"], y=band["max"], mode="lines", line={"width": 0}, showlegend=False,
-                                 hoverinfo="skip"), row=2, col=1)
-        fig.add_trace(go.Scatter(x=band["step"], y=band["min"], mode="lines", line={"width": 0}, fill="tonexty",
-                                 fillcolor="rgba(100,116,139,0.25)", name=f"other {everyone - len(lined)} ranks"),
-                      row=2, col=1)
-        fig.add_trace(go.Scatter(x=band["step"], y=band["median"], mode="lines", name="their median",
-                                 line={"color": "#64748b", "dash": "dot"}), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=band["step"], y=band["max"], mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"
+            ),
+            row=2,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=band["step"],
+                y=band["min"],
+                mode="lines",
+                line={"width": 0},
+                fill="tonexty",
+                fillcolor="rgba(100,116,139,0.25)",
+                name=f"other {everyone - len(lined)} ranks",
+            ),
+            row=2,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=band["step"],
+                y=band["median"],
+                mode="lines",
+                name="their median",
+                line={"color": "#64748b", "dash": "dot"},
+            ),
+            row=2,
+            col=1,
+        )
     for rank, series in ranks[ranks["rank"].isin(lined)].groupby("rank"):
-        fig.add_trace(go.Scatter(x=series["step"], y=series["step_time"], name=f"rank {rank}", mode="lines",
-                                 legendgroup="ranks"), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(x=series["step"], y=series["step_time"], name=f"rank {rank}", mode="lines", legendgroup="ranks"),
+            row=2,
+            col=1,
+        )
 
 
 def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:
@@ -174,11 +287,17 @@ def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for state, points in checkpoints.groupby("state"):
         size = 8 + 20 * (points["duration_s"].fillna(0) / max(checkpoints["duration_s"].max() or 1.0, 1e-9))
-        fig.add_trace(go.Scatter(
-            x=pd.to_datetime(points["started_at"], unit="s", utc=True), y=points["step"], mode="markers", name=state,
-            marker={"size": size, "color": CHECKPOINT_COLORS.get(state, "#94a3b8")},
-            customdata=np.stack([points["duration_s"].fillna(0), points["bytes"].fillna(0) / 2**20], axis=-1),
-            hovertemplate="step %{y}<br>%{customdata[0]:.2f} s, %{customdata[1]:.1f} MiB<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=pd.to_datetime(points["started_at"], unit="s", utc=True),
+                y=points["step"],
+                mode="markers",
+                name=state,
+                marker={"size": size, "color": CHECKPOINT_COLORS.get(state, "#94a3b8")},
+                customdata=np.stack([points["duration_s"].fillna(0), points["bytes"].fillna(0) / 2**20], axis=-1),
+                hovertemplate="step %{y}<br>%{customdata[0]:.2f} s, %{customdata[1]:.1f} MiB<extra></extra>",
+            )
+        )
     fig.update_xaxes(title="time")
     fig.update_yaxes(title="step")
     return _layout(fig, "Checkpoints")
@@ -195,7 +314,11 @@ def runs_overlay(curves: dict[str, pd.DataFrame], metric: str) -> go.Figure:
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
-    fig.update_layout(title=title, height=height, margin={"l": 40, "r": 20, "t": 80, "b": 40},
-                      legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
-                      template="plotly_white")
+    fig.update_layout(
+        title=title,
+        height=height,
+        margin={"l": 40, "r": 20, "t": 80, "b": 40},
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
+        template="plotly_white",
+    )
     return fig

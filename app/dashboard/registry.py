@@ -5,6 +5,7 @@ token's hash) and installs it before Streamlit starts, in the same process; ever
 with ``desk()``. A run whose store another process holds (``bedside watch``) is shown read-only
 from its raw telemetry.
 """
+
 from __future__ import annotations
 
 import threading
@@ -49,12 +50,24 @@ class Desk:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_target(cls, target: Path, *, config: Path | None = None, live: bool = False, token: str = "",
-                   refresh_s: float = DEFAULT_REFRESH_S) -> Desk:
+    def for_target(
+        cls,
+        target: Path,
+        *,
+        config: Path | None = None,
+        live: bool = False,
+        token: str = "",
+        refresh_s: float = DEFAULT_REFRESH_S,
+    ) -> Desk:
         """The desk of ``target``: alerts from ``config``, else a run's bedside.toml, else its parent's (for a
         runs directory, the directory's own); ``token`` unlocks actions (only its salted hash is kept)."""
-        return cls(target=target, settings=settings_for(config, target), live=live,
-                   operator_token=TokenHash.configured(token) if token else None, refresh_s=refresh_s)
+        return cls(
+            target=target,
+            settings=settings_for(config, target),
+            live=live,
+            operator_token=TokenHash.configured(token) if token else None,
+            refresh_s=refresh_s,
+        )
 
     def runs(self) -> list[Path]:
         """The run directories served: the target itself, or the runs in it, newest first."""
@@ -109,8 +122,9 @@ class Desk:
         """(run, what is wrong) for every run whose owner failed and is starting again, or whose store is
         damaged: the banner every page shows."""
         with self._lock:
-            failing = [(run.name, owner_trouble(owner.health)) for run, owner in self.owners.items()
-                       if owner.health.failing]
+            failing = [
+                (run.name, owner_trouble(owner.health)) for run, owner in self.owners.items() if owner.health.failing
+            ]
             damaged = [(run.name, why) for run, why in self.damaged.items()]
         return failing + damaged
 
@@ -137,8 +151,10 @@ def owner_trouble(health: OwnerHealth) -> str:
     """A failing owner in one sentence: what failed, when, the restarts so far and the next try."""
     assert health.failed_at is not None
     retry = f"; next try in {max(0.0, (health.next_retry_at or 0) - time.time()):.0f} s" if health.next_retry_at else ""
-    return (f"ingestion and detection stopped {time.time() - health.failed_at:.0f} s ago: {health.error} "
-            f"(restarts so far: {health.restarts}{retry})")
+    return (
+        f"ingestion and detection stopped {time.time() - health.failed_at:.0f} s ago: {health.error} "
+        f"(restarts so far: {health.restarts}{retry})"
+    )
 
 
 _INSTALLED: list[Desk] = []  # at most one: the desk this process serves
@@ -168,8 +184,13 @@ def desk() -> Desk:
 
 
 def _same(one: Desk, other: Desk) -> bool:
-    return (one.target, one.settings, one.live, one.operator_token, one.refresh_s) == \
-        (other.target, other.settings, other.live, other.operator_token, other.refresh_s)
+    return (one.target, one.settings, one.live, one.operator_token, one.refresh_s) == (
+        other.target,
+        other.settings,
+        other.live,
+        other.operator_token,
+        other.refresh_s,
+    )
 
 
 def close_all() -> None:

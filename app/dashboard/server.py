@@ -1,5 +1,6 @@
 """The dashboard's server: take the stores of a run (or of every run in a directory), then hand the main thread
 to Streamlit's server in this process (``bedside serve``, ``bedside demo --serve``)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,7 @@ DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"
 
 
-def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, refresh_s: float,
-                    token: str) -> None:
+def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, refresh_s: float, token: str) -> None:
     """Own the stores of ``target`` (following them) and serve the dashboard until the server stops; ``token``
     (or its hash) unlocks the actions, none leaves the dashboard read-only."""
     from streamlit.web import bootstrap
@@ -21,8 +21,9 @@ def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, 
     from . import registry
 
     config = config or find_config(target)  # settled once: the run may not be a run yet (demo --serve)
-    served = registry.install(registry.Desk.for_target(target.resolve(), config=config, live=True, token=token,
-                                                       refresh_s=refresh_s))
+    served = registry.install(
+        registry.Desk.for_target(target.resolve(), config=config, live=True, token=token, refresh_s=refresh_s)
+    )
     for run_dir in served.runs():
         if served.owner(run_dir) is None:
             print(f"bedside: {run_dir.name}: {served.refused[run_dir.resolve()][1]}; shown read-only", file=sys.stderr)
@@ -30,9 +31,16 @@ def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, 
     threading.Thread(target=served.adopt_runs, args=(stop,), name="adopt-runs", daemon=True).start()
     access = "actions unlocked by the operator token" if served.operator_token else "read-only (no operator token)"
     print(f"bedside: serving {target} at http://{host}:{port} ({access})", file=sys.stderr)
-    flags = {"server_port": port, "server_address": host, "server_headless": True,
-             "browser_gatherUsageStats": False, "server_fileWatcherType": "none", "server_runOnSave": False,
-             "global_developmentMode": False, "client_toolbarMode": "viewer"}
+    flags = {
+        "server_port": port,
+        "server_address": host,
+        "server_headless": True,
+        "browser_gatherUsageStats": False,
+        "server_fileWatcherType": "none",
+        "server_runOnSave": False,
+        "global_developmentMode": False,
+        "client_toolbarMode": "viewer",
+    }
     bootstrap.load_config_options(flag_options=flags)
     try:
         bootstrap.run(str(Path(__file__).parent / "main.py"), False, [], flags)

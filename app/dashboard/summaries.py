@@ -1,5 +1,6 @@
 """What the pages compute from query results: tiles, the eval forecast band, rank slowdowns and
 checkpoint advice. Pure functions of DataFrames, so they are tested without Streamlit."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,9 @@ class Tiles:
     open_incidents: dict[str, int]
 
 
-def tiles(run: pd.DataFrame, progress: pd.DataFrame, checkpoint: pd.DataFrame, open_incidents: pd.DataFrame,
-          now: float) -> Tiles:
+def tiles(
+    run: pd.DataFrame, progress: pd.DataFrame, checkpoint: pd.DataFrame, open_incidents: pd.DataFrame, now: float
+) -> Tiles:
     """Headline numbers from the ``run``, ``progress``, ``good_checkpoint`` and ``open_incidents`` queries."""
     r = run.iloc[0] if not run.empty else None
     p = progress.iloc[0] if not progress.empty else None
@@ -46,9 +48,14 @@ def tiles(run: pd.DataFrame, progress: pd.DataFrame, checkpoint: pd.DataFrame, o
     if status not in ("live", "stalled"):  # an ended run's work at risk stops growing with its last step
         now = _value(p, "last_step_time") or now
     return Tiles(
-        status=status, step=_int(_value(p, "step")), timeline=_int(_value(p, "timeline")),
-        tokens=_value(p, "spent_tokens"), flops=_value(p, "spent_flops"), tokens_per_s=_value(p, "tokens_per_s"),
-        mfu=mfu, since_checkpoint_s=now - last_good if last_good else None,
+        status=status,
+        step=_int(_value(p, "step")),
+        timeline=_int(_value(p, "timeline")),
+        tokens=_value(p, "spent_tokens"),
+        flops=_value(p, "spent_flops"),
+        tokens_per_s=_value(p, "tokens_per_s"),
+        mfu=mfu,
+        since_checkpoint_s=now - last_good if last_good else None,
         open_incidents={str(s): int(n) for s, n in zip(open_incidents["severity"], open_incidents["incidents"])},
     )
 
@@ -85,16 +92,23 @@ def incidents_on_evals(incidents: pd.DataFrame, evals: pd.DataFrame, metric: str
     series = evals[evals["name"] == metric].dropna(subset=["cum_flops", "value"])
     placed = []
     for incident in incidents.itertuples():
-        curve = (series[series["timeline"] <= incident.timeline].sort_values("timeline")
-                 .drop_duplicates("step", keep="last").sort_values("step"))
+        curve = (
+            series[series["timeline"] <= incident.timeline]
+            .sort_values("timeline")
+            .drop_duplicates("step", keep="last")
+            .sort_values("step")
+        )
         if curve.empty or incident.start_step < curve["step"].iloc[0]:
             continue
         steps = curve["step"].to_numpy(dtype=float)
-        placed.append({
-            "cum_flops": float(np.interp(incident.start_step, steps, curve["cum_flops"].to_numpy(dtype=float))),
-            "value": float(np.interp(incident.start_step, steps, curve["value"].to_numpy(dtype=float))),
-            "severity": incident.severity, "label": f"{incident.title} (step {incident.start_step})",
-        })
+        placed.append(
+            {
+                "cum_flops": float(np.interp(incident.start_step, steps, curve["cum_flops"].to_numpy(dtype=float))),
+                "value": float(np.interp(incident.start_step, steps, curve["value"].to_numpy(dtype=float))),
+                "severity": incident.severity,
+                "label": f"{incident.title} (step {incident.start_step})",
+            }
+        )
     return pd.DataFrame(placed, columns=["cum_flops", "value", "severity", "label"])
 
 

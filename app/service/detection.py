@@ -7,6 +7,7 @@ detector state is rebuilt exactly, and upserts what it finds: stored findings ke
 their first-seen time, incidents their id and acknowledgement. With an alert router,
 the messages each change calls for are written in the same transaction.
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,8 +34,14 @@ from .sink import load_book, save, save_acknowledgement, save_resolution
 class StoreDetection:
     """Detectors kept up to date with one store; ``persist`` False only reads (a store held elsewhere)."""
 
-    def __init__(self, store: Store, detectors: list[Detector] | None = None, *, persist: bool = True,
-                 alerts: AlertRouter | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        detectors: list[Detector] | None = None,
+        *,
+        persist: bool = True,
+        alerts: AlertRouter | None = None,
+    ) -> None:
         self.store = store
         self.persist = persist and not store.read_only
         if alerts and not self.persist:

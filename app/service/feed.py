@@ -1,4 +1,5 @@
 """New rows from a run's store, as detector batches: what was committed since the last read."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -29,17 +30,23 @@ class StoreFeed:
         then says whether more is committed than this batch took (call again).
         """
         sources = self.store.fetch_named("detect_sources")
-        pending = [(int(s), self._read_to.get(int(s), 0), int(o))
-                   for s, o in zip(sources["source_id"], sources["committed_offset"]) if o > self._read_to.get(int(s), 0)]
+        pending = [
+            (int(s), self._read_to.get(int(s), 0), int(o))
+            for s, o in zip(sources["source_id"], sources["committed_offset"])
+            if o > self._read_to.get(int(s), 0)
+        ]
         share = max(MIN_SOURCE_BYTES, self.batch_bytes // max(len(pending), 1))
         window = [(s, start, min(end, start + share)) for s, start, end in pending]
         self.behind = any(cut < end for (_, _, cut), (_, _, end) in zip(window, pending))
         if not window:
             return TelemetryBatch()
-        table = pa.Table.from_pylist([dict(zip(("source_id", "from_offset", "to_offset"), w)) for w in window],
-                                     schema=_WINDOW_SCHEMA)
-        frames = {name: _plain(self.store.fetch_named(f"detect_{name}", tables={"detect_window": table}))
-                  for name in ("steps", "rank_steps", "evals", "checkpoints", "events")}
+        table = pa.Table.from_pylist(
+            [dict(zip(("source_id", "from_offset", "to_offset"), w)) for w in window], schema=_WINDOW_SCHEMA
+        )
+        frames = {
+            name: _plain(self.store.fetch_named(f"detect_{name}", tables={"detect_window": table}))
+            for name in ("steps", "rank_steps", "evals", "checkpoints", "events")
+        }
         self._read_to.update({source_id: to for source_id, _, to in window})
         return TelemetryBatch(**frames)
 

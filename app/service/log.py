@@ -1,4 +1,5 @@
 """The service's one-line warnings on stderr (the CLI's and the dashboard's too)."""
+
 from __future__ import annotations
 
 import sys

@@ -12,6 +12,7 @@ from the store after a capped exponential backoff, with a new store connection, 
 resume exactly where the store's committed offsets and findings say. An owner that does not restart
 (``collect --follow``, the demo) raises the failure to its caller instead.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,8 +65,9 @@ class OwnerSettings:
             raise BedsideError(f"batch_bytes must be at least 1, not {self.batch_bytes!r}")
 
 
-def alerting_detection(store: Store, settings: OwnerSettings, *, warn: Callable[[str], None]
-                       ) -> tuple[LiveDetection | None, OutboxSender | None]:
+def alerting_detection(
+    store: Store, settings: OwnerSettings, *, warn: Callable[[str], None]
+) -> tuple[LiveDetection | None, OutboxSender | None]:
     """Live detection whose incident changes go to the notifiers of ``settings``, and the sender (not started);
     neither when the settings say not to detect."""
     if not settings.detect:
@@ -73,8 +75,6 @@ def alerting_detection(store: Store, settings: OwnerSettings, *, warn: Callable[
     sender = OutboxSender(store, settings.alerts, warn=warn)
     router = AlertRouter(store, settings.alerts, on_commit=sender.wake) if settings.alerts.notifiers else None
     return LiveDetection(store, quiet=settings.quiet, alerts=router), sender
-
-
 
 
 class RunOwner:
@@ -85,10 +85,15 @@ class RunOwner:
     readers can cache what they computed for a version.
     """
 
-    def __init__(self, run_dir: Path, settings: OwnerSettings | None = None, *,
-                 warn: Callable[[str], None] = log_warning,
-                 on_pass: Callable[[PassResult], None] = lambda result: None,
-                 health: OwnerHealth | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        settings: OwnerSettings | None = None,
+        *,
+        warn: Callable[[str], None] = log_warning,
+        on_pass: Callable[[PassResult], None] = lambda result: None,
+        health: OwnerHealth | None = None,
+    ) -> None:
         self.layout = RunLayout(run_dir)
         self.settings = settings or OwnerSettings()
         self.warn = warn
@@ -140,8 +145,9 @@ class RunOwner:
 
     def start(self) -> None:
         """Follow the run in a background thread, and deliver alerts, until ``close``."""
-        self._thread = threading.Thread(target=self.follow, args=(self._stop,),
-                                        name=f"owner-{self.layout.root.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self.follow, args=(self._stop,), name=f"owner-{self.layout.root.name}", daemon=True
+        )
         self._thread.start()
 
     def follow(self, stop: threading.Event, *, until_finished: bool = False) -> None:
@@ -220,10 +226,14 @@ class RunOwner:
         """Detection, alerts and the collector over the open store (detection replays what the store holds)."""
         self.live, self._follower = None, None
         live, self.sender = alerting_detection(self.store, self.settings, warn=self.warn)
-        self.collector = Collector(self.layout.root, self.store, batch_bytes=self.settings.batch_bytes,
-                                   warn=self.warn)
-        self._follower = Follower(self.collector, rescan_every_s=self.settings.rescan_every_s,
-                                  on_pass=self._on_pass, on_idle=self._on_idle, warn=self.warn)
+        self.collector = Collector(self.layout.root, self.store, batch_bytes=self.settings.batch_bytes, warn=self.warn)
+        self._follower = Follower(
+            self.collector,
+            rescan_every_s=self.settings.rescan_every_s,
+            on_pass=self._on_pass,
+            on_idle=self._on_idle,
+            warn=self.warn,
+        )
         self.live = live
         self.finished = False
 
@@ -258,8 +268,10 @@ class RunOwner:
         if not self.settings.restart:
             raise exc
         delay = self.health.failed(describe(exc), time.time())
-        self.warn(f"{self.layout.root.name}: following the run failed ({self.health.error}); starting again "
-                  f"in {delay:g} s (restarts so far: {self.health.restarts})")
+        self.warn(
+            f"{self.layout.root.name}: following the run failed ({self.health.error}); starting again "
+            f"in {delay:g} s (restarts so far: {self.health.restarts})"
+        )
         self.notices.failed(self.health)
         self.version += 1
         return delay
@@ -267,8 +279,10 @@ class RunOwner:
     def _worked(self) -> None:
         if self.health.failing:
             self.health.recovered()
-            self.warn(f"{self.layout.root.name}: following the run again after {self.health.restarts} "
-                      f"restart{'' if self.health.restarts == 1 else 's'}")
+            self.warn(
+                f"{self.layout.root.name}: following the run again after {self.health.restarts} "
+                f"restart{'' if self.health.restarts == 1 else 's'}"
+            )
             self.notices.recovered(self.health)
 
     def _on_pass(self, result: PassResult) -> None:

@@ -5,6 +5,7 @@ A notice goes straight to each notifier, not through the store's outbox: the sto
 disk, a damaged block, a dropped table). It is sent once per failure streak, whatever the notifier's severity
 and kind filters (a run nobody watches any more concerns every channel), and once more on recovery.
 """
+
 from __future__ import annotations
 
 import threading
@@ -90,11 +91,19 @@ class HealthNotices:
         run, now = self._run(), time.time()
         state = "failed" if health.next_retry_at else "recovered"
         for notifier in self.settings.notifiers:
-            payload = owner_payload(f"{run.run_id or run.name}/{notifier.name}/owner/{state}/{int(health.failed_at * 1000)}",
-                                    run, notifier=notifier.name, error=health.error, failed_at=health.failed_at,
-                                    restarts=health.restarts, next_retry_at=health.next_retry_at, now=now)
-            thread = threading.Thread(target=self._deliver, args=(notifier, payload), daemon=True,
-                                      name=f"owner-notice-{notifier.name}")
+            payload = owner_payload(
+                f"{run.run_id or run.name}/{notifier.name}/owner/{state}/{int(health.failed_at * 1000)}",
+                run,
+                notifier=notifier.name,
+                error=health.error,
+                failed_at=health.failed_at,
+                restarts=health.restarts,
+                next_retry_at=health.next_retry_at,
+                now=now,
+            )
+            thread = threading.Thread(
+                target=self._deliver, args=(notifier, payload), daemon=True, name=f"owner-notice-{notifier.name}"
+            )
             thread.start()
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
@@ -103,10 +112,11 @@ class HealthNotices:
             outcome = deliver(notifier, payload)
             if outcome.delivered or not outcome.retry:
                 break
-            time.sleep(outcome.retry_after_s or self.settings.retry_base_s * 2 ** attempt)
+            time.sleep(outcome.retry_after_s or self.settings.retry_base_s * 2**attempt)
         if not outcome.delivered:
-            self.warn(f"{notifier.name}: could not deliver {payload['event']} of {payload['run']['name']}: "
-                      f"{outcome.detail}")
+            self.warn(
+                f"{notifier.name}: could not deliver {payload['event']} of {payload['run']['name']}: {outcome.detail}"
+            )
 
     def _run(self) -> RunRef:
         try:

@@ -1,5 +1,6 @@
 """The demo's scorecard: each injected fault and the finding that caught it, scored by detectors/scoring.py
 over the labels and findings of the run's store."""
+
 from __future__ import annotations
 
 import pandas as pd

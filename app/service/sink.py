@@ -1,4 +1,5 @@
 """Findings and incidents into the run's store (tables finding_rows and incident_rows)."""
+
 from __future__ import annotations
 
 import json
@@ -22,18 +23,27 @@ def load_book(store: Store) -> IncidentBook:
     return IncidentBook(dict(zip(rows["finding_id"], rows["incident_id"])), closed=closed)
 
 
-def save(store: Store, book: IncidentBook, findings: list[Finding], incidents: list[Incident],
-         outbox: OutboxWrite | None = None, now: float | None = None) -> None:
+def save(
+    store: Store,
+    book: IncidentBook,
+    findings: list[Finding],
+    incidents: list[Incident],
+    outbox: OutboxWrite | None = None,
+    now: float | None = None,
+) -> None:
     """Upsert changed findings and incidents, with the alert messages they call for, in one transaction.
 
     Stored findings keep their first_seen, incidents their acknowledgement.
     """
     outbox = outbox or OutboxWrite()
     now = time.time() if now is None else now
-    store.write_named([
-        ("upsert_findings", {"new_findings": _findings_table(book, findings, now)}),
-        ("upsert_incidents", {"new_incidents": _incidents_table(incidents, now)}),
-    ] + outbox.writes())
+    store.write_named(
+        [
+            ("upsert_findings", {"new_findings": _findings_table(book, findings, now)}),
+            ("upsert_incidents", {"new_incidents": _incidents_table(incidents, now)}),
+        ]
+        + outbox.writes()
+    )
 
 
 def save_acknowledgement(store: Store, incident_id: str, by: str, note: str, outbox: OutboxWrite, now: float) -> None:
@@ -44,42 +54,100 @@ def save_acknowledgement(store: Store, incident_id: str, by: str, note: str, out
 
 def save_resolution(store: Store, incident_id: str, by: str, note: str, outbox: OutboxWrite, now: float) -> None:
     """Record who closed an incident by hand and why, with the messages announcing it, in one transaction."""
-    closing = pa.Table.from_pylist([{"incident_id": incident_id, "by": by, "note": note, "at": now}],
-                                   schema=_ACK_SCHEMA)
+    closing = pa.Table.from_pylist(
+        [{"incident_id": incident_id, "by": by, "note": note, "at": now}], schema=_ACK_SCHEMA
+    )
     store.write_named([("resolve_incident", {"closing": closing})] + outbox.writes())
 
 
 def _findings_table(book: IncidentBook, findings: list[Finding], now: float) -> pa.Table:
-    return pa.Table.from_pylist([{
-        "finding_id": f.finding_id, "detector": f.detector, "kind": f.kind, "severity": f.severity.value,
-        "timeline": f.timeline, "start_step": f.start_step, "end_step": f.end_step, "ranks": list(f.ranks),
-        "score": f.score if math.isfinite(f.score) else None,
-        "summary": f.summary, "evidence": json.dumps(json_safe(f.evidence)),
-        "suggested_action": json.dumps(f.suggested_action.to_json()), "active": f.active,
-        "incident_id": book.incident_of(f), "now": now,
-    } for f in findings], schema=_FINDINGS_SCHEMA)
+    return pa.Table.from_pylist(
+        [
+            {
+                "finding_id": f.finding_id,
+                "detector": f.detector,
+                "kind": f.kind,
+                "severity": f.severity.value,
+                "timeline": f.timeline,
+                "start_step": f.start_step,
+                "end_step": f.end_step,
+                "ranks": list(f.ranks),
+                "score": f.score if math.isfinite(f.score) else None,
+                "summary": f.summary,
+                "evidence": json.dumps(json_safe(f.evidence)),
+                "suggested_action": json.dumps(f.suggested_action.to_json()),
+                "active": f.active,
+                "incident_id": book.incident_of(f),
+                "now": now,
+            }
+            for f in findings
+        ],
+        schema=_FINDINGS_SCHEMA,
+    )
 
 
 def _incidents_table(incidents: list[Incident], now: float) -> pa.Table:
-    return pa.Table.from_pylist([{
-        "incident_id": i.incident_id, "title": i.title, "severity": i.severity.value, "resolved": i.resolved,
-        "cause": i.cause, "timeline": i.timeline, "start_step": i.start_step, "end_step": i.end_step,
-        "kinds": list(i.kinds), "ranks": list(i.ranks), "findings": len(i.findings), "summary": i.summary,
-        "suggested_action": json.dumps(i.suggested_action.to_json()), "now": now,
-    } for i in incidents], schema=_INCIDENTS_SCHEMA)
+    return pa.Table.from_pylist(
+        [
+            {
+                "incident_id": i.incident_id,
+                "title": i.title,
+                "severity": i.severity.value,
+                "resolved": i.resolved,
+                "cause": i.cause,
+                "timeline": i.timeline,
+                "start_step": i.start_step,
+                "end_step": i.end_step,
+                "kinds": list(i.kinds),
+                "ranks": list(i.ranks),
+                "findings": len(i.findings),
+                "summary": i.summary,
+                "suggested_action": json.dumps(i.suggested_action.to_json()),
+                "now": now,
+            }
+            for i in incidents
+        ],
+        schema=_INCIDENTS_SCHEMA,
+    )
 
 
-_FINDINGS_SCHEMA = pa.schema([
-    ("finding_id", pa.string()), ("detector", pa.string()), ("kind", pa.string()), ("severity", pa.string()),
-    ("timeline", pa.int32()), ("start_step", pa.int64()), ("end_step", pa.int64()), ("ranks", pa.list_(pa.int32())),
-    ("score", pa.float64()), ("summary", pa.string()), ("evidence", pa.string()), ("suggested_action", pa.string()),
-    ("active", pa.bool_()), ("incident_id", pa.string()), ("now", pa.float64()),
-])
-_ACK_SCHEMA = pa.schema([("incident_id", pa.string()), ("by", pa.string()), ("note", pa.string()),
-                         ("at", pa.float64())])
-_INCIDENTS_SCHEMA = pa.schema([
-    ("incident_id", pa.string()), ("title", pa.string()), ("severity", pa.string()), ("resolved", pa.bool_()),
-    ("cause", pa.string()), ("timeline", pa.int32()), ("start_step", pa.int64()), ("end_step", pa.int64()),
-    ("kinds", pa.list_(pa.string())), ("ranks", pa.list_(pa.int32())), ("findings", pa.int32()),
-    ("summary", pa.string()), ("suggested_action", pa.string()), ("now", pa.float64()),
-])
+_FINDINGS_SCHEMA = pa.schema(
+    [
+        ("finding_id", pa.string()),
+        ("detector", pa.string()),
+        ("kind", pa.string()),
+        ("severity", pa.string()),
+        ("timeline", pa.int32()),
+        ("start_step", pa.int64()),
+        ("end_step", pa.int64()),
+        ("ranks", pa.list_(pa.int32())),
+        ("score", pa.float64()),
+        ("summary", pa.string()),
+        ("evidence", pa.string()),
+        ("suggested_action", pa.string()),
+        ("active", pa.bool_()),
+        ("incident_id", pa.string()),
+        ("now", pa.float64()),
+    ]
+)
+_ACK_SCHEMA = pa.schema(
+    [("incident_id", pa.string()), ("by", pa.string()), ("note", pa.string()), ("at", pa.float64())]
+)
+_INCIDENTS_SCHEMA = pa.schema(
+    [
+        ("incident_id", pa.string()),
+        ("title", pa.string()),
+        ("severity", pa.string()),
+        ("resolved", pa.bool_()),
+        ("cause", pa.string()),
+        ("timeline", pa.int32()),
+        ("start_step", pa.int64()),
+        ("end_step", pa.int64()),
+        ("kinds", pa.list_(pa.string())),
+        ("ranks", pa.list_(pa.int32())),
+        ("findings", pa.int32()),
+        ("summary", pa.string()),
+        ("suggested_action", pa.string()),
+        ("now", pa.float64()),
+    ]
+)

@@ -1,4 +1,5 @@
 """What the job-level records say: steps, ground truth and run.json."""
+
 from __future__ import annotations
 
 import hashlib
@@ -24,11 +25,27 @@ def _number(value: float) -> float | str:
 def step_fields(config: SimulationConfig, traces: Traces) -> list[dict[str, Any]]:
     """Rank 0's ``step`` record of every step: loss, grad norm, lr, tokens, FLOPs, and the shards read."""
     flops = 6 * config.model.params * traces.tokens
-    rows = zip(traces.losses().tolist(), traces.grad_norms().tolist(), traces.lr.tolist(), traces.tokens.tolist(),
-               flops.tolist(), traces.shards.tolist())
-    return [{"metrics": {"loss": _number(loss), "grad_norm": _number(grad), "lr": lr, "tokens": int(tokens),
-                         "flops": flop}, "shards": shards}
-            for loss, grad, lr, tokens, flop, shards in rows]
+    rows = zip(
+        traces.losses().tolist(),
+        traces.grad_norms().tolist(),
+        traces.lr.tolist(),
+        traces.tokens.tolist(),
+        flops.tolist(),
+        traces.shards.tolist(),
+    )
+    return [
+        {
+            "metrics": {
+                "loss": _number(loss),
+                "grad_norm": _number(grad),
+                "lr": lr,
+                "tokens": int(tokens),
+                "flops": flop,
+            },
+            "shards": shards,
+        }
+        for loss, grad, lr, tokens, flop, shards in rows
+    ]
 
 
 def labels(run: SimulatedRun) -> list[dict[str, Any]]:
@@ -36,16 +53,30 @@ def labels(run: SimulatedRun) -> list[dict[str, Any]]:
 
     A hang's step never starts: its record is timed when the step before it and what followed were done.
     """
-    return [{"step": f.window.first, "fault": f.name, "target_ranks": list(f.ranks), "args": f.args(),
-             "time": run.onset_time(f)} for f in run.faults]
+    return [
+        {
+            "step": f.window.first,
+            "fault": f.name,
+            "target_ranks": list(f.ranks),
+            "args": f.args(),
+            "time": run.onset_time(f),
+        }
+        for f in run.faults
+    ]
 
 
 def run_info(config: SimulationConfig, nuisances: Nuisances, out: Path) -> RunInfo:
     """run.json: world size, topology, and the config with where the nuisances fell."""
     snapshot = {**config.to_json(), "generator": GENERATOR, "nuisances": nuisances.to_json()}
     digest = hashlib.sha1(json.dumps([out.name, snapshot], sort_keys=True).encode()).hexdigest()
-    return RunInfo(run_id=digest[:12], name=out.name, created=config.start_time, world_size=config.ranks,
-                   topology=tuple(placement(config.topology, rank) for rank in range(config.ranks)), config=snapshot)
+    return RunInfo(
+        run_id=digest[:12],
+        name=out.name,
+        created=config.start_time,
+        world_size=config.ranks,
+        topology=tuple(placement(config.topology, rank) for rank in range(config.ranks)),
+        config=snapshot,
+    )
 
 
 def placement(topology: Topology, rank: int) -> RankPlacement:

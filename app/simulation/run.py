@@ -1,4 +1,5 @@
 """``simulate_run``: a simulated run (detectors/datasets) written in telemetry format v1."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,10 +18,20 @@ def simulate_run(config: SimulationConfig, out: Path) -> None:
     out = Path(out)
     _require_empty(out)
     run = simulate(config)
-    write_run(out, RunFiles(info=run_info(config, run.nuisances, out), topology=config.topology, timing=run.timing,
-                            local_grad=run.traces.local_grad, checksums=ChecksumFields(run.checksums, config.steps),
-                            schedule=run.schedule, steps=step_fields(config, run.traces), labels=labels(run),
-                            hung=frozenset(config.hang.ranks if config.hang else ())))
+    write_run(
+        out,
+        RunFiles(
+            info=run_info(config, run.nuisances, out),
+            topology=config.topology,
+            timing=run.timing,
+            local_grad=run.traces.local_grad,
+            checksums=ChecksumFields(run.checksums, config.steps),
+            schedule=run.schedule,
+            steps=step_fields(config, run.traces),
+            labels=labels(run),
+            hung=frozenset(config.hang.ranks if config.hang else ()),
+        ),
+    )
 
 
 def _require_empty(out: Path) -> None:

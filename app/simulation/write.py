@@ -5,6 +5,7 @@ rank_step and heartbeat lines, the bulk of a large run, are formatted from templ
 is built strictly as its record dataclass (``strict_record``: a field that does not fit the
 kind is an error, not a generic event) and written by ``to_line``.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,11 @@ from bedside.detectors.datasets.schedule import Event, Schedule
 from bedside.detectors.datasets.topology import Topology
 from bedside.detectors.datasets.traces import Timing
 
-RANK_STEP = ('{"kind":"rank_step","time":%.6f,"rank":%d,"step":%d,"timeline":0,"seq":%d,"metrics":{'
-             '"step_time":%.6g,"data_time":%.6g,"compute_time":%.6g,"comm_time":%.6g,"optimizer_time":%.6g,'
-             '"local_grad_norm":%s}%s}\n')
+RANK_STEP = (
+    '{"kind":"rank_step","time":%.6f,"rank":%d,"step":%d,"timeline":0,"seq":%d,"metrics":{'
+    '"step_time":%.6g,"data_time":%.6g,"compute_time":%.6g,"comm_time":%.6g,"optimizer_time":%.6g,'
+    '"local_grad_norm":%s}%s}\n'
+)
 HEARTBEAT = '{"kind":"heartbeat","time":%.6f,"rank":%d,"step":%d,"timeline":0,"seq":%d}\n'
 CHECKSUM = ',"param_checksum":"%016x"'
 PID_BASE, PID_RESTART = 40000, 1000
@@ -61,8 +64,9 @@ class RankLines:
         """A record of ``kind`` with these fields (``metrics`` among them, if any); ValueError when they do
         not fit the kind's record."""
         given = {name: value for name, value in fields.items() if name != "metrics"}
-        record = strict_record(kind, given, fields.get("metrics"), time=time, rank=self.rank, step=step, timeline=0,
-                               seq=self.seq)
+        record = strict_record(
+            kind, given, fields.get("metrics"), time=time, rank=self.rank, step=step, timeline=0, seq=self.seq
+        )
         self.parts.append(to_line(record))
         self.seq += 1
 
@@ -87,8 +91,12 @@ def write_ground_truth(layout: RunLayout, labels: list[dict[str, Any]]) -> None:
     layout.ground_truth.mkdir(parents=True, exist_ok=True)
     lines = RankLines(0)
     for label in labels:
-        lines.record(Kind.FAULT_INJECTED, label["time"], label["step"],
-                     {k: v for k, v in label.items() if k not in ("time", "step")})
+        lines.record(
+            Kind.FAULT_INJECTED,
+            label["time"],
+            label["step"],
+            {k: v for k, v in label.items() if k not in ("time", "step")},
+        )
     layout.ground_truth_file(0).write_text(lines.text(), encoding="utf-8")
 
 
@@ -97,9 +105,14 @@ def rank_text(rank: int, files: RunFiles) -> str:
     lines, schedule, timing = RankLines(rank), files.schedule, files.timing
     lines.record(Kind.RANK_INFO, schedule.start, 0, rank_info(rank, files.topology, restarts=0))
     last = len(schedule.step_end)
-    rows = zip(schedule.step_end.tolist(), range(1, last + 1), timing.step_time[:last].tolist(),
-               *(phase[rank, :last].tolist() for phase in (timing.data, timing.compute, timing.comm, timing.optimizer)),
-               number_texts(files.local_grad[rank, :last]), files.checksums.fields(rank))
+    rows = zip(
+        schedule.step_end.tolist(),
+        range(1, last + 1),
+        timing.step_time[:last].tolist(),
+        *(phase[rank, :last].tolist() for phase in (timing.data, timing.compute, timing.comm, timing.optimizer)),
+        number_texts(files.local_grad[rank, :last]),
+        files.checksums.fields(rank),
+    )
     restarts = 0
     for end, step, *values in rows:
         lines.line(RANK_STEP, end, step, *values)
@@ -128,9 +141,13 @@ def write_event(lines: RankLines, event: Event, files: RunFiles, restarts: int) 
 
 def rank_info(rank: int, topology: Topology, restarts: int) -> dict[str, Any]:
     place = topology.placement(rank)
-    return {"host": place.host, "local_rank": place.local_rank, "world_size": topology.ranks,
-            "pid": PID_BASE + PID_RESTART * restarts + place.local_rank,
-            "mesh": {"dp": place.dp, "tp": place.tp, "pp": place.pp}}
+    return {
+        "host": place.host,
+        "local_rank": place.local_rank,
+        "world_size": topology.ranks,
+        "pid": PID_BASE + PID_RESTART * restarts + place.local_rank,
+        "mesh": {"dp": place.dp, "tp": place.tp, "pp": place.pp},
+    }
 
 
 class ChecksumFields:

@@ -7,6 +7,7 @@ and leaves ingestion to the collector. Bedside records copied from JSONL are
 checked here only in their envelope: the collector checks the rest, and may
 reject them.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,7 @@ def read_topology(path: Path) -> tuple[RankPlacement, ...]:
     data = _load_json(Path(path))
     entries = data.get("ranks") if isinstance(data, dict) else data
     if not isinstance(entries, list):
-        raise ImportFormatError(f"{path}: expected {{\"ranks\": [...]}} or a list of rank placements")
+        raise ImportFormatError(f'{path}: expected {{"ranks": [...]}} or a list of rank placements')
     if not entries:
         raise ImportFormatError(f"{path}: lists no ranks")
     placements = tuple(_placement(entry, f"{path}, ranks[{i}]") for i, entry in enumerate(entries))
@@ -80,8 +81,9 @@ def read_topology(path: Path) -> tuple[RankPlacement, ...]:
 
 
 # -- the pipeline -------------------------------------------------------------
-def _import(path: Path, out: Path, read: Callable[[Path], Parsed], topology: Path | None,
-            name: str | None) -> ImportSummary:
+def _import(
+    path: Path, out: Path, read: Callable[[Path], Parsed], topology: Path | None, name: str | None
+) -> ImportSummary:
     layout = RunLayout(out)
     if layout.run_info.exists() or layout.source_files():
         raise ImportFormatError(f"{out}: already holds a run (run.json or telemetry); import into a new directory")
@@ -91,8 +93,15 @@ def _import(path: Path, out: Path, read: Callable[[Path], Parsed], topology: Pat
     world_size = 1 + max([0, *(r.rank for r in records), *(p.rank for p in placements)])
     _check_placed(placements, world_size, topology)
     files = _run_files(layout, records, placements, world_size)
-    write_run_info(layout, RunInfo(name=name or out.name, world_size=world_size, topology=placements,
-                                   config={"import": {"source": str(path), "format": parsed.format}}))
+    write_run_info(
+        layout,
+        RunInfo(
+            name=name or out.name,
+            world_size=world_size,
+            topology=placements,
+            config={"import": {"source": str(path), "format": parsed.format}},
+        ),
+    )
     for file, items in files.items():
         _write_file(file, items)
     return _summary(out, parsed, files, world_size)
@@ -129,15 +138,17 @@ def _merge(group: _Group, row: Row) -> None:
             group.shards.append(value)
         elif name in group.values:
             level = "job level" if row.rank is None else f"rank {row.rank}"
-            raise ImportFormatError(f"{row.where}: {name} given twice for timeline {row.timeline} step {row.step} "
-                                    f"({level}); first at {group.where}")
+            raise ImportFormatError(
+                f"{row.where}: {name} given twice for timeline {row.timeline} step {row.step} "
+                f"({level}); first at {group.where}"
+            )
         else:
             group.values[name] = value
 
 
 def _job_records(envelope: dict[str, Any], group: _Group) -> list[Record]:
     metrics = {n: v for n, v in group.values.items() if not n.startswith(EVAL_PREFIX)}
-    scores = {n[len(EVAL_PREFIX):]: v for n, v in group.values.items() if n.startswith(EVAL_PREFIX)}
+    scores = {n[len(EVAL_PREFIX) :]: v for n, v in group.values.items() if n.startswith(EVAL_PREFIX)}
     records: list[Record] = []
     if metrics or group.shards:
         records.append(Step(**envelope, metrics=_encoded(metrics), shards=list(group.shards) or None))
@@ -151,8 +162,9 @@ def _eval_record(envelope: dict[str, Any], scores: dict[str, Any], where: str) -
     scores = {name: value for name, value in scores.items() if name not in EVAL_FIELDS}
     if not scores:
         raise ImportFormatError(f"{where}: eval/{' and eval/'.join(spent)} without any eval score at this step")
-    return Eval(**envelope, metrics=_encoded(scores), cum_tokens=spent.get("cum_tokens"),
-                cum_flops=spent.get("cum_flops"))
+    return Eval(
+        **envelope, metrics=_encoded(scores), cum_tokens=spent.get("cum_tokens"), cum_flops=spent.get("cum_flops")
+    )
 
 
 def _rank_step_record(envelope: dict[str, Any], group: _Group) -> RankStep:
@@ -164,24 +176,28 @@ def _encoded(metrics: dict[str, Number]) -> Metrics:
     return {name: value if isinstance(value, int) else encode_number(value) for name, value in metrics.items()}
 
 
-def _run_files(layout: RunLayout, records: list[Record], placements: tuple[RankPlacement, ...],
-               world_size: int) -> dict[Path, list[Record]]:
+def _run_files(
+    layout: RunLayout, records: list[Record], placements: tuple[RankPlacement, ...], world_size: int
+) -> dict[Path, list[Record]]:
     """The records of every file to write: telemetry per rank, fault_injected into ground_truth/."""
     truth = [r for r in records if r.kind == Kind.FAULT_INJECTED]
     telemetry = [r for r in records if r.kind != Kind.FAULT_INJECTED]
-    files = {layout.rank_file(rank): items
-             for rank, items in _telemetry_files(telemetry, placements, world_size).items()}
+    files = {
+        layout.rank_file(rank): items for rank, items in _telemetry_files(telemetry, placements, world_size).items()
+    }
     return files | {layout.ground_truth_file(rank): items for rank, items in _by_rank(truth).items()}
 
 
-def _telemetry_files(records: list[Record], placements: tuple[RankPlacement, ...],
-                     world_size: int) -> dict[int, list[Record]]:
+def _telemetry_files(
+    records: list[Record], placements: tuple[RankPlacement, ...], world_size: int
+) -> dict[int, list[Record]]:
     """Each rank's telemetry, led by a rank_info record (unless the input brought one)."""
     start = min((r.time for r in records), default=0.0)
     placed = {p.rank: p for p in placements}
     reported = {r.rank for r in records if r.kind == Kind.RANK_INFO}
-    infos: list[Record] = [_rank_info(rank, placed.get(rank), world_size, start)
-                           for rank in range(world_size) if rank not in reported]
+    infos: list[Record] = [
+        _rank_info(rank, placed.get(rank), world_size, start) for rank in range(world_size) if rank not in reported
+    ]
     return _by_rank(infos + records)
 
 
@@ -198,8 +214,17 @@ def _by_rank(records: list[Record]) -> dict[int, list[Record]]:
 def _rank_info(rank: int, placement: RankPlacement | None, world_size: int, time: float) -> RankInfo:
     if placement is None:
         return RankInfo(time=time, rank=rank, step=0, timeline=0, seq=0, host="unknown", world_size=world_size)
-    return RankInfo(time=time, rank=rank, step=0, timeline=0, seq=0, host=placement.host, world_size=world_size,
-                    local_rank=placement.local_rank, mesh={"dp": placement.dp, "tp": placement.tp, "pp": placement.pp})
+    return RankInfo(
+        time=time,
+        rank=rank,
+        step=0,
+        timeline=0,
+        seq=0,
+        host=placement.host,
+        world_size=world_size,
+        local_rank=placement.local_rank,
+        mesh={"dp": placement.dp, "tp": placement.tp, "pp": placement.pp},
+    )
 
 
 def _write_file(path: Path, records: list[Record]) -> None:
@@ -215,17 +240,24 @@ def _write_file(path: Path, records: list[Record]) -> None:
 def _summary(out: Path, parsed: Parsed, files: dict[Path, list[Record]], world_size: int) -> ImportSummary:
     written = [r for records in files.values() for r in records]
     steps = {(r.timeline, r.step) for r in written if r.kind in (Kind.STEP, Kind.RANK_STEP)}
-    return ImportSummary(out=out, format=parsed.format, records=dict(Counter(str(r.kind) for r in written)),
-                         ranks=world_size, steps=len(steps), rows=len(parsed.rows) + len(parsed.records),
-                         skipped=parsed.skipped)
+    return ImportSummary(
+        out=out,
+        format=parsed.format,
+        records=dict(Counter(str(r.kind) for r in written)),
+        ranks=world_size,
+        steps=len(steps),
+        rows=len(parsed.rows) + len(parsed.records),
+        skipped=parsed.skipped,
+    )
 
 
 def _check_placed(placements: tuple[RankPlacement, ...], world_size: int, topology: Path | None) -> None:
     """A topology, when given, must place every rank the data has."""
     unplaced = sorted(set(range(world_size)) - {p.rank for p in placements})
     if placements and unplaced:
-        raise ImportFormatError(f"{topology}: no placement for rank {unplaced[0]} "
-                                f"(the data has ranks 0..{world_size - 1})")
+        raise ImportFormatError(
+            f"{topology}: no placement for rank {unplaced[0]} (the data has ranks 0..{world_size - 1})"
+        )
 
 
 # -- topology -----------------------------------------------------------------
@@ -240,11 +272,12 @@ def _load_json(path: Path) -> Any:
 
 def _placement(entry: Any, where: str) -> RankPlacement:
     if not isinstance(entry, dict):
-        raise ImportFormatError(f"{where}: expected an object like {{\"rank\": 0, \"host\": \"node-a\"}}")
+        raise ImportFormatError(f'{where}: expected an object like {{"rank": 0, "host": "node-a"}}')
     if unknown := sorted(set(entry) - {"host", *PLACEMENT_NUMBERS}):
         raise ImportFormatError(f"{where}: unknown field {unknown[0]} (known: host, {', '.join(PLACEMENT_NUMBERS)})")
     if not isinstance(entry.get("host"), str) or not entry["host"].strip():
         raise ImportFormatError(f"{where}: host must be a non-empty string")
-    numbers = {name: integer(entry.get(name), where, name) for name in PLACEMENT_NUMBERS
-               if name == "rank" or name in entry}
+    numbers = {
+        name: integer(entry.get(name), where, name) for name in PLACEMENT_NUMBERS if name == "rank" or name in entry
+    }
     return RankPlacement(host=entry["host"], **numbers)

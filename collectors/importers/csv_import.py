@@ -4,6 +4,7 @@ The format is detected from the header: both ``name`` and ``value`` columns
 mean long format. Cells are stripped of surrounding spaces; an empty cell in a
 wide row means "not measured".
 """
+
 from __future__ import annotations
 
 import csv

@@ -4,6 +4,7 @@ A JSONL line is either a wide row (``step``, optional ``rank``, ``time``,
 ``timeline``, and metric fields) or, when it has ``kind``, a bedside record to
 copy. Wide CSV rows are parsed by the same ``make_row``.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,8 +82,14 @@ def _bedside_record(obj: dict[str, Any], where: str) -> Record:
         raise ImportFormatError(f"{where}: kind must be a non-empty string")
     placed = {name: integer(obj.get(name), where, name) for name in ("rank", "step", "timeline")}
     copied = {name: value for name, value in obj.items() if name not in ENVELOPE_FIELDS and name != "metrics"}
-    return build_record(obj["kind"], copied, **placed, seq=0, metrics=obj.get("metrics"),
-                        time=time_value(obj.get("time"), where, required=True))
+    return build_record(
+        obj["kind"],
+        copied,
+        **placed,
+        seq=0,
+        metrics=obj.get("metrics"),
+        time=time_value(obj.get("time"), where, required=True),
+    )
 
 
 def make_row(fields: dict[str, Any], values: dict[str, Any], where: str) -> Row:
@@ -90,9 +97,14 @@ def make_row(fields: dict[str, Any], values: dict[str, Any], where: str) -> Row:
     rank = None if blank(fields.get("rank")) else integer(fields["rank"], where, "rank", minimum=-1)
     rank = None if rank == -1 else rank
     timeline = 0 if blank(fields.get("timeline")) else integer(fields["timeline"], where, "timeline")
-    return Row(where=where, step=integer(fields.get("step"), where, "step"), rank=rank,
-               time=time_value(fields.get("time"), where), timeline=timeline,
-               values={name: _metric(name, value, rank is None, where) for name, value in values.items()})
+    return Row(
+        where=where,
+        step=integer(fields.get("step"), where, "step"),
+        rank=rank,
+        time=time_value(fields.get("time"), where),
+        timeline=timeline,
+        values={name: _metric(name, value, rank is None, where) for name, value in values.items()},
+    )
 
 
 def _metric(name: str, raw: Any, job_level: bool, where: str) -> Any:

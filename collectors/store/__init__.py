@@ -7,6 +7,7 @@ always there; the service adds the findings, incidents and outbox (``bedside.app
 One process writes a store; others open it read-only, or, while it is held, rebuild it in
 memory from the raw telemetry through the same schemas (see ``collectors.query``).
 """
+
 from __future__ import annotations
 
 import threading
@@ -27,9 +28,15 @@ from ..errors import StoreCorruptError, StoreError, StoreLockedError
 
 SANDBOX_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # a database for users' SQL: no files,
     # network, extensions or Python objects; its configuration locked
-    "enable_external_access": False, "python_enable_replacements": False, "autoload_known_extensions": False,
-    "autoinstall_known_extensions": False, "allow_community_extensions": False, "temp_directory": "",
-    "memory_limit": "2GB", "threads": 2, "lock_configuration": True,
+    "enable_external_access": False,
+    "python_enable_replacements": False,
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "allow_community_extensions": False,
+    "temp_directory": "",
+    "memory_limit": "2GB",
+    "threads": 2,
+    "lock_configuration": True,
 }
 
 
@@ -87,8 +94,9 @@ def open_sandbox() -> duckdb.DuckDBPyConnection:
 class Store:
     """One DuckDB database (a run's ``bedside.duckdb``, or in memory)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path | None, read_only: bool,
-                 schemas: Sequence[Schema] = ()) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, path: Path | None, read_only: bool, schemas: Sequence[Schema] = ()
+    ) -> None:
         self._con = con
         self.path = path
         self.read_only = read_only
@@ -174,8 +182,9 @@ class Store:
                 if version > current:
                     with self.transaction() as con:
                         con.execute(text)
-                        con.execute(sql("record_migration"),
-                                    {"namespace": schema.namespace, "version": version, "name": name})
+                        con.execute(
+                            sql("record_migration"), {"namespace": schema.namespace, "version": version, "name": name}
+                        )
 
     def _has_column(self, table: str, column: str) -> bool:
         rows = self._con.execute(sql("has_column"), {"table": table, "column": column}).fetchall()
@@ -193,8 +202,9 @@ class Store:
         rows = self._con.execute(sql("has_table"), {"name": name}).fetchall()
         return bool(rows[0][0])
 
-    def fetch_named(self, name: str, params: dict[str, Any] | None = None,
-                    tables: dict[str, pa.Table] | None = None) -> pd.DataFrame:
+    def fetch_named(
+        self, name: str, params: dict[str, Any] | None = None, tables: dict[str, pa.Table] | None = None
+    ) -> pd.DataFrame:
         """Run the named query ``queries/<name>.sql`` with its ``$name`` parameters bound; a DataFrame.
 
         ``tables`` are Arrow tables the query reads by name, registered for this call only.
@@ -253,5 +263,7 @@ def _is_damage(exc: duckdb.Error) -> bool:
 def _damaged(path: Path | None, exc: duckdb.Error) -> StoreCorruptError:
     detail = " ".join(str(exc).split())
     run = path.parent if path else "RUN"
-    return StoreCorruptError(f"{path} is damaged ({detail}); bedside will not write to it. The telemetry is the "
-                             f"source of truth: rebuild the store with bedside collect {run} --rebuild")
+    return StoreCorruptError(
+        f"{path} is damaged ({detail}); bedside will not write to it. The telemetry is the "
+        f"source of truth: rebuild the store with bedside collect {run} --rebuild"
+    )

@@ -14,6 +14,7 @@ data-changing node, names only documented views and calls no table function that
 files or runs SQL text. Results are capped in rows and bytes (the frame says when it was
 cut), and a time limit interrupts the sandbox.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -64,8 +65,10 @@ class ConsoleResult:
         """Why the result stops where it does, or '' when it is whole."""
         if not self.truncated:
             return ""
-        return (f"result cut at {len(self.frame):,} rows (the limit is {limits.max_rows:,} rows or "
-                f"{limits.max_bytes / 2**20:g} MiB): add a LIMIT or aggregate")
+        return (
+            f"result cut at {len(self.frame):,} rows (the limit is {limits.max_rows:,} rows or "
+            f"{limits.max_bytes / 2**20:g} MiB): add a LIMIT or aggregate"
+        )
 
 
 def console_views(store: Store) -> list[str]:
@@ -156,8 +159,10 @@ def _table_name(node: dict[str, Any], views: list[str], ctes: set[str]) -> str:
         return canonical
     close = difflib.get_close_matches(name, views, n=1)
     hint = f' Did you mean "{close[0]}"?' if close else ""
-    raise QueryError(f"no view named {name!r}.{hint} The console reads only the documented views "
-                     f"({', '.join(views)}; docs/schema.md)")
+    raise QueryError(
+        f"no view named {name!r}.{hint} The console reads only the documented views "
+        f"({', '.join(views)}; docs/schema.md)"
+    )
 
 
 def _check_table_function(node: dict[str, Any]) -> None:
@@ -169,8 +174,9 @@ def _check_table_function(node: dict[str, Any]) -> None:
         raise QueryError(f"{name}() reads files, which the console does not allow: it reads only the views")
 
 
-def _stream_view(store: Store, sandbox: duckdb.DuckDBPyConnection, view: str, *,
-                 materialize: bool) -> duckdb.DuckDBPyConnection:
+def _stream_view(
+    store: Store, sandbox: duckdb.DuckDBPyConnection, view: str, *, materialize: bool
+) -> duckdb.DuckDBPyConnection:
     """Make ``view`` readable in the sandbox from a cursor of the store; the cursor (close it after the query).
 
     A view the query names once is streamed; one named more than once is read whole, since

@@ -6,6 +6,7 @@ injected into it (``SIMULATED_FAULTS`` in detectors/faults.py); ``run.frames()``
 as ``bedside.detectors.detect`` takes it. No I/O: ``bedside simulate`` writes a run directory
 from it (app/simulation/).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,6 +20,14 @@ if TYPE_CHECKING:
     from .simulated import SimulatedRun, simulate
 
 __all__ = ["NOISE_FAMILIES", "ModelSettings", "SimulatedRun", "SimulationConfig", "SimulationError", "simulate"]
-__getattr__ = lazy_exports(__name__, {"ModelSettings": "config", "SimulationConfig": "config", "SimulationError": "errors",
-                                     "SimulatedRun": "simulated", "simulate": "simulated"})
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "ModelSettings": "config",
+        "SimulationConfig": "config",
+        "SimulationError": "errors",
+        "SimulatedRun": "simulated",
+        "simulate": "simulated",
+    },
+)
 """The generator (numpy, pandas) loads on first use; the noise names cost nothing."""

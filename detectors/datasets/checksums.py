@@ -1,4 +1,5 @@
 """Parameter checksums: the replicas of a pipeline stage agree, until one's parameters diverge."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """What to simulate: the run's shape, its schedule, the noise, the nuisances and the faults."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -84,9 +85,18 @@ class SimulationConfig:
     faults: tuple[Fault, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name, low in (("ranks", 1), ("steps", 1), ("seed", 0), ("ranks_per_host", 1), ("pp", 1),
-                          ("eval_every", 0), ("checkpoint_every", 0), ("checksum_every", 1),
-                          ("num_shards", 1), ("shards_per_step", 1)):
+        for name, low in (
+            ("ranks", 1),
+            ("steps", 1),
+            ("seed", 0),
+            ("ranks_per_host", 1),
+            ("pp", 1),
+            ("eval_every", 0),
+            ("checkpoint_every", 0),
+            ("checksum_every", 1),
+            ("num_shards", 1),
+            ("shards_per_step", 1),
+        ):
             if getattr(self, name) < low:
                 raise SimulationError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.ranks % self.pp:

@@ -1,4 +1,5 @@
 """What each fault does to the simulated signals (the signatures are in docs/simulate.md)."""
+
 from __future__ import annotations
 
 import math
@@ -106,7 +107,15 @@ def hang(fault: Fault, traces: Traces, config: SimulationConfig) -> None:
 
 
 EFFECTS: dict[str, Callable[[Fault, Traces, SimulationConfig], None]] = {
-    "spike": spike, "nan": nonfinite, "inf": nonfinite, "straggler": straggler, "sdc_grad": sdc_grad,
-    "sdc_quiet": diverge, "param_corrupt": diverge, "eval_stall": eval_stall, "hang": hang,
-    "bad_shard": bad_shard, "throughput_drop": throughput_drop,
+    "spike": spike,
+    "nan": nonfinite,
+    "inf": nonfinite,
+    "straggler": straggler,
+    "sdc_grad": sdc_grad,
+    "sdc_quiet": diverge,
+    "param_corrupt": diverge,
+    "eval_stall": eval_stall,
+    "hang": hang,
+    "bad_shard": bad_shard,
+    "throughput_drop": throughput_drop,
 }

@@ -1,4 +1,5 @@
 """Named exceptions of the simulated datasets."""
+
 from __future__ import annotations
 
 

@@ -3,6 +3,7 @@
 A spike's window spans its lead-in and recovery around its peak, and a run hangs at most once,
 before every other fault's onset.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,10 @@ def parse_faults(texts: tuple[str, ...], topology: Topology, steps: int) -> tupl
         raise SimulationError(f"bad fault spec {hangs[0].spec!r}: a hang needs step >= 2 (one step to compare with)")
     for fault in faults:
         if hangs and fault is not hangs[0] and fault.onset >= hangs[0].onset:
-            raise SimulationError(f"bad fault spec {fault.spec!r}: step {fault.onset} is never reached, "
-                                  f"the run hangs at step {hangs[0].onset}")
+            raise SimulationError(
+                f"bad fault spec {fault.spec!r}: step {fault.onset} is never reached, "
+                f"the run hangs at step {hangs[0].onset}"
+            )
     return faults
 
 

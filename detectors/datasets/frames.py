@@ -7,6 +7,7 @@ NaN), rows go by time, then rank, then line. Values keep the generator's full pr
 where the written files round ``rank_step`` timings and local gradient norms to 6
 significant digits and record times to the microsecond.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,11 +30,15 @@ def run_frames(run: SimulatedRun) -> dict[str, Any]:
     """``detect``'s keyword arguments for ``run``: its five telemetry frames, ``topology`` and ``world_size``."""
     lines = _Lines(run)
     written = list(lines.records())
-    return {"steps": _steps(run, lines), "rank_steps": _rank_steps(run, lines),
-            "evals": _evals([w for w in written if w.event.kind == "eval"]),
-            "checkpoints": _checkpoints([w for w in written if w.event.kind == "checkpoint"]),
-            "events": _events([w for w in written if w.event.kind not in FRAME_KINDS]),
-            "topology": _topology(run), "world_size": run.config.ranks}
+    return {
+        "steps": _steps(run, lines),
+        "rank_steps": _rank_steps(run, lines),
+        "evals": _evals([w for w in written if w.event.kind == "eval"]),
+        "checkpoints": _checkpoints([w for w in written if w.event.kind == "checkpoint"]),
+        "events": _events([w for w in written if w.event.kind not in FRAME_KINDS]),
+        "topology": _topology(run),
+        "world_size": run.config.ranks,
+    }
 
 
 class Written(NamedTuple):
@@ -68,8 +73,11 @@ class _Lines:
     def records(self) -> Iterator[Written]:
         """Every record but rank_step and step, in the order each rank writes them."""
         schedule = self.run.schedule
-        yield Written(np.arange(len(self.rank0)), Event(schedule.start, 0, "rank_info", "all"),
-                      np.zeros(len(self.rank0), dtype=np.int64))
+        yield Written(
+            np.arange(len(self.rank0)),
+            Event(schedule.start, 0, "rank_info", "all"),
+            np.zeros(len(self.rank0), dtype=np.int64),
+        )
         for step in sorted(schedule.between):
             seq = self.rank_step_seq[:, step - 1] + 1 + self.rank0
             yield from (self._next(event, seq) for event in schedule.between[step])
@@ -90,12 +98,21 @@ def _steps(run: SimulatedRun, lines: _Lines) -> pd.DataFrame:
     traces, last = run.traces, lines.last
     tokens = traces.tokens[:last]
     shards = [json.dumps(row, separators=(",", ":")) for row in traces.shards[:last].tolist()]
-    return pd.DataFrame({
-        "timeline": np.zeros(last, dtype=np.int32), "step": traces.steps[:last].astype(np.int64),
-        "time": run.schedule.step_end, "rank": np.zeros(last, dtype=np.int32),
-        "seq": lines.rank_step_seq[0] + 1, "loss": traces.losses()[:last], "grad_norm": traces.grad_norms()[:last],
-        "lr": traces.lr[:last], "tokens": tokens.astype(float), "flops": 6 * run.config.model.params * tokens,
-        "shards": _text(shards)})
+    return pd.DataFrame(
+        {
+            "timeline": np.zeros(last, dtype=np.int32),
+            "step": traces.steps[:last].astype(np.int64),
+            "time": run.schedule.step_end,
+            "rank": np.zeros(last, dtype=np.int32),
+            "seq": lines.rank_step_seq[0] + 1,
+            "loss": traces.losses()[:last],
+            "grad_norm": traces.grad_norms()[:last],
+            "lr": traces.lr[:last],
+            "tokens": tokens.astype(float),
+            "flops": 6 * run.config.model.params * tokens,
+            "shards": _text(shards),
+        }
+    )
 
 
 def _rank_steps(run: SimulatedRun, lines: _Lines) -> pd.DataFrame:
@@ -104,57 +121,115 @@ def _rank_steps(run: SimulatedRun, lines: _Lines) -> pd.DataFrame:
     checksums = np.full((ranks, last), np.nan, dtype=object)
     checked = run.checksums.checked[run.checksums.checked <= last]
     for rank in range(ranks):
-        digests = run.checksums.digests(rank)[:len(checked)]
+        digests = run.checksums.digests(rank)[: len(checked)]
         checksums[rank, checked - 1] = ["%016x" % d for d in digests]
-    matrix = {"seq": lines.rank_step_seq, "data_time": timing.data, "compute_time": timing.compute,
-              "comm_time": timing.comm, "optimizer_time": timing.optimizer,
-              "local_grad_norm": run.traces.local_grad, "param_checksum": checksums}
+    matrix = {
+        "seq": lines.rank_step_seq,
+        "data_time": timing.data,
+        "compute_time": timing.compute,
+        "comm_time": timing.comm,
+        "optimizer_time": timing.optimizer,
+        "local_grad_norm": run.traces.local_grad,
+        "param_checksum": checksums,
+    }
     by_step = {name: values[:, :last].T.ravel() for name, values in matrix.items()}
-    return pd.DataFrame({
-        "timeline": np.zeros(ranks * last, dtype=np.int32),
-        "step": np.repeat(np.arange(1, last + 1, dtype=np.int64), ranks),
-        "time": np.repeat(run.schedule.step_end, ranks), "rank": np.tile(np.arange(ranks, dtype=np.int32), last),
-        "seq": by_step["seq"], "step_time": np.repeat(timing.step_time[:last], ranks),
-        **{name: by_step[name] for name in ("data_time", "compute_time", "comm_time", "optimizer_time",
-                                            "local_grad_norm")},
-        "param_checksum": _text(by_step["param_checksum"])})
+    return pd.DataFrame(
+        {
+            "timeline": np.zeros(ranks * last, dtype=np.int32),
+            "step": np.repeat(np.arange(1, last + 1, dtype=np.int64), ranks),
+            "time": np.repeat(run.schedule.step_end, ranks),
+            "rank": np.tile(np.arange(ranks, dtype=np.int32), last),
+            "seq": by_step["seq"],
+            "step_time": np.repeat(timing.step_time[:last], ranks),
+            **{
+                name: by_step[name]
+                for name in ("data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm")
+            },
+            "param_checksum": _text(by_step["param_checksum"]),
+        }
+    )
 
 
 def _evals(written: list[Written]) -> pd.DataFrame:
     """One row per eval and score name (names sorted, as the store unnests them)."""
-    rows = [(e.step, e.time, e.fields["split"], name, value, e.fields["cum_tokens"], e.fields["cum_flops"])
-            for _, e, _ in written for name, value in sorted(e.fields["metrics"].items())]
+    rows = [
+        (e.step, e.time, e.fields["split"], name, value, e.fields["cum_tokens"], e.fields["cum_flops"])
+        for _, e, _ in written
+        for name, value in sorted(e.fields["metrics"].items())
+    ]
     frame = pd.DataFrame(rows, columns=["step", "time", "split", "name", "value", "cum_tokens", "cum_flops"])
-    return _ordered(frame.assign(timeline=np.int32(0)), ["time"],
-                    {"timeline": np.int32, "step": np.int64, "time": float, "split": object, "name": object,
-                     "value": float, "cum_tokens": float, "cum_flops": float})
+    return _ordered(
+        frame.assign(timeline=np.int32(0)),
+        ["time"],
+        {
+            "timeline": np.int32,
+            "step": np.int64,
+            "time": float,
+            "split": object,
+            "name": object,
+            "value": float,
+            "cum_tokens": float,
+            "cum_flops": float,
+        },
+    )
 
 
 def _checkpoints(written: list[Written]) -> pd.DataFrame:
     """The checkpoint records: save_started, saved and loaded, with their duration where they have one."""
-    rows = [(e.step, e.time, int(rank), int(seq), e.fields["event"], e.fields.get("metrics", {}).get("duration_s"),
-             e.fields.get("path"), e.fields.get("message"))
-            for ranks, e, seqs in written for rank, seq in zip(ranks, seqs)]
+    rows = [
+        (
+            e.step,
+            e.time,
+            int(rank),
+            int(seq),
+            e.fields["event"],
+            e.fields.get("metrics", {}).get("duration_s"),
+            e.fields.get("path"),
+            e.fields.get("message"),
+        )
+        for ranks, e, seqs in written
+        for rank, seq in zip(ranks, seqs)
+    ]
     frame = pd.DataFrame(rows, columns=["step", "time", "rank", "seq", "event", "duration_s", "path", "message"])
-    return _ordered(frame.assign(timeline=np.int32(0)), ["time", "rank", "seq"],
-                    {"timeline": np.int32, "step": np.int64, "time": float, "rank": np.int32, "event": object,
-                     "duration_s": float, "path": object, "message": object})
+    return _ordered(
+        frame.assign(timeline=np.int32(0)),
+        ["time", "rank", "seq"],
+        {
+            "timeline": np.int32,
+            "step": np.int64,
+            "time": float,
+            "rank": np.int32,
+            "event": object,
+            "duration_s": float,
+            "path": object,
+            "message": object,
+        },
+    )
 
 
 def _events(written: list[Written]) -> pd.DataFrame:
     """rank_info, heartbeat, log and run_end records of every rank that writes them."""
-    parts = [pd.DataFrame({"step": e.step, "time": e.time, "rank": ranks, "seq": seqs, "kind": e.kind})
-             for ranks, e, seqs in written]
+    parts = [
+        pd.DataFrame({"step": e.step, "time": e.time, "rank": ranks, "seq": seqs, "kind": e.kind})
+        for ranks, e, seqs in written
+    ]
     frame = pd.concat(parts, ignore_index=True)
-    return _ordered(frame.assign(timeline=np.int32(0)), ["time", "rank", "seq"],
-                    {"timeline": np.int32, "step": np.int64, "time": float, "rank": np.int32, "kind": object})
+    return _ordered(
+        frame.assign(timeline=np.int32(0)),
+        ["time", "rank", "seq"],
+        {"timeline": np.int32, "step": np.int64, "time": float, "rank": np.int32, "kind": object},
+    )
 
 
 def _ordered(frame: pd.DataFrame, by: list[str], dtypes: dict[str, Any]) -> pd.DataFrame:
     """``frame``'s rows by ``by`` (stable), with exactly the columns of ``dtypes``, as those dtypes."""
     out = frame.sort_values(by, kind="stable", ignore_index=True)
-    return pd.DataFrame({name: _text(out[name]) if dtype is object else pd.Series(out[name].to_numpy(), dtype=dtype)
-                         for name, dtype in dtypes.items()})
+    return pd.DataFrame(
+        {
+            name: _text(out[name]) if dtype is object else pd.Series(out[name].to_numpy(), dtype=dtype)
+            for name, dtype in dtypes.items()
+        }
+    )
 
 
 def _text(values: Any) -> pd.Series:

@@ -3,6 +3,7 @@
 Every signal draws from its own seeded stream, so adding a fault or switching the
 nuisances off leaves the noise of everything else unchanged.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,20 @@ import numpy as np
 from .config import ModelSettings, SimulationConfig
 from .traces import Traces
 
-STREAMS = ("loss", "grad", "local_grad", "eval", "compute", "data", "optimizer", "comm", "chip", "shards",
-           "checksum", "nuisance")
+STREAMS = (
+    "loss",
+    "grad",
+    "local_grad",
+    "eval",
+    "compute",
+    "data",
+    "optimizer",
+    "comm",
+    "chip",
+    "shards",
+    "checksum",
+    "nuisance",
+)
 STUDENT_DF = 4
 LOGNORMAL_SHAPE = 0.5
 ANNEAL_GAIN = 0.03  # log-loss gained as the learning rate anneals to its floor
@@ -31,7 +44,7 @@ def standard_noise(rng: np.random.Generator, family: str, size: int | tuple[int,
     if family == "student":
         return rng.standard_t(STUDENT_DF, size) / math.sqrt(STUDENT_DF / (STUDENT_DF - 2))
     if family == "lognormal":
-        s2 = LOGNORMAL_SHAPE ** 2
+        s2 = LOGNORMAL_SHAPE**2
         skewed = np.exp(LOGNORMAL_SHAPE * rng.standard_normal(size))
         return (skewed - math.exp(s2 / 2)) / math.sqrt((math.exp(s2) - 1) * math.exp(s2))
     return rng.standard_normal(size)
@@ -80,8 +93,9 @@ def phase_times(config: SimulationConfig) -> dict[str, np.ndarray]:
     """(ranks, steps) seconds of data, compute and optimizer, and (steps,) of the collective itself."""
     m, family, shape = config.model, config.noise, (config.ranks, config.steps)
     chip = np.exp(m.chip_spread * stream(config.seed, "chip").standard_normal(config.ranks))[:, None]
-    noise = {name: standard_noise(stream(config.seed, name), family, shape)
-             for name in ("compute", "data", "optimizer")}
+    noise = {
+        name: standard_noise(stream(config.seed, name), family, shape) for name in ("compute", "data", "optimizer")
+    }
     return {
         "compute": m.compute_s * chip * np.exp(m.compute_sigma * noise["compute"]),
         "data": m.data_s * np.exp(m.data_sigma * noise["data"]),
@@ -101,7 +115,9 @@ def build_traces(config: SimulationConfig, warmup: int, anneal: bool) -> Traces:
     local_noise = standard_noise(stream(seed, "local_grad"), family, (config.ranks, config.steps))
     times = phase_times(config)
     return Traces(
-        steps=steps, lr=lr, tokens=np.full(config.steps, float(config.topology.dp_size * m.tokens_per_replica)),
+        steps=steps,
+        lr=lr,
+        tokens=np.full(config.steps, float(config.topology.dp_size * m.tokens_per_replica)),
         log_loss=log_loss + m.loss_sigma * standard_noise(stream(seed, "loss"), family, config.steps),
         loss_add=np.zeros(config.steps),
         log_grad=log_grad + m.grad_sigma * standard_noise(stream(seed, "grad"), family, config.steps),
@@ -109,6 +125,9 @@ def build_traces(config: SimulationConfig, warmup: int, anneal: bool) -> Traces:
         eval_log_loss=log_loss + math.log1p(m.eval_gap),
         eval_noise=m.eval_sigma * standard_noise(stream(seed, "eval"), family, config.steps),
         shards=step_shards(config, stream(seed, "shards")),
-        compute=times["compute"], data=times["data"], optimizer=times["optimizer"], comm=times["comm"],
+        compute=times["compute"],
+        data=times["data"],
+        optimizer=times["optimizer"],
+        comm=times["comm"],
         slowdown=np.ones(config.steps),
     )

@@ -3,6 +3,7 @@
 Where they fall is drawn from the run's seed and recorded in run.json
 (``config.nuisances``); they are never ground truth.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,20 +45,31 @@ class Nuisances:
 
     @classmethod
     def off(cls, config: SimulationConfig) -> Nuisances:
-        return cls(warmup=0, anneal=False, common_mode=(), diurnal=(0.0, 0.0), mixture_switch=None, resume=None,
-                   last_stage_slowdown=1.0, jitter=np.zeros((0, 3)),
-                   eval_s=dict.fromkeys(every(config.eval_every, config.steps), 0.0),
-                   checkpoint_s=dict.fromkeys(every(config.checkpoint_every, config.steps), 0.0))
+        return cls(
+            warmup=0,
+            anneal=False,
+            common_mode=(),
+            diurnal=(0.0, 0.0),
+            mixture_switch=None,
+            resume=None,
+            last_stage_slowdown=1.0,
+            jitter=np.zeros((0, 3)),
+            eval_s=dict.fromkeys(every(config.eval_every, config.steps), 0.0),
+            checkpoint_s=dict.fromkeys(every(config.checkpoint_every, config.steps), 0.0),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The record of run.json's ``config.nuisances``."""
         return {
             "lr_schedule": {"warmup_steps": self.warmup, "anneal": "cosine" if self.anneal else None},
             "common_mode": [{"first": a, "last": b, "slowdown": round(f, 4)} for a, b, f in self.common_mode],
-            "diurnal": {"swing": round(self.diurnal[0], 4), "phase": round(self.diurnal[1], 4),
-                        "period_s": DIURNAL_PERIOD_S},
-            "mixture_switch": self.mixture_switch and {"step": self.mixture_switch, "shift": MIXTURE_SHIFT,
-                                                       "transient": MIXTURE_TRANSIENT},
+            "diurnal": {
+                "swing": round(self.diurnal[0], 4),
+                "phase": round(self.diurnal[1], 4),
+                "period_s": DIURNAL_PERIOD_S,
+            },
+            "mixture_switch": self.mixture_switch
+            and {"step": self.mixture_switch, "shift": MIXTURE_SHIFT, "transient": MIXTURE_TRANSIENT},
             "resume": self.resume and {"step": self.resume, "downtime_s": DOWNTIME_S, "load_s": LOAD_S},
             "last_stage_slowdown": self.last_stage_slowdown,
             "jitter": [[int(s), int(r), round(float(t), 4)] for s, r, t in self.jitter],
@@ -78,7 +90,8 @@ def draw_nuisances(config: SimulationConfig) -> Nuisances:
     rng, steps = stream(config.seed, "nuisance"), config.steps
     evals, checkpoints = every(config.eval_every, steps), every(config.checkpoint_every, steps)
     return Nuisances(
-        warmup=min(MAX_WARMUP, int(steps * WARMUP_FRACTION)), anneal=True,
+        warmup=min(MAX_WARMUP, int(steps * WARMUP_FRACTION)),
+        anneal=True,
         common_mode=_common_mode(rng, steps),
         diurnal=(float(rng.uniform(*DIURNAL_SWING)), float(rng.uniform(0, 2 * math.pi))),
         mixture_switch=round(steps * MIXTURE_AT) if steps >= 20 else None,
@@ -132,7 +145,7 @@ def apply_nuisances(nuisances: Nuisances, traces: Traces, config: SimulationConf
 def _slow_down(nuisances: Nuisances, traces: Traces, config: SimulationConfig) -> None:
     """Common-mode slowdowns and the diurnal swing, on every rank at once."""
     for first, last, factor in nuisances.common_mode:
-        traces.slowdown[first - 1:last] *= factor
+        traces.slowdown[first - 1 : last] *= factor
     swing, phase = nuisances.diurnal
     m = config.model
     nominal = traces.steps * (m.data_s + m.compute_s + m.optimizer_s + m.comm_s)

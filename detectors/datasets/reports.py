@@ -1,4 +1,5 @@
 """What the job reports besides its timings: the held-out evals and the log of skipped updates."""
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,15 @@ def eval_fields(config: SimulationConfig, traces: Traces, nuisances: Nuisances) 
     steps = np.array([s for s in nuisances.eval_s if s <= config.last_step], dtype=int)
     losses = traces.eval_scores(steps - 1)
     tokens = np.cumsum(traces.tokens)
-    return {int(s): {"metrics": {"loss": float(loss), "accuracy": accuracy(float(loss), config)}, "split": "heldout",
-                     "cum_tokens": int(tokens[s - 1]), "cum_flops": 6 * config.model.params * float(tokens[s - 1])}
-            for s, loss in zip(steps, losses)}
+    return {
+        int(s): {
+            "metrics": {"loss": float(loss), "accuracy": accuracy(float(loss), config)},
+            "split": "heldout",
+            "cum_tokens": int(tokens[s - 1]),
+            "cum_flops": 6 * config.model.params * float(tokens[s - 1]),
+        }
+        for s, loss in zip(steps, losses)
+    }
 
 
 def accuracy(loss: float, config: SimulationConfig) -> float:
@@ -28,5 +35,7 @@ def accuracy(loss: float, config: SimulationConfig) -> float:
 
 def nonfinite_logs(traces: Traces) -> dict[int, dict[str, Any]]:
     """Rank 0's error log at each step whose gradient norm was not finite (the update is skipped)."""
-    return {int(traces.steps[i]): {"level": "error", "message": f"non-finite gradient norm ({value}): update skipped"}
-            for i, value in traces.nonfinite.items()}
+    return {
+        int(traces.steps[i]): {"level": "error", "message": f"non-finite gradient norm ({value}): update skipped"}
+        for i, value in traces.nonfinite.items()
+    }

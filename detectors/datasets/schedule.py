@@ -1,4 +1,5 @@
 """When things happen: the end of every step, and the records written between steps and at the end."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -39,8 +40,13 @@ class Schedule:
     ending: list[Event]
 
 
-def build_schedule(config: SimulationConfig, nuisances: Nuisances, step_time: np.ndarray,
-                   evals: dict[int, dict[str, Any]], logs: dict[int, dict[str, Any]]) -> Schedule:
+def build_schedule(
+    config: SimulationConfig,
+    nuisances: Nuisances,
+    step_time: np.ndarray,
+    evals: dict[int, dict[str, Any]],
+    logs: dict[int, dict[str, Any]],
+) -> Schedule:
     """Step ends from the step times and the stalls between steps (evals, checkpoints, a restart)."""
     last = config.last_step
     marked = set(nuisances.eval_s) | set(nuisances.checkpoint_s) | set(logs)
@@ -54,8 +60,9 @@ def build_schedule(config: SimulationConfig, nuisances: Nuisances, step_time: np
     return Schedule(config.start_time, ends, idle_from, between, _ending(config, idle_from))
 
 
-def _between(step: int, config: SimulationConfig, nuisances: Nuisances, eval_fields: dict | None,
-             log_fields: dict | None) -> tuple[list[Event], float]:
+def _between(
+    step: int, config: SimulationConfig, nuisances: Nuisances, eval_fields: dict | None, log_fields: dict | None
+) -> tuple[list[Event], float]:
     """The records after ``step``, timed from its end, and how long the job stalls before the next step."""
     events = [Event(0.0, step, "log", "rank0", log_fields)] if log_fields else []
     clock = 0.0
@@ -76,12 +83,13 @@ def _between(step: int, config: SimulationConfig, nuisances: Nuisances, eval_fie
     return sorted(events, key=lambda e: e.time), clock
 
 
-def _checkpoint(time: float, step: int, event: str, config: SimulationConfig,
-                duration_s: float | None = None) -> Event:
+def _checkpoint(time: float, step: int, event: str, config: SimulationConfig, duration_s: float | None = None) -> Event:
     fields: dict[str, Any] = {"event": event, "path": f"checkpoints/step-{step:08d}"}
     if duration_s is not None:
-        fields["metrics"] = {"duration_s": round(duration_s, 6),
-                             "bytes": CHECKPOINT_BYTES_PER_PARAM * config.model.params}
+        fields["metrics"] = {
+            "duration_s": round(duration_s, 6),
+            "bytes": CHECKPOINT_BYTES_PER_PARAM * config.model.params,
+        }
     return Event(time, step, "checkpoint", "rank0", fields)
 
 
@@ -93,5 +101,6 @@ def _ending(config: SimulationConfig, after_last: float) -> list[Event]:
     timeout = hang.settings["timeout_s"]
     beats = np.arange(config.heartbeat_every_s, timeout, config.heartbeat_every_s)
     message = f"collective timed out after {timeout:g} s waiting for step {hang.onset}"
-    return ([Event(after_last + float(t), last, "heartbeat", "peers") for t in beats]
-            + [Event(after_last + timeout, last, "run_end", "peers", {"status": "failed", "message": message})])
+    return [Event(after_last + float(t), last, "heartbeat", "peers") for t in beats] + [
+        Event(after_last + timeout, last, "run_end", "peers", {"status": "failed", "message": message})
+    ]

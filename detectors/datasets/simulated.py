@@ -5,6 +5,7 @@ signal of the run, when each record falls, and the labels of its faults. The sam
 seed included, gives the same run; ``bedside simulate`` writes it as a run directory
 (app/simulation/).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class SimulatedRun:
     @property
     def step_start(self) -> np.ndarray:
         """When each completed step started (unix seconds)."""
-        return self.schedule.step_end - self.timing.step_time[:self.config.last_step]
+        return self.schedule.step_end - self.timing.step_time[: self.config.last_step]
 
     def frames(self) -> dict[str, Any]:
         """The run's telemetry as ``bedside.detectors.detect`` takes it: ``detect(**run.frames())``.
@@ -73,6 +74,7 @@ def simulate(config: SimulationConfig) -> SimulatedRun:
     for fault in config.faults:
         apply_fault(fault, traces, config)
     timing = compose_timing(traces.data, traces.compute, traces.optimizer, traces.comm, traces.slowdown)
-    schedule = build_schedule(config, nuisances, timing.step_time, eval_fields(config, traces, nuisances),
-                              nonfinite_logs(traces))
+    schedule = build_schedule(
+        config, nuisances, timing.step_time, eval_fields(config, traces, nuisances), nonfinite_logs(traces)
+    )
     return SimulatedRun(config, nuisances, traces, timing, Checksums(config, traces.corruptions), schedule)

@@ -1,4 +1,5 @@
 """Where each simulated rank sits: ranks laid out dp x pp (tp = 1), consecutive ranks per host."""
+
 from __future__ import annotations
 
 import math
@@ -57,5 +58,11 @@ class Topology:
         return f"node-{host:04d}"
 
     def placement(self, rank: int) -> Placement:
-        return Placement(rank=rank, host=self.host_name(rank // self.ranks_per_host),
-                         local_rank=rank % self.ranks_per_host, dp=rank % self.dp_size, tp=0, pp=rank // self.dp_size)
+        return Placement(
+            rank=rank,
+            host=self.host_name(rank // self.ranks_per_host),
+            local_rank=rank % self.ranks_per_host,
+            dp=rank % self.dp_size,
+            tp=0,
+            pp=rank // self.dp_size,
+        )

@@ -1,4 +1,5 @@
 """The simulated signals of a run, as arrays over steps and (ranks, steps) matrices, and what they add up to."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,8 +61,9 @@ class Timing:
     comm: np.ndarray
 
 
-def compose_timing(data: np.ndarray, compute: np.ndarray, optimizer: np.ndarray, comm: np.ndarray,
-                   slowdown: np.ndarray | None = None) -> Timing:
+def compose_timing(
+    data: np.ndarray, compute: np.ndarray, optimizer: np.ndarray, comm: np.ndarray, slowdown: np.ndarray | None = None
+) -> Timing:
     """A synchronous step: it lasts as long as the slowest rank's own work plus the collective.
 
     ``data``, ``compute`` and ``optimizer`` are (ranks, steps) seconds, ``comm`` (steps,) the

@@ -6,6 +6,7 @@
 Needs chromium (``apt-get install chromium``) and playwright (``pip install -e '.[test]'``).
 The run is copied to a temporary folder first: serving it writes its store.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,16 @@ from playwright.sync_api import expect, sync_playwright
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_RUN = REPO / "sample_runs" / "tiny-faults"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1500, "height": 1000}
 TIMEOUT_S = 60
 
@@ -42,8 +51,9 @@ def start_serving(run: Path, port: int, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "bedside.app.cli", "serve", str(run), "--port", str(port), "--refresh", "3600"]
     env = {k: v for k, v in os.environ.items() if k != "BEDSIDE_OPERATOR_TOKEN"}
     with log.open("w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                  env={**env, "OMP_NUM_THREADS": "1"})
+        server = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**env, "OMP_NUM_THREADS": "1"}
+        )
     deadline = time.monotonic() + TIMEOUT_S
     while server.poll() is None and time.monotonic() < deadline:
         try:

@@ -1,4 +1,5 @@
 """Checkpoints: what is saved and verified, the work at risk, and how often to save."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -32,14 +33,24 @@ def checkpoints() -> None:
         st.subheader("Checkpoint interval (Young/Daly)")
         cols = st.columns(4)
         cols[0].metric("Save cost (median)", f"{advice.save_s:.2f} s")
-        cols[1].metric("Interruptions seen", advice.interruptions,
-                       help="restarts from a checkpoint; with none yet, one is assumed after the span observed")
-        cols[2].metric("Recommended interval", age(advice.optimal_interval_s),
-                       help="sqrt(2 x save cost x mean time between interruptions)")
-        cols[3].metric("Current interval", age(advice.current_interval_s),
-                       None if advice.current_waste is None else
-                       f"expected waste {advice.current_waste:.1%} (optimum {advice.optimal_waste:.1%})",
-                       delta_color="off")
+        cols[1].metric(
+            "Interruptions seen",
+            advice.interruptions,
+            help="restarts from a checkpoint; with none yet, one is assumed after the span observed",
+        )
+        cols[2].metric(
+            "Recommended interval",
+            age(advice.optimal_interval_s),
+            help="sqrt(2 x save cost x mean time between interruptions)",
+        )
+        cols[3].metric(
+            "Current interval",
+            age(advice.current_interval_s),
+            None
+            if advice.current_waste is None
+            else f"expected waste {advice.current_waste:.1%} (optimum {advice.optimal_waste:.1%})",
+            delta_color="off",
+        )
     st.dataframe(saved, hide_index=True, key="checkpoint_table")
 
 

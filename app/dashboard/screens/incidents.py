@@ -1,4 +1,5 @@
 """Incidents: what happened, the evidence, and a safe, recorded action on the live job."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ from bedside.collectors.errors import BedsideError
 from bedside.collectors.format import RUN_END_STATUSES
 
 WINDOW_MARGIN = 30
-
 
 
 def note_text(note: object) -> str:
@@ -40,13 +40,18 @@ def incident_list(listed: frozenset[str]) -> None:
             st.warning(data.note)
         return
     now = time.time()
-    shown = pd.DataFrame({
-        "severity": incidents["severity"],
-        "status": incidents["status"], "title": incidents["title"],
-        "steps": incidents["start_step"].astype(str) + "-" + incidents["end_step"].astype(str),
-        "timeline": incidents["timeline"], "age": incidents["opened_at"].map(lambda t: age(now - t)),
-        "findings": incidents["findings"], "id": incidents["incident_id"],
-    })
+    shown = pd.DataFrame(
+        {
+            "severity": incidents["severity"],
+            "status": incidents["status"],
+            "title": incidents["title"],
+            "steps": incidents["start_step"].astype(str) + "-" + incidents["end_step"].astype(str),
+            "timeline": incidents["timeline"],
+            "age": incidents["opened_at"].map(lambda t: age(now - t)),
+            "findings": incidents["findings"],
+            "id": incidents["incident_id"],
+        }
+    )
     st.dataframe(shown, hide_index=True, key="incident_table")
 
 
@@ -62,15 +67,16 @@ by_id = incidents.set_index("incident_id")
 wanted = st.session_state.get("incident", st.session_state.get("incident_chosen", st.query_params.get("incident")))
 if wanted in ids:
     st.session_state["incident"] = wanted
-chosen = st.selectbox("Incident", ids, key="incident",
-                      format_func=lambda i: f"{i}: {by_id.loc[i, 'title']}")
+chosen = st.selectbox("Incident", ids, key="incident", format_func=lambda i: f"{i}: {by_id.loc[i, 'title']}")
 st.session_state["incident_chosen"] = chosen
 incident = by_id.loc[chosen]
 suggestion = json.loads(incident["suggested_action"])
 
 st.subheader(f"{SEVERITY_MARKS.get(incident['severity'], '')} {incident['title']} ({incident['status']})")
-st.markdown(f"{incident['summary']}  \n**Cause:** {incident['cause']}  \n"
-            f"**Suggested action:** `{suggestion['action']}` {json.dumps(suggestion['args'])} {suggestion['why']}")
+st.markdown(
+    f"{incident['summary']}  \n**Cause:** {incident['cause']}  \n"
+    f"**Suggested action:** `{suggestion['action']}` {json.dumps(suggestion['args'])} {suggestion['why']}"
+)
 if pd.notna(incident["acknowledged_by"]):  # a missing value may read NaN, which is true
     st.caption(f"Acknowledged by {incident['acknowledged_by']}: {note_text(incident['ack_note'])}")
 if pd.notna(incident["resolved_by"]):
@@ -78,12 +84,21 @@ if pd.notna(incident["resolved_by"]):
 
 first = int(incident["start_step"]) - WINDOW_MARGIN
 last = int(incident["end_step"]) + WINDOW_MARGIN
-ranks = data.frame("window_ranks", timeline=int(incident["timeline"]), first=first, last=last) \
-    if len(incident["ranks"]) else pd.DataFrame()
-st.plotly_chart(figures.incident_window(
-    data.frame("window_steps", timeline=int(incident["timeline"]), first=first, last=last), ranks,
-    int(incident["start_step"]), int(incident["end_step"]), tuple(int(r) for r in incident["ranks"])),
-    key="incident_evidence")
+ranks = (
+    data.frame("window_ranks", timeline=int(incident["timeline"]), first=first, last=last)
+    if len(incident["ranks"])
+    else pd.DataFrame()
+)
+st.plotly_chart(
+    figures.incident_window(
+        data.frame("window_steps", timeline=int(incident["timeline"]), first=first, last=last),
+        ranks,
+        int(incident["start_step"]),
+        int(incident["end_step"]),
+        tuple(int(r) for r in incident["ranks"]),
+    ),
+    key="incident_evidence",
+)
 with st.expander("Findings", expanded=False):
     st.dataframe(data.frame("incident_findings", incident_id=chosen), hide_index=True, key="incident_findings")
 
@@ -100,9 +115,11 @@ else:
         note = st.text_input("Note (required to resolve)", key="ack_note")
         acknowledge, resolve = st.columns(2)
         closed = not data.can_write or incident["status"] == "resolved"
-        if acknowledge.form_submit_button("Acknowledge", disabled=closed or incident["status"] == "acknowledged",
-                                          help="already acknowledged" if incident["status"] == "acknowledged"
-                                          else None):
+        if acknowledge.form_submit_button(
+            "Acknowledge",
+            disabled=closed or incident["status"] == "acknowledged",
+            help="already acknowledged" if incident["status"] == "acknowledged" else None,
+        ):
             try:
                 data.acknowledge(chosen, operator=operator, note=note)
             except BedsideError as exc:
@@ -110,9 +127,11 @@ else:
             else:  # drawn again: Acknowledge is disabled now
                 st.session_state["acted"] = f"Acknowledged by {operator}."
                 st.rerun()
-        if resolve.form_submit_button("Resolve", disabled=closed,
-                                      help="close it by hand (a false alarm, or handled): later findings open a "
-                                           "new incident"):
+        if resolve.form_submit_button(
+            "Resolve",
+            disabled=closed,
+            help="close it by hand (a false alarm, or handled): later findings open a new incident",
+        ):
             try:
                 data.resolve(chosen, operator=operator, note=note)
             except BedsideError as exc:
@@ -122,19 +141,30 @@ else:
                 st.rerun()
     actions = list(ACTION_LABELS)
     if suggestion["action"] not in actions:  # evict, investigate: nothing this form can do, so nothing chosen
-        st.caption(f"The detectors suggest **{suggestion['action']}**, which this form cannot do: choose an "
-                   f"action only if one helps.")
-    action = st.selectbox("Action", actions, index=actions.index(suggestion["action"])
-                          if suggestion["action"] in actions else None, format_func=ACTION_LABELS.get,
-                          placeholder="choose an action", key=f"action_{chosen}")  # per incident: each its own
+        st.caption(
+            f"The detectors suggest **{suggestion['action']}**, which this form cannot do: choose an "
+            f"action only if one helps."
+        )
+    action = st.selectbox(
+        "Action",
+        actions,
+        index=actions.index(suggestion["action"]) if suggestion["action"] in actions else None,
+        format_func=ACTION_LABELS.get,
+        placeholder="choose an action",
+        key=f"action_{chosen}",
+    )  # per incident: each its own
     first, first_id = onset(chosen, incidents)
     args = prefilled_args(action, suggestion, incident, data.frame("checkpoints"), before=first) if action else {}
-    edited = {name: st.number_input(name, min_value=0, value=int(value), step=1, key=f"arg_{chosen}_{action}_{name}")
-              for name, value in args.items()}
+    edited = {
+        name: st.number_input(name, min_value=0, value=int(value), step=1, key=f"arg_{chosen}_{action}_{name}")
+        for name, value in args.items()
+    }
     if action == "rewind" and edited["to_step"] >= first:
-        st.warning(f"to_step {edited['to_step']} is at or after step {first}, where "
-                   f"{'this incident' if first_id == chosen else f'the related incident {first_id}'} began: the "
-                   f"run would train through the same fault again.")
+        st.warning(
+            f"to_step {edited['to_step']} is at or after step {first}, where "
+            f"{'this incident' if first_id == chosen else f'the related incident {first_id}'} began: the "
+            f"run would train through the same fault again."
+        )
     reason = st.text_input("Reason (required, recorded with the request)", key="reason")
     refusal = data.action_refusal(chosen)
     if refusal:
@@ -153,19 +183,25 @@ else:
             st.session_state["confirming"] = {**here, "action": action, "args": edited, "reason": reason.strip()}
             st.rerun()
     if pending:
-        st.warning(f"{operator} asks the trainer to **{pending['action']}** {json.dumps(pending['args'])}: "
-                   f"{pending['reason']}")
-        cost = data.frame("rewind_cost", to_step=pending["args"]["to_step"]) if pending["action"] == "rewind" \
+        st.warning(
+            f"{operator} asks the trainer to **{pending['action']}** {json.dumps(pending['args'])}: {pending['reason']}"
+        )
+        cost = (
+            data.frame("rewind_cost", to_step=pending["args"]["to_step"])
+            if pending["action"] == "rewind"
             else pd.DataFrame()
+        )
         run_row = data.frame("run")
-        for line in what_is_lost(pending["action"], pending["args"], cost,
-                                 run_row.iloc[0].to_dict() if not run_row.empty else {}):
+        for line in what_is_lost(
+            pending["action"], pending["args"], cost, run_row.iloc[0].to_dict() if not run_row.empty else {}
+        ):
             st.markdown(f"- This {line}.")
         confirm, cancel = st.columns(2)
         if confirm.button(f"Confirm {pending['action']}", type="primary", key="confirm", disabled=bool(refusal)):
             try:
-                request_id = data.request(pending["action"], pending["args"], operator=operator,
-                                          reason=pending["reason"], incident_id=chosen)
+                request_id = data.request(
+                    pending["action"], pending["args"], operator=operator, reason=pending["reason"], incident_id=chosen
+                )
             except BedsideError as exc:
                 st.error(str(exc))
             else:
@@ -187,12 +223,17 @@ def requests_and_audit_trail() -> None:
         run = data.frame("run")
         ended = not run.empty and run["status"].iloc[0] in RUN_END_STATUSES
         for entry in filed.itertuples():
-            st.markdown(f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
-                        f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}")
+            st.markdown(
+                f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
+                f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}"
+            )
     st.subheader("Audit trail")
     if chain.broken:
-        st.error(f"The audit trail's chain is broken: {chain.broken}. Entries from there on may be forged, "
-                 f"rewritten or missing (bedside audit verify).", icon=":material/gpp_bad:")
+        st.error(
+            f"The audit trail's chain is broken: {chain.broken}. Entries from there on may be forged, "
+            f"rewritten or missing (bedside audit verify).",
+            icon=":material/gpp_bad:",
+        )
     elif chain.head is not None:
         st.caption(f"Chain intact: {len(chain.entries)} entries, head {chain.head.hash[:16]}.")
     st.dataframe(trail.drop(columns=["prev"]), hide_index=True, key="audit_trail")

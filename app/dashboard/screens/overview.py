@@ -1,4 +1,5 @@
 """Overview: is the run alive, is it learning for the compute spent, and what is open."""
+
 from __future__ import annotations
 
 import time
@@ -14,8 +15,13 @@ st.title(data.title())
 
 @st.fragment(run_every=data.refresh_s)
 def overview() -> None:
-    t = summaries.tiles(data.frame("run"), data.frame("progress", window=50), data.frame("good_checkpoint"),
-                        data.frame("open_incidents"), time.time())
+    t = summaries.tiles(
+        data.frame("run"),
+        data.frame("progress", window=50),
+        data.frame("good_checkpoint"),
+        data.frame("open_incidents"),
+        time.time(),
+    )
     top, bottom = st.columns(4), st.columns(4)
     top[0].metric("Status", STATUS_LABELS.get(t.status, t.status))
     top[1].metric("Step", "–" if t.step is None else f"{t.step:,}")
@@ -23,8 +29,11 @@ def overview() -> None:
     top[2].metric("Tokens", number(t.tokens))
     top[3].metric("FLOPs spent", number(t.flops), help="every timeline, abandoned branches included")
     bottom[0].metric("Tokens/s", number(t.tokens_per_s), help="over the last 50 steps")
-    bottom[1].metric("MFU", "–" if t.mfu is None else f"{t.mfu:.1%}",
-                     help="model FLOPs per second / (ranks x peak_flops_per_device of the run's config)")
+    bottom[1].metric(
+        "MFU",
+        "–" if t.mfu is None else f"{t.mfu:.1%}",
+        help="model FLOPs per second / (ranks x peak_flops_per_device of the run's config)",
+    )
     bottom[2].metric("Since good checkpoint", age(t.since_checkpoint_s))
     # read-only, the incidents are in the process holding the store; before detection ran: unknown here, not 0
     detected = data.can_write and data.owner.detected_at is not None
@@ -43,8 +52,9 @@ def overview() -> None:
     if steps.empty:
         st.info("No training steps yet.")
     else:
-        st.plotly_chart(figures.training_curves(steps, data.frame("incidents"), data.frame("actions")),
-                        key="training_curves")
+        st.plotly_chart(
+            figures.training_curves(steps, data.frame("incidents"), data.frame("actions")), key="training_curves"
+        )
 
 
 overview()

@@ -1,4 +1,5 @@
 """Ranks: where a slow or sick rank sits, what its step is spent on, and what stragglers cost the job."""
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,22 @@ def ranks() -> None:
     order = data.frame("rank_order")["rank"].tolist()
     heat = data.frame("rank_heatmap", bucket=bucket, timeline=timeline)
     st.plotly_chart(figures.rank_heatmap(heat, order), key="rank_heatmap")
-    st.caption(f"timeline {timeline}; each column is the slowest step of {bucket} step(s); rows by host, then "
-               "pipeline, tensor and data coordinates")
+    st.caption(
+        f"timeline {timeline}; each column is the slowest step of {bucket} step(s); rows by host, then "
+        "pipeline, tensor and data coordinates"
+    )
     phases = data.frame("rank_phases", timeline=timeline, steps=RECENT_STEPS)
     table = summaries.slowdowns(phases)
     st.subheader(f"Slowdown (median of the last {RECENT_STEPS} steps)")
-    st.dataframe(table[["rank", "host", "dp", "tp", "pp", "compute_slowdown", "step_slowdown", "compute_time",
-                        "step_time"]], hide_index=True, key="slowdowns",
-                 column_config={"compute_slowdown": st.column_config.NumberColumn(format="%.2fx"),
-                                "step_slowdown": st.column_config.NumberColumn(format="%.2fx")})
+    st.dataframe(
+        table[["rank", "host", "dp", "tp", "pp", "compute_slowdown", "step_slowdown", "compute_time", "step_time"]],
+        hide_index=True,
+        key="slowdowns",
+        column_config={
+            "compute_slowdown": st.column_config.NumberColumn(format="%.2fx"),
+            "step_slowdown": st.column_config.NumberColumn(format="%.2fx"),
+        },
+    )
     st.plotly_chart(figures.phase_breakdown(phases), key="phase_breakdown")
     stragglers = data.frame("incidents")
     stragglers = stragglers[stragglers["kinds"].map(lambda kinds: "straggler" in list(kinds))]
@@ -44,8 +52,10 @@ def ranks() -> None:
         st.caption("None.")
     for incident in stragglers.itertuples():
         action = json.loads(incident.suggested_action)
-        st.markdown(f"**{incident.status}** steps {incident.start_step}-{incident.end_step}: {incident.summary}  \n"
-                    f"suggested: `{action['action']}` {action.get('why', '')}")
+        st.markdown(
+            f"**{incident.status}** steps {incident.start_step}-{incident.end_step}: {incident.summary}  \n"
+            f"suggested: `{action['action']}` {action.get('why', '')}"
+        )
 
 
 ranks()

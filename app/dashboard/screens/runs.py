@@ -1,4 +1,5 @@
 """Runs: every run in the directory with its status, and their evals against compute side by side."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -14,12 +15,16 @@ served = desk()
 runs = served.runs()
 # From each run's store (cached per store version), not from the rank files: reading 1,024 files' tails
 # on every refresh cost seconds.
-table = pd.concat([served.data(path).frame("run").assign(folder=path.name, path=str(path)) for path in runs],
-                  ignore_index=True)
+table = pd.concat(
+    [served.data(path).frame("run").assign(folder=path.name, path=str(path)) for path in runs], ignore_index=True
+)
 table["status"] = table["status"].map(lambda s: STATUS_LABELS.get(s, s))
 table["last_seen"] = pd.to_datetime(table["last_seen"], unit="s", utc=True).dt.floor("s")
-st.dataframe(table[["folder", "name", "run_id", "status", "world_size", "last_step", "timeline", "last_seen", "path"]],
-             hide_index=True, key="runs_table")
+st.dataframe(
+    table[["folder", "name", "run_id", "status", "world_size", "last_step", "timeline", "last_seen", "path"]],
+    hide_index=True,
+    key="runs_table",
+)
 
 chosen = st.multiselect("Compare", [r.name for r in runs], default=[r.name for r in runs][:5], key="compare")
 metric = st.selectbox("Held-out metric", ["excess_loss", "loss", "accuracy"], key="overlay_metric")

@@ -1,4 +1,5 @@
 """SQL: a read-only console over the documented views (docs/schema.md)."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -11,7 +12,7 @@ EXAMPLES = {
     "open incidents": "SELECT severity, title, start_step, summary FROM incidents WHERE status <> 'resolved'",
     "loss around a step": "SELECT step, loss, grad_norm, shards FROM step_metrics WHERE step BETWEEN 80 AND 100 ORDER BY step",
     "slowest ranks": "SELECT rank, host, median(compute_time) AS compute_s FROM rank_step_metrics "
-                     "GROUP BY ALL ORDER BY compute_s DESC LIMIT 10",
+    "GROUP BY ALL ORDER BY compute_s DESC LIMIT 10",
     "eval against compute": "SELECT step, cum_flops, name, value FROM eval_scores ORDER BY step",
     "alerts sent": "SELECT notifier, event, incident_id, status, last_error FROM alerts",
     "rejected lines": "SELECT path, line_offset, reason FROM rejected",
@@ -25,8 +26,10 @@ def use_example() -> None:
 
 data = current_run()
 st.title(f"{data.name}: SQL")
-st.caption("One SELECT over the views of docs/schema.md, run in a sandbox that cannot write the store or reach files "
-           f"and the network; at most {CONSOLE_LIMITS.max_rows:,} rows, {CONSOLE_LIMITS.timeout_s:g} s.")
+st.caption(
+    "One SELECT over the views of docs/schema.md, run in a sandbox that cannot write the store or reach files "
+    f"and the network; at most {CONSOLE_LIMITS.max_rows:,} rows, {CONSOLE_LIMITS.timeout_s:g} s."
+)
 example = st.selectbox("Examples", list(EXAMPLES), key="example", on_change=use_example)
 st.session_state.setdefault("sql", EXAMPLES[example])
 query = st.text_area("SQL", height=120, key="sql")
@@ -40,5 +43,10 @@ if st.button("Run", key="run_sql", type="primary"):
             st.warning(result.cut_note(CONSOLE_LIMITS))
         st.caption(f"{len(result.frame):,} rows")
         st.dataframe(result.frame, hide_index=True, key="sql_result")
-        st.download_button("Download CSV", result.frame.to_csv(index=False), file_name=f"{data.name}.csv",
-                           mime="text/csv", key="sql_csv")
+        st.download_button(
+            "Download CSV",
+            result.frame.to_csv(index=False),
+            file_name=f"{data.name}.csv",
+            mime="text/csv",
+            key="sql_csv",
+        )

@@ -4,6 +4,7 @@ Secrets (webhook URLs, signing secrets, header values, command arguments taken f
 the environment) are read from ``${NAME}`` references and never printed: every text
 a notifier reports passes through ``NotifierConfig.scrub``.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,11 +27,20 @@ NOTIFIER_TYPES = ("slack", "discord", "webhook", "command", "log")
 _HTTP_TYPES = ("slack", "discord", "webhook")
 _COMMON_KEYS = ("type", "min_severity", "kinds", "per_minute", "burst", "timeout_s")
 _TYPE_KEYS = {
-    "slack": ("url",), "discord": ("url",), "webhook": ("url", "secret", "headers"),
-    "command": ("command",), "log": ("path",),
+    "slack": ("url",),
+    "discord": ("url",),
+    "webhook": ("url", "secret", "headers"),
+    "command": ("command",),
+    "log": ("path",),
 }
-_ALERTS_KEYS = ("dashboard_url", "give_up_after_s", "retry_base_s", "retry_max_s", "digest_window_s",
-                "digest_min_findings")
+_ALERTS_KEYS = (
+    "dashboard_url",
+    "give_up_after_s",
+    "retry_base_s",
+    "retry_max_s",
+    "digest_window_s",
+    "digest_min_findings",
+)
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MASK = "***"
@@ -97,7 +107,9 @@ class AlertSettings:
             if notifier.name == name:
                 return notifier
         known = ", ".join(n.name for n in self.notifiers) or "none"
-        raise AlertConfigError(f"{self.source or 'the configuration'}: no notifier named {name!r} (configured: {known})")
+        raise AlertConfigError(
+            f"{self.source or 'the configuration'}: no notifier named {name!r} (configured: {known})"
+        )
 
 
 def find_config(run_dir: Path | None) -> Path | None:
@@ -133,8 +145,9 @@ def load_settings(path: Path, environ: Mapping[str, str]) -> AlertSettings:
     return parse_settings(document, environ, source=path)
 
 
-def parse_settings(document: Mapping[str, Any], environ: Mapping[str, str], *, source: Path | None = None
-                   ) -> AlertSettings:
+def parse_settings(
+    document: Mapping[str, Any], environ: Mapping[str, str], *, source: Path | None = None
+) -> AlertSettings:
     """Settings from a parsed TOML document; errors name ``source`` and the bad key."""
     where = str(source or CONFIG_NAME)
     _only_keys(document, ("alerts", "notifiers"), where, "")
@@ -143,15 +156,17 @@ def parse_settings(document: Mapping[str, Any], environ: Mapping[str, str], *, s
     notifiers = _table(document.get("notifiers", {}), where, "notifiers")
     reader = _Reader(where, environ)
     settings = AlertSettings(
-        notifiers=tuple(reader.notifier(name, _table(body, where, f"notifiers.{name}"))
-                        for name, body in notifiers.items()),
+        notifiers=tuple(
+            reader.notifier(name, _table(body, where, f"notifiers.{name}")) for name, body in notifiers.items()
+        ),
         dashboard_url=reader.url(alerts, "alerts", "dashboard_url", required=False),
         give_up_after_s=reader.number(alerts, "alerts", "give_up_after_s", AlertSettings.give_up_after_s),
         retry_base_s=reader.number(alerts, "alerts", "retry_base_s", AlertSettings.retry_base_s),
         retry_max_s=reader.number(alerts, "alerts", "retry_max_s", AlertSettings.retry_max_s),
         digest_window_s=reader.number(alerts, "alerts", "digest_window_s", AlertSettings.digest_window_s),
-        digest_min_findings=int(reader.number(alerts, "alerts", "digest_min_findings",
-                                              AlertSettings.digest_min_findings, integer=True)),
+        digest_min_findings=int(
+            reader.number(alerts, "alerts", "digest_min_findings", AlertSettings.digest_min_findings, integer=True)
+        ),
         source=source,
     )
     return settings
@@ -194,7 +209,9 @@ class _Reader:
         if severity not in [s.value for s in Severity]:
             raise self.fail(f"{prefix}.min_severity", f"expected info, warning or critical, got {severity!r}")
         values: dict[str, Any] = {
-            "name": name, "type": kind, "min_severity": Severity(severity),
+            "name": name,
+            "type": kind,
+            "min_severity": Severity(severity),
             "kinds": self.kinds(body, prefix),
             "per_minute": self.number(body, prefix, "per_minute", NotifierConfig.per_minute),
             "burst": int(self.number(body, prefix, "burst", NotifierConfig.burst, integer=True)),
@@ -240,8 +257,9 @@ class _Reader:
             raise self.fail(f"{prefix}.{key}", f"expected an http(s) URL with a host, got {shown}")
         return value.rstrip("/") if key == "dashboard_url" else value
 
-    def number(self, table: Mapping[str, Any], prefix: str, key: str, default: float, *, integer: bool = False
-               ) -> float:
+    def number(
+        self, table: Mapping[str, Any], prefix: str, key: str, default: float, *, integer: bool = False
+    ) -> float:
         value = table.get(key, default)
         wanted = "an integer >= 1" if integer else "a number > 0"
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):

@@ -4,6 +4,7 @@ Outcomes say whether to retry: 5xx, 408, timeouts and refused connections are wo
 another try (after 429's Retry-After when given); other 4xx and a missing program are
 not. Every text an outcome carries has the notifier's secrets masked.
 """
+
 from __future__ import annotations
 
 import email.utils
@@ -60,8 +61,12 @@ def signature(secret: str, body: bytes) -> str:
 
 def _post(notifier: NotifierConfig, payload: dict[str, Any]) -> Outcome:
     body = body_of(notifier, payload)
-    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, IDEMPOTENCY_HEADER: payload["id"],
-               **notifier.headers}
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        IDEMPOTENCY_HEADER: payload["id"],
+        **notifier.headers,
+    }
     if notifier.secret:
         headers[SIGNATURE_HEADER] = signature(notifier.secret, body)
     url = notifier.url + ("?wait=true" if notifier.type == "discord" and "?" not in notifier.url else "")
@@ -113,11 +118,19 @@ def retry_after(value: str | None, now: Callable[[], float] = time.time) -> floa
 
 
 def _run_command(notifier: NotifierConfig, payload: dict[str, Any]) -> Outcome:
-    env_extra = {"BEDSIDE_ALERT_ID": payload["id"], "BEDSIDE_ALERT_EVENT": payload["event"],
-                 "BEDSIDE_ALERT_SEVERITY": payload["severity"]}
+    env_extra = {
+        "BEDSIDE_ALERT_ID": payload["id"],
+        "BEDSIDE_ALERT_EVENT": payload["event"],
+        "BEDSIDE_ALERT_SEVERITY": payload["severity"],
+    }
     try:
-        done = subprocess.run(notifier.command, input=body_of(notifier, payload), capture_output=True,
-                              timeout=notifier.timeout_s, env={**os.environ, **env_extra})
+        done = subprocess.run(
+            notifier.command,
+            input=body_of(notifier, payload),
+            capture_output=True,
+            timeout=notifier.timeout_s,
+            env={**os.environ, **env_extra},
+        )
     except FileNotFoundError:
         return Outcome(False, f"program {notifier.command[0]!r} not found")
     except subprocess.TimeoutExpired:
@@ -142,5 +155,9 @@ def _write_log(notifier: NotifierConfig, payload: dict[str, Any]) -> Outcome:
 
 
 _SENDERS: dict[str, Callable[[NotifierConfig, dict[str, Any]], Outcome]] = {
-    "slack": _post, "discord": _post, "webhook": _post, "command": _run_command, "log": _write_log,
+    "slack": _post,
+    "discord": _post,
+    "webhook": _post,
+    "command": _run_command,
+    "log": _write_log,
 }

@@ -3,6 +3,7 @@
 Its JSON Schema is ``alert.schema.json`` (docs/alerts.md). Slack and Discord messages
 are rendered from it, so the outbox keeps one form of each message.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,15 @@ from bedside.detectors.incidents import Incident, worst_of
 
 PAYLOAD_SCHEMA = "bedside.alert/1"
 EVENT_WORDS = {
-    "opened": "New incident", "escalated": "Severity rose", "reopened": "Reopened", "resolved": "Resolved",
-    "acknowledged": "Acknowledged", "digest": "Digest", "test": "Test message",
-    "owner_failed": "Monitoring stopped", "owner_recovered": "Monitoring resumed",
+    "opened": "New incident",
+    "escalated": "Severity rose",
+    "reopened": "Reopened",
+    "resolved": "Resolved",
+    "acknowledged": "Acknowledged",
+    "digest": "Digest",
+    "test": "Test message",
+    "owner_failed": "Monitoring stopped",
+    "owner_recovered": "Monitoring resumed",
 }
 """Every event a message can announce, and how a message names it."""
 KEY_EVIDENCE = 8
@@ -45,34 +52,68 @@ def schema() -> dict[str, Any]:
     return json.loads(resources.files(__package__).joinpath("alert.schema.json").read_text())
 
 
-def incident_payload(message_id: str, event: str, run: RunRef, incident: Incident, *, notifier: str,
-                     ack: Acknowledgement | None, dashboard_url: str, now: float,
-                     resolution: Acknowledgement | None = None) -> dict[str, Any]:
+def incident_payload(
+    message_id: str,
+    event: str,
+    run: RunRef,
+    incident: Incident,
+    *,
+    notifier: str,
+    ack: Acknowledgement | None,
+    dashboard_url: str,
+    now: float,
+    resolution: Acknowledgement | None = None,
+) -> dict[str, Any]:
     """An incident's message: what happened, where, the key evidence and what to do.
 
     ``resolution``: who closed the incident by hand, and why.
     """
     status = "resolved" if incident.resolved or resolution else "acknowledged" if ack else "open"
     body = {
-        "id": incident.incident_id, "title": incident.title, "status": status,
-        "severity": incident.severity.value, "cause": incident.cause, "timeline": incident.timeline,
-        "start_step": incident.start_step, "end_step": incident.end_step, "kinds": list(incident.kinds),
-        "ranks": list(incident.ranks), "findings": len(incident.findings), "summary": incident.summary,
+        "id": incident.incident_id,
+        "title": incident.title,
+        "status": status,
+        "severity": incident.severity.value,
+        "cause": incident.cause,
+        "timeline": incident.timeline,
+        "start_step": incident.start_step,
+        "end_step": incident.end_step,
+        "kinds": list(incident.kinds),
+        "ranks": list(incident.ranks),
+        "findings": len(incident.findings),
+        "summary": incident.summary,
         "suggested_action": incident.suggested_action.to_json(),
         "evidence": key_evidence(worst_of(incident.findings)),
-        "acknowledged_by": ack.by if ack else None, "ack_note": ack.note if ack else None,
-        "resolved_by": resolution.by if resolution else None, "resolve_note": resolution.note if resolution else None,
+        "acknowledged_by": ack.by if ack else None,
+        "ack_note": ack.note if ack else None,
+        "resolved_by": resolution.by if resolution else None,
+        "resolve_note": resolution.note if resolution else None,
         "url": incident_url(dashboard_url, run, incident.incident_id),
     }
     return _envelope(message_id, event, run, notifier, now, incident.severity.value, incident=json_safe(body))
 
 
-def digest_payload(message_id: str, run: RunRef, *, notifier: str, severity: str, findings: int, since: float,
-                   held: list[dict[str, Any]], dashboard_url: str, now: float, listed: int = 10) -> dict[str, Any]:
+def digest_payload(
+    message_id: str,
+    run: RunRef,
+    *,
+    notifier: str,
+    severity: str,
+    findings: int,
+    since: float,
+    held: list[dict[str, Any]],
+    dashboard_url: str,
+    now: float,
+    listed: int = 10,
+) -> dict[str, Any]:
     """What a flood held back: how many findings since ``since``, and the incidents whose messages waited."""
     digest = {
-        "findings": findings, "since": _iso(since), "window_s": round(now - since, 3),
-        "held_messages": len(held), "incidents": held[:listed], "more_incidents": max(0, len(held) - listed),
+        "findings": findings,
+        "since": _iso(since),
+        "window_s": round(now - since, 3),
+        "held_messages": len(held),
+        "incidents": held[:listed],
+        "more_incidents": max(0, len(held) - listed),
         "url": incident_url(dashboard_url, run, None),
     }
     return _envelope(message_id, "digest", run, notifier, now, severity, digest=digest)
@@ -83,26 +124,57 @@ def probe_payload(message_id: str, run: RunRef, *, notifier: str, now: float) ->
     return _envelope(message_id, "test", run, notifier, now, "info")
 
 
-def owner_payload(message_id: str, run: RunRef, *, notifier: str, error: str, failed_at: float, restarts: int,
-                  next_retry_at: float | None, now: float) -> dict[str, Any]:
+def owner_payload(
+    message_id: str,
+    run: RunRef,
+    *,
+    notifier: str,
+    error: str,
+    failed_at: float,
+    restarts: int,
+    next_retry_at: float | None,
+    now: float,
+) -> dict[str, Any]:
     """The process following the run failed (``next_retry_at`` set) or works again after a failure (None)."""
-    owner = {"state": "failed" if next_retry_at else "recovered", "error": error, "failed_at": _iso(failed_at),
-             "restarts": restarts, "next_retry_at": _iso(next_retry_at) if next_retry_at else None}
+    owner = {
+        "state": "failed" if next_retry_at else "recovered",
+        "error": error,
+        "failed_at": _iso(failed_at),
+        "restarts": restarts,
+        "next_retry_at": _iso(next_retry_at) if next_retry_at else None,
+    }
     event, severity = ("owner_failed", "critical") if next_retry_at else ("owner_recovered", "info")
     payload = _envelope(message_id, event, run, notifier, now, severity)
     retry = f"; retrying at {owner['next_retry_at']}" if next_retry_at else ""
-    payload["text"] = (f"[{severity.upper()}] {run.name}: {EVENT_WORDS[event]}: "
-                       + (f"{error}{retry} (restarts so far: {restarts})" if next_retry_at
-                          else f"ingestion and detection caught up again after: {error}"))
+    payload["text"] = f"[{severity.upper()}] {run.name}: {EVENT_WORDS[event]}: " + (
+        f"{error}{retry} (restarts so far: {restarts})"
+        if next_retry_at
+        else f"ingestion and detection caught up again after: {error}"
+    )
     return payload | {"owner": owner}
 
 
-def _envelope(message_id: str, event: str, run: RunRef, notifier: str, now: float, severity: str,
-              incident: dict | None = None, digest: dict | None = None) -> dict[str, Any]:
+def _envelope(
+    message_id: str,
+    event: str,
+    run: RunRef,
+    notifier: str,
+    now: float,
+    severity: str,
+    incident: dict | None = None,
+    digest: dict | None = None,
+) -> dict[str, Any]:
     return {
-        "schema": PAYLOAD_SCHEMA, "id": message_id, "event": event, "severity": severity,
-        "created_at": _iso(now), "notifier": notifier, "run": {"id": run.run_id, "name": run.name},
-        "incident": incident, "digest": digest, "text": headline(event, run, severity, incident, digest),
+        "schema": PAYLOAD_SCHEMA,
+        "id": message_id,
+        "event": event,
+        "severity": severity,
+        "created_at": _iso(now),
+        "notifier": notifier,
+        "run": {"id": run.run_id, "name": run.name},
+        "incident": incident,
+        "digest": digest,
+        "text": headline(event, run, severity, incident, digest),
     }
 
 
@@ -110,14 +182,20 @@ def headline(event: str, run: RunRef, severity: str, incident: dict | None, dige
     """The message in one line (chat notification text, log line); owner messages set their own."""
     if incident:
         steps = f"steps {incident['start_step']}-{incident['end_step']}, timeline {incident['timeline']}"
-        status = "" if event in ("resolved", "acknowledged") or incident["status"] == "open" else f", {incident['status']}"
-        return (f"[{severity.upper()}] {run.name}: {EVENT_WORDS[event]}: {incident['title']} ({steps}{status}): "
-                f"{incident['summary']}")
+        status = (
+            "" if event in ("resolved", "acknowledged") or incident["status"] == "open" else f", {incident['status']}"
+        )
+        return (
+            f"[{severity.upper()}] {run.name}: {EVENT_WORDS[event]}: {incident['title']} ({steps}{status}): "
+            f"{incident['summary']}"
+        )
     if digest:
         minutes = max(1, round(digest["window_s"] / 60))
-        return (f"[{severity.upper()}] {run.name}: {digest['findings']} more finding"
-                f"{'' if digest['findings'] == 1 else 's'} in the last {minutes} minute{'' if minutes == 1 else 's'}"
-                f" ({digest['held_messages']} message{'' if digest['held_messages'] == 1 else 's'} held back)")
+        return (
+            f"[{severity.upper()}] {run.name}: {digest['findings']} more finding"
+            f"{'' if digest['findings'] == 1 else 's'} in the last {minutes} minute{'' if minutes == 1 else 's'}"
+            f" ({digest['held_messages']} message{'' if digest['held_messages'] == 1 else 's'} held back)"
+        )
     return f"[TEST] {run.name}: bedside can reach this notifier"
 
 

@@ -1,4 +1,5 @@
 """Chat messages rendered from an alert payload: Slack Block Kit and Discord embeds, within each one's limits."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +27,19 @@ def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
         blocks.append({"type": "context", "elements": [_mrkdwn(_escape(evidence))]})
     url = _url(payload)
     if url:
-        blocks.append({"type": "actions", "elements": [{
-            "type": "button", "text": _plain("Open in dashboard", 75), "url": url, "action_id": "open_incident"}]})
+        blocks.append(
+            {
+                "type": "actions",
+                "elements": [
+                    {
+                        "type": "button",
+                        "text": _plain("Open in dashboard", 75),
+                        "url": url,
+                        "action_id": "open_incident",
+                    }
+                ],
+            }
+        )
     return {"text": _clip(payload["text"], SLACK_TEXT_MAX), "blocks": blocks}
 
 
@@ -37,8 +49,10 @@ def discord_message(payload: dict[str, Any]) -> dict[str, Any]:
         "title": _clip(_title(payload), DISCORD_TITLE_MAX),
         "description": _clip("\n\n".join(_body(payload)), DISCORD_DESCRIPTION_MAX),
         "color": _color(payload),
-        "fields": [{"name": name, "value": _clip(value, DISCORD_FIELD_MAX), "inline": len(value) < 40}
-                   for name, value in _facts(payload)],
+        "fields": [
+            {"name": name, "value": _clip(value, DISCORD_FIELD_MAX), "inline": len(value) < 40}
+            for name, value in _facts(payload)
+        ],
         "footer": {"text": f"bedside · {payload['id']}"},
         "timestamp": payload["created_at"],
     }
@@ -76,10 +90,15 @@ def _body(payload: dict[str, Any]) -> list[str]:
         action = incident["suggested_action"]
         if action["action"] != "none":
             args = ", ".join(f"{k}={v}" for k, v in action["args"].items())
-            lines.append(f"Suggested action: {action['action']}" + (f" ({args})" if args else "")
-                         + (f": {action['why']}" if action["why"] else ""))
-        for who, note, done in (("acknowledged_by", "ack_note", "Acknowledged"),
-                                 ("resolved_by", "resolve_note", "Resolved by hand")):
+            lines.append(
+                f"Suggested action: {action['action']}"
+                + (f" ({args})" if args else "")
+                + (f": {action['why']}" if action["why"] else "")
+            )
+        for who, note, done in (
+            ("acknowledged_by", "ack_note", "Acknowledged"),
+            ("resolved_by", "resolve_note", "Resolved by hand"),
+        ):
             if incident.get(who):
                 lines.append(f"{done} by {incident[who]}" + (f": {incident[note]}" if incident.get(note) else ""))
         return lines
@@ -97,9 +116,13 @@ def _facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
         return [("Run", run)]
     ranks = ", ".join(map(str, incident["ranks"][:16])) + (" …" if len(incident["ranks"]) > 16 else "")
     return [
-        ("Severity", incident["severity"]), ("Status", incident["status"]), ("Run", run),
+        ("Severity", incident["severity"]),
+        ("Status", incident["status"]),
+        ("Run", run),
         ("Steps", f"{incident['start_step']}–{incident['end_step']} (timeline {incident['timeline']})"),
-        ("Ranks", ranks or "job-wide"), ("Findings", str(incident["findings"])), ("Cause", incident["cause"]),
+        ("Ranks", ranks or "job-wide"),
+        ("Findings", str(incident["findings"])),
+        ("Cause", incident["cause"]),
     ]
 
 

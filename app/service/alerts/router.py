@@ -8,6 +8,7 @@ with the findings that arrived quietly meanwhile, in one digest per window. What
 said is rebuilt from the outbox when the owner restarts, so a replay says nothing twice.
 Incidents that had opened and cleared before alerts were configured stay history.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,13 +61,27 @@ class OutboxWrite:
 
     def writes(self) -> list[tuple[str, dict[str, pa.Table]]]:
         """The named write and its tables, for ``Store.write_named``."""
-        messages = pa.Table.from_pylist([{
-            "position": i, "message_id": m.message_id, "notifier": m.notifier, "incident_id": m.incident_id,
-            "event": m.event, "severity": m.severity, "incident_status": m.incident_status,
-            "payload": json.dumps(m.payload, separators=(",", ":")), "created_at": m.created_at, "status": m.status,
-        } for i, m in enumerate(self.messages)], schema=_MESSAGES_SCHEMA)
-        digested = pa.Table.from_pylist([{"message_id": m, "digest_id": d} for m, d in self.digested],
-                                        schema=_DIGESTED_SCHEMA)
+        messages = pa.Table.from_pylist(
+            [
+                {
+                    "position": i,
+                    "message_id": m.message_id,
+                    "notifier": m.notifier,
+                    "incident_id": m.incident_id,
+                    "event": m.event,
+                    "severity": m.severity,
+                    "incident_status": m.incident_status,
+                    "payload": json.dumps(m.payload, separators=(",", ":")),
+                    "created_at": m.created_at,
+                    "status": m.status,
+                }
+                for i, m in enumerate(self.messages)
+            ],
+            schema=_MESSAGES_SCHEMA,
+        )
+        digested = pa.Table.from_pylist(
+            [{"message_id": m, "digest_id": d} for m, d in self.digested], schema=_DIGESTED_SCHEMA
+        )
         return [("insert_outbox", {"new_messages": messages, "digested": digested})]
 
 
@@ -127,8 +142,10 @@ class AlertRouter:
         incidents = store.fetch_named("incident_acks")
         self._history = {i for i, resolved in zip(incidents["incident_id"], incidents["resolved"]) if resolved}
         stored = store.fetch_named("finding_incidents")
-        self._stored_findings = {f: (int(end), bool(active)) for f, end, active in
-                                 zip(stored["finding_id"], stored["end_step"], stored["active"])}
+        self._stored_findings = {
+            f: (int(end), bool(active))
+            for f, end, active in zip(stored["finding_id"], stored["end_step"], stored["active"])
+        }
         self._stored_members = Counter(stored["incident_id"])
         self._recall(store.fetch_named("outbox_history"))
 
@@ -144,9 +161,19 @@ class AlertRouter:
             if row.status == "held" and row.notifier in self._windows:
                 window = self._windows[row.notifier]
                 window.note(row.created_at, Severity(row.severity))
-                window.held.append(OutboxMessage(row.message_id, row.notifier, row.incident_id, row.event,
-                                                 row.severity, row.incident_status, json.loads(row.payload),
-                                                 row.created_at, "held"))
+                window.held.append(
+                    OutboxMessage(
+                        row.message_id,
+                        row.notifier,
+                        row.incident_id,
+                        row.event,
+                        row.severity,
+                        row.incident_status,
+                        json.loads(row.payload),
+                        row.created_at,
+                        "held",
+                    )
+                )
 
     def route(self, incidents: list[Incident], changed: set[str], now: float) -> OutboxWrite:
         """The messages these incident changes call for; ``changed`` are the finding ids that changed."""
@@ -181,8 +208,9 @@ class AlertRouter:
         for notifier in self._notifiers:
             told = self._told_of(notifier, incident)
             if told.level >= 0 and not told.resolved:
-                out.messages.append(self._message(notifier, incident, "resolved", now, held=False,
-                                                  resolution=resolution, ack=ack))
+                out.messages.append(
+                    self._message(notifier, incident, "resolved", now, held=False, resolution=resolution, ack=ack)
+                )
         return out
 
     def tick(self, now: float) -> OutboxWrite:
@@ -215,8 +243,9 @@ class AlertRouter:
             behind |= finding.end_step < end_step or (finding.active and not active)
         return behind
 
-    def _message_for(self, notifier: NotifierConfig, incident: Incident, now: float,
-                     ack: Acknowledgement | None) -> OutboxMessage | None:
+    def _message_for(
+        self, notifier: NotifierConfig, incident: Incident, now: float, ack: Acknowledgement | None
+    ) -> OutboxMessage | None:
         told = self._told_of(notifier, incident)
         if told.level < 0:
             if not notifier.accepts(incident.severity, incident.kinds):
@@ -233,8 +262,17 @@ class AlertRouter:
         held = not self._buckets[notifier.name].take(now)
         return self._message(notifier, incident, event, now, held=held, ack=ack)
 
-    def _message(self, notifier: NotifierConfig, incident: Incident, event: str, now: float, *, held: bool,
-                 resolution: Acknowledgement | None = None, ack: Acknowledgement | None = None) -> OutboxMessage:
+    def _message(
+        self,
+        notifier: NotifierConfig,
+        incident: Incident,
+        event: str,
+        now: float,
+        *,
+        held: bool,
+        resolution: Acknowledgement | None = None,
+        ack: Acknowledgement | None = None,
+    ) -> OutboxMessage:
         """The message of ``event``, showing ``ack`` (who took the incident on) when there is one."""
         told = self._told_of(notifier, incident)
         told.events[event] += 1
@@ -242,11 +280,28 @@ class AlertRouter:
         told.resolved = incident.resolved or resolution is not None
         run = self._run()
         message_id = f"{run.run_id or run.name}/{notifier.name}/{incident.incident_id}/{event}/{told.events[event]}"
-        payload = incident_payload(message_id, event, run, incident, notifier=notifier.name,
-                                   ack=ack,
-                                   dashboard_url=self.settings.dashboard_url, now=now, resolution=resolution)
-        message = OutboxMessage(message_id, notifier.name, incident.incident_id, event, incident.severity.value,
-                                payload["incident"]["status"], payload, now, "held" if held else "pending")
+        payload = incident_payload(
+            message_id,
+            event,
+            run,
+            incident,
+            notifier=notifier.name,
+            ack=ack,
+            dashboard_url=self.settings.dashboard_url,
+            now=now,
+            resolution=resolution,
+        )
+        message = OutboxMessage(
+            message_id,
+            notifier.name,
+            incident.incident_id,
+            event,
+            incident.severity.value,
+            payload["incident"]["status"],
+            payload,
+            now,
+            "held" if held else "pending",
+        )
         if held:
             self._windows[notifier.name].held.append(message)
         return message
@@ -264,19 +319,38 @@ class AlertRouter:
         assert window.since is not None
         severity = ("info", "warning", "critical")[window.level]
         digest_id = f"{run.run_id or run.name}/{notifier.name}/digest/{int(window.since * 1000)}"
-        held = [{"id": m.incident_id, "title": m.payload["incident"]["title"], "severity": m.severity,
-                 "status": m.incident_status, "event": m.event} for m in window.held]
-        payload = digest_payload(digest_id, run, notifier=notifier.name, severity=severity,
-                                 findings=len(window.findings), since=window.since, held=held,
-                                 dashboard_url=self.settings.dashboard_url, now=now)
+        held = [
+            {
+                "id": m.incident_id,
+                "title": m.payload["incident"]["title"],
+                "severity": m.severity,
+                "status": m.incident_status,
+                "event": m.event,
+            }
+            for m in window.held
+        ]
+        payload = digest_payload(
+            digest_id,
+            run,
+            notifier=notifier.name,
+            severity=severity,
+            findings=len(window.findings),
+            since=window.since,
+            held=held,
+            dashboard_url=self.settings.dashboard_url,
+            now=now,
+        )
         message = OutboxMessage(digest_id, notifier.name, None, "digest", severity, None, payload, now, "pending")
         return OutboxWrite([message], [(m.message_id, digest_id) for m in window.held])
 
     def _stored_acks(self) -> dict[str, Acknowledgement]:
         """Who acknowledged each incident, read from the store (its only record) once per routing."""
         rows = self.store.fetch_named("incident_acks")
-        return {i: Acknowledgement(by, note or "") for i, by, note in
-                zip(rows["incident_id"], rows["acknowledged_by"], rows["ack_note"]) if by}
+        return {
+            i: Acknowledgement(by, note or "")
+            for i, by, note in zip(rows["incident_id"], rows["acknowledged_by"], rows["ack_note"])
+            if by
+        }
 
     def _told_of(self, notifier: NotifierConfig, incident: Incident) -> _Told:
         return self._told.setdefault((notifier.name, incident.incident_id), _Told())
@@ -289,9 +363,18 @@ class AlertRouter:
         return RunRef(rows["run_id"][0] or "", rows["name"][0] or fallback)
 
 
-_MESSAGES_SCHEMA = pa.schema([
-    ("position", pa.int64()), ("message_id", pa.string()), ("notifier", pa.string()), ("incident_id", pa.string()),
-    ("event", pa.string()), ("severity", pa.string()), ("incident_status", pa.string()), ("payload", pa.string()),
-    ("created_at", pa.float64()), ("status", pa.string()),
-])
+_MESSAGES_SCHEMA = pa.schema(
+    [
+        ("position", pa.int64()),
+        ("message_id", pa.string()),
+        ("notifier", pa.string()),
+        ("incident_id", pa.string()),
+        ("event", pa.string()),
+        ("severity", pa.string()),
+        ("incident_status", pa.string()),
+        ("payload", pa.string()),
+        ("created_at", pa.float64()),
+        ("status", pa.string()),
+    ]
+)
 _DIGESTED_SCHEMA = pa.schema([("message_id", pa.string()), ("digest_id", pa.string())])

@@ -7,6 +7,7 @@ than the horizon is given up and recorded as failed. The store is touched only t
 the next message and to record each attempt, never while waiting on the network, so the
 collector and detectors never wait for a receiver.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,15 @@ STORE_RETRY_S = 1.0
 class OutboxSender:
     """Delivers every configured notifier's pending messages until closed."""
 
-    def __init__(self, store: Store, settings: AlertSettings, *, warn: Callable[[str], None] = lambda m: None,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: AlertSettings,
+        *,
+        warn: Callable[[str], None] = lambda m: None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
         self.warn = warn
@@ -112,8 +120,11 @@ class _Worker(threading.Thread):
         attempts = int(message["attempts"])
         if now - message["created_at"] > settings.give_up_after_s:
             last_error = message["last_error"] or "never attempted"
-            outcome = Outcome(False, f"gave up after {attempts} attempts over {now - message['created_at']:.0f} s "
-                                     f"(the horizon is {settings.give_up_after_s:g} s): {last_error}")
+            outcome = Outcome(
+                False,
+                f"gave up after {attempts} attempts over {now - message['created_at']:.0f} s "
+                f"(the horizon is {settings.give_up_after_s:g} s): {last_error}",
+            )
             self._record(message, "failed", 0, now, outcome.detail)
             self._say(message, outcome)
             return
@@ -127,10 +138,23 @@ class _Worker(threading.Thread):
             self._record(message, "failed", 1, now, outcome.detail)
         self._say(message, outcome)
 
-    def _record(self, message: dict[str, Any], status: str, attempted: int, next_attempt_at: float,
-                error: str | None, delivered_at: float | None = None) -> None:
-        params = {"message_id": message["message_id"], "status": status, "attempted": attempted,
-                  "next_attempt_at": next_attempt_at, "delivered_at": delivered_at, "last_error": error}
+    def _record(
+        self,
+        message: dict[str, Any],
+        status: str,
+        attempted: int,
+        next_attempt_at: float,
+        error: str | None,
+        delivered_at: float | None = None,
+    ) -> None:
+        params = {
+            "message_id": message["message_id"],
+            "status": status,
+            "attempted": attempted,
+            "next_attempt_at": next_attempt_at,
+            "delivered_at": delivered_at,
+            "last_error": error,
+        }
         while True:
             try:
                 self.sender.store.execute_named("outbox_mark", params)
@@ -146,9 +170,12 @@ class _Worker(threading.Thread):
         if outcome.delivered and self._failing:
             self.sender.warn(f"alerts to {self.notifier.name} delivered again")
         elif outcome.retry and not self._failing:
-            self.sender.warn(f"alerts to {self.notifier.name} ({self.notifier.destination}) failing: "
-                             f"{outcome.detail}; retrying")
+            self.sender.warn(
+                f"alerts to {self.notifier.name} ({self.notifier.destination}) failing: {outcome.detail}; retrying"
+            )
         elif not outcome.delivered and not outcome.retry:
-            self.sender.warn(f"alert {message['message_id']} to {self.notifier.name} "
-                             f"({self.notifier.destination}) failed: {outcome.detail}")
+            self.sender.warn(
+                f"alert {message['message_id']} to {self.notifier.name} "
+                f"({self.notifier.destination}) failed: {outcome.detail}"
+            )
         self._failing = not outcome.delivered and outcome.retry

@@ -1,5 +1,6 @@
 """The service's part of a run's store: findings, incidents and the alert outbox, with the queries that read
 and write them (migrations and queries as ``.sql`` files beside this module; docs/schema.md)."""
+
 from __future__ import annotations
 
 from bedside.collectors.store import Schema
