@@ -146,7 +146,9 @@ class BadShardDetector(Detector):
             if shard.normal_since_high >= self.clear_after:
                 current = replace(current, active=False, evidence={**current.evidence, "cleared_at_step": step})
             elif shard.last_high is not None and shard.last_high > current.end_step:
-                current = replace(current, end_step=shard.last_high, score=max(current.score, self._welch_t(shard)))
+                t = self._welch_t(shard)
+                peak = max(current.score, round(t, 3))
+                current = self._finding(shard_id, current.timeline, shard, t, current.start_step, shard.last_high, peak)
             else:
                 return None
             self._open[shard_id] = current
@@ -173,9 +175,15 @@ class BadShardDetector(Detector):
         se = math.sqrt(var / shard.sums.n + others_var / others.n)
         return (mean - others_mean) / se if se > 0 else 0.0
 
-    def _finding(self, shard_id: int, timeline: int, shard: _Shard, t: float, first: int, last: int) -> Finding:
+    def _finding(
+        self, shard_id: int, timeline: int, shard: _Shard, t: float, first: int, last: int, peak: float | None = None
+    ) -> Finding:
+        """The finding as of now: every number of its summary and evidence from this moment; ``score`` the
+        largest t since the onset (``peak``, the current t when the finding opens)."""
         mean, _ = shard.sums.moments()
         others_mean, _ = self._all.minus(shard.sums).moments()
+        peak = round(t, 3) if peak is None else peak
+        was = f", peak t = {peak:.1f}" if f"{peak:.1f}" != f"{t:.1f}" else ""
         return Finding(
             kind="bad_shard",
             severity=Severity.WARNING,
@@ -183,10 +191,10 @@ class BadShardDetector(Detector):
             start_step=first,
             end_step=last,
             ranks=(),
-            score=round(t, 3),
+            score=peak,
             summary=(
                 f"shard {shard_id}: {shard.high} of its batches sat over {self.high_z:g} sigma above the loss "
-                f"trend (mean {mean:+.1f} sigma against {others_mean:+.1f} for other batches, t = {t:.1f})"
+                f"trend (mean {mean:+.1f} sigma against {others_mean:+.1f} for other batches, t = {t:.1f}{was})"
             ),
             evidence={
                 "shard": shard_id,
@@ -195,6 +203,7 @@ class BadShardDetector(Detector):
                 "mean_z": mean,
                 "others_mean_z": others_mean,
                 "welch_t": t,
+                "peak_welch_t": peak,
                 "t_alarm": self.t_alarm,
                 "high_z": self.high_z,
             },

@@ -43,7 +43,8 @@ class _Drop:
     alarm_step: int
     baseline: float
     end_step: int
-    lowest: float
+    lowest: float  # the lowest log rate (median of the window) since the onset
+    lowest_step: int  # the step at which it was seen
     evidence: dict[str, Any] = field(default_factory=dict)
     active: bool = True
 
@@ -163,7 +164,8 @@ class ThroughputDetector(Detector):
         if self._drop is not None:
             if key[0] == self._drop.timeline:
                 self._drop.end_step = max(key[1], self._drop.start_step)
-            self._drop.lowest = min(self._drop.lowest, current)
+            if current < self._drop.lowest:
+                self._drop.lowest, self._drop.lowest_step = current, key[1]
             if current > self._drop.baseline + math.log1p(-self.min_drop / 2):
                 return self._close(self._drop)
             return None
@@ -182,9 +184,8 @@ class ThroughputDetector(Detector):
         signs = np.where(recent < baseline + math.log1p(-self.min_drop / 2), 1, -1)
         first = int(np.argmax(np.cumsum(signs[::-1])[::-1]))
         onset = list(self._history)[-self.window + first][0]
-        return _Drop(
-            key[0], onset[1] if onset[0] == key[0] else key[1], key[1], baseline, key[1], float(np.median(recent))
-        )
+        start = onset[1] if onset[0] == key[0] else key[1]
+        return _Drop(key[0], start, key[1], baseline, key[1], float(np.median(recent)), key[1])
 
     def _close(self, drop: _Drop) -> _Drop:
         drop.evidence, drop.active = self._evidence(drop), False
@@ -199,6 +200,8 @@ class ThroughputDetector(Detector):
             "current_per_s": round(math.exp(current), 6),
             "drop": round(1 - math.exp(current - drop.baseline), 4),
             "largest_drop": round(1 - math.exp(drop.lowest - drop.baseline), 4),
+            "lowest_per_s": round(math.exp(drop.lowest), 6),
+            "lowest_step": drop.lowest_step,
             "unit": unit,
             "min_drop": self.min_drop,
             "z": self.z,
@@ -210,10 +213,7 @@ class ThroughputDetector(Detector):
 
     def _finding(self, drop: _Drop) -> Finding:
         ev = drop.evidence
-        summary = (
-            f"throughput down {ev['largest_drop'] * 100:.1f}% from its baseline since step {drop.start_step}"
-            f" (now {ev['current_per_s']:.4g} vs {ev['baseline_per_s']:.4g} {ev['unit']})"
-        )
+        summary = _summary(drop.start_step, ev)
         action = SuggestedAction(
             "investigate",
             {},
@@ -233,3 +233,16 @@ class ThroughputDetector(Detector):
             drop.active,
             self.name,
         )
+
+
+def _summary(start_step: int, ev: dict[str, Any]) -> str:
+    """The drop at its deepest, with the rates of that moment; the rate now too when it has moved since."""
+    unit, baseline = ev["unit"], ev["baseline_per_s"]
+    peak = (
+        f"throughput down {ev['largest_drop'] * 100:.1f}% from its baseline since step {start_step}"
+        f" ({ev['lowest_per_s']:.4g} vs {baseline:.4g} {unit} at step {ev['lowest_step']})"
+    )
+    if f"{ev['drop'] * 100:.1f}" == f"{ev['largest_drop'] * 100:.1f}":
+        return peak
+    now = ev["drop"]
+    return f"{peak}; now {ev['current_per_s']:.4g} {unit}, {abs(now) * 100:.1f}% {'below' if now >= 0 else 'above'} it"

@@ -4,6 +4,7 @@ trend is found and suggested for quarantine; the shards it shared steps with, an
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -166,3 +167,28 @@ def test_one_batch_or_many_gives_the_same_findings(parts: int) -> None:
     whole = detect(frame)
     assert whole
     assert as_json(detect(frame, parts=parts)) == as_json(whole)
+
+
+SUMMARY = re.compile(
+    r"shard (\d+): (\d+) of its batches sat over ([0-9.]+) sigma above the loss trend \(mean ([+-][0-9.]+) sigma "
+    r"against ([+-][0-9.]+) for other batches, t = ([0-9.]+)(?:, peak t = ([0-9.]+))?\)$"
+)
+
+
+@pytest.mark.parametrize("kind", NOISES)
+def test_the_summary_gives_the_numbers_of_the_latest_report(kind: str) -> None:
+    """The finding grows for 2,000 steps after it opens: its summary's counts and t are those of its last
+    report, the same as its evidence, and its score (the largest t) is stated when it differs."""
+    frame, reads = build_run(kind, 0)
+    [found] = detect(frame).values()
+    match = SUMMARY.match(found.summary)
+    assert match, found.summary
+    shard, high, high_z, mean, others, t, peak = match.groups()
+    ev = found.evidence
+    assert int(shard) == ev["shard"] == BAD and float(high_z) == ev["high_z"]
+    assert int(high) == ev["high_batches"] and float(mean) == round(ev["mean_z"], 1)
+    assert float(others) == round(ev["others_mean_z"], 1) and float(t) == round(ev["welch_t"], 1)
+    assert float(peak or t) == round(found.score, 1)
+    assert round(found.score, 1) == round(ev["peak_welch_t"], 1)
+    bad_batches = int(((reads == BAD).any(axis=1) & (np.arange(1, len(reads) + 1) >= ONSET)).sum())
+    assert found.end_step > 2_500 and int(high) > bad_batches / 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import telemetry_frames as tf
@@ -106,3 +108,49 @@ def test_the_old_name_is_taken_with_a_warning() -> None:
     with pytest.warns(FutureWarning, match="'throughput' is now named 'throughput_drop'"):
         [detector] = build_detectors({"throughput": {"window": 20}}, only=["throughput"])
     assert isinstance(detector, ThroughputDetector) and detector.window == 20
+
+
+RATE = r"([0-9.]+(?:e[+-]?\d+)?)"
+SUMMARY = re.compile(
+    rf"throughput down ([0-9.]+)% from its baseline since step (\d+) \({RATE} vs {RATE} tokens/s at step (\d+)\)"
+    rf"(?:; now {RATE} tokens/s, ([0-9.]+)% (below|above) it)?$"
+)
+
+
+def summary_numbers(found: Finding) -> dict[str, float]:
+    match = SUMMARY.match(found.summary)
+    assert match, found.summary
+    peak, start, lowest, baseline, at, now, now_pct, side = match.groups()
+    numbers = {"peak": float(peak), "start": int(start), "lowest": float(lowest), "baseline": float(baseline)}
+    numbers |= {"at": int(at)}
+    if now is not None:
+        numbers |= {"now": float(now), "now_pct": float(now_pct) * (1 if side == "below" else -1)}
+    return numbers
+
+
+@pytest.mark.parametrize("kind", tf.NOISES)
+def test_the_summary_gives_the_deepest_drop_with_its_rates_and_the_rate_now(kind: str) -> None:
+    """30% slower from step 1500 to 1700, then 12% slower to the end: the finding says the deepest drop
+    (about 23%) with the rates at that moment, and the rate now (about 11% down) apart."""
+    compute = tf.work(np.random.default_rng(1), STEPS, RANKS, 0.5, kind=kind, scale=0.05)
+    compute[1499:1700] *= 1.3
+    compute[1700:] *= 1.12
+    timing = tf.synchronous(compute, np.full_like(compute, 0.005))
+    [found] = detect(batch_of(timing))
+    ev, got = found.evidence, summary_numbers(found)
+    assert found.active and got["start"] == found.start_step and 1500 <= got["at"] <= 1760
+    assert got["peak"] == pytest.approx(100 * (1 - got["lowest"] / got["baseline"]), abs=0.06)
+    assert got["peak"] == pytest.approx(100 * ev["largest_drop"], abs=0.05) and 20 < got["peak"] < 26
+    assert got["lowest"] == pytest.approx(ev["lowest_per_s"], rel=1e-3) and got["at"] == ev["lowest_step"]
+    assert got["baseline"] == pytest.approx(ev["baseline_per_s"], rel=1e-3)
+    assert got["now"] == pytest.approx(ev["current_per_s"], rel=1e-3) and 8 < got["now_pct"] < 14
+    assert got["now_pct"] == pytest.approx(100 * (1 - got["now"] / got["baseline"]), abs=0.06)
+    assert got["now_pct"] == pytest.approx(100 * ev["drop"], abs=0.05)
+
+
+def test_a_steady_drop_states_one_moment() -> None:
+    """A drop that holds at one level: the deepest and the current rate agree, and the summary says it once."""
+    [found] = detect(batch_of(job(drop=(2000, STEPS, 1.25))))
+    got = summary_numbers(found)
+    assert got["peak"] == pytest.approx(100 * (1 - got["lowest"] / got["baseline"]), abs=0.06)
+    assert "now" not in got or abs(got["now_pct"] - got["peak"]) >= 0.1
