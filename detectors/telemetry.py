@@ -42,6 +42,20 @@ class Place(TypedDict, total=False):
 
 
 MESH_AXES: tuple[Literal["dp", "tp", "pp"], ...] = ("dp", "tp", "pp")
+NO_HOST = frozenset({"", "unknown"})
+"""Host names that name no machine (compared stripped and in lower case): ``unknown`` is what an import
+without a topology writes. Such a rank has no host: findings name it alone, never "host unknown"."""
+
+
+def placed(topology: pd.DataFrame) -> pd.DataFrame:
+    """``topology`` with the hosts that name no machine (``NO_HOST``) missing, as if never declared."""
+    if "host" not in topology or topology.empty:
+        return topology
+    hosts = topology["host"]
+    named = hosts.map(lambda h: isinstance(h, str) and h.strip().lower() not in NO_HOST)
+    if bool(named[hosts.notna()].all()):
+        return topology
+    return topology.assign(host=hosts.where(named, None))
 
 
 def numbers(column: pd.Series) -> np.ndarray:
@@ -123,6 +137,12 @@ class RunState:
     caught_up: bool = True  # ingestion has read every file to its end (no backlog)
     corrupt_paths: set[str] = field(default_factory=set)  # checkpoints a ``corrupt`` event named
     _good_paths: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False)  # path -> place
+
+    def __setattr__(self, name: str, value: object) -> None:
+        """A topology is kept ``placed``: a host that names no machine is no host, whoever sets it."""
+        if name == "topology" and isinstance(value, pd.DataFrame):
+            value = placed(value)
+        super().__setattr__(name, value)
 
     def observe(self, batch: TelemetryBatch) -> None:
         """Take the checkpoints saved or verified, less those found corrupt (by path), and the restarts, from

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -329,3 +330,85 @@ def test_cli_import_of_a_clean_file_exits_0(tmp_path, bedside):
     done = bedside("import", "csv", SAMPLES / "long.csv", "--out", tmp_path / "run", "--topology", TOPOLOGY)
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
     assert "done: 66 lines" in done.stderr and "0 rejected" in done.stderr
+
+
+# -- sparse ranks and runs without a topology, through ingestion and detection --------------
+
+SPARSE = (0, 4, 8, 12)
+SLOW, CORRUPT = 8, 4
+
+
+def sparse_rows(steps: int = 400, seed: int = 0) -> list[dict]:
+    """A 4-rank trace numbered 0, 4, 8, 12 (as a sampled 16-rank job's): rank 8 is 60% slower from step 200,
+    rank 4's local gradient norm is a thousand times its peers' at steps 300 and 330."""
+    rng = np.random.default_rng(seed)
+    rows, time = [], 1_717_000_000.0
+    for step in range(1, steps + 1):
+        took = {
+            r: float(np.exp(0.03 * rng.standard_normal())) * (1.6 if r == SLOW and step > 200 else 1.0) for r in SPARSE
+        }
+        time += max(took.values())
+        loss = 3.0 * step**-0.1 * float(np.exp(0.01 * rng.standard_normal()))
+        rows.append({"step": step, "time": round(time, 3), "loss": loss, "tokens": 4096})
+        for rank in SPARSE:
+            norm = float(np.exp(0.05 * rng.standard_normal())) * (
+                1000.0 if rank == CORRUPT and step in (300, 330) else 1.0
+            )
+            rows.append(
+                {"step": step, "rank": rank, "time": round(time, 3), "step_time": took[rank], "local_grad_norm": norm}
+            )
+    return rows
+
+
+def write_sparse(path: Path, rows: list[dict]) -> None:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return
+    columns = ["step", "rank", "time", "loss", "tokens", "step_time", "local_grad_norm"]
+    lines = [",".join(columns)] + [",".join(str(row.get(c, "")) for c in columns) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def detect_imported(tmp_path: Path, importer, suffix: str, topology: Path | None = None):
+    from bedside.app.service.detection import detect_run
+
+    src = tmp_path / f"trace{suffix}"
+    write_sparse(src, sparse_rows())
+    summary = importer(src, tmp_path / "run", topology=topology)
+    assert (summary.ranks, summary.world_size) == (4, 13)
+    assert sorted(p.name for p in RunLayout(tmp_path / "run").source_files()) == [f"rank-{r:05d}.jsonl" for r in SPARSE]
+    return detect_run(tmp_path / "run")
+
+
+@pytest.mark.parametrize("importer, suffix", [(import_csv, ".csv"), (import_jsonl, ".jsonl")])
+def test_a_sparse_run_without_topology_names_its_ranks_and_no_host(tmp_path, importer, suffix):
+    findings = detect_imported(tmp_path, importer, suffix)
+    named = {(f.kind, f.ranks) for f in findings}
+    assert ("straggler", (SLOW,)) in named and ("sdc", (CORRUPT,)) in named, named
+    assert {r for f in findings for r in f.ranks} <= set(SPARSE)  # no rank of the gaps, hung or otherwise
+    for f in findings:
+        said = " ".join([f.summary, f.suggested_action.why, json.dumps(f.suggested_action.args)])
+        assert "host" not in f.suggested_action.args and "unknown" not in said, said
+        assert "place" not in f.evidence or "host" not in f.evidence["place"]
+
+
+def test_a_sparse_topology_is_accepted_and_its_hosts_named(tmp_path):
+    topology = tmp_path / "topology.json"
+    topology.write_text(json.dumps([{"rank": r, "host": f"node-{r // 8}", "dp": i} for i, r in enumerate(SPARSE)]))
+    findings = detect_imported(tmp_path, import_csv, ".csv", topology)
+    [straggler] = [f for f in findings if f.kind == "straggler"]
+    [sdc] = [f for f in findings if f.kind == "sdc"]
+    assert straggler.ranks == (SLOW,) and straggler.suggested_action.args.get("host") == "node-1"
+    assert sdc.ranks == (CORRUPT,) and "node-0" in sdc.summary
+    with Store.open(tmp_path / "run" / "bedside.duckdb") as store:
+        placed = frame(store, "SELECT rank, host FROM ranks ORDER BY rank")
+    assert placed.values.tolist() == [[r, f"node-{r // 8}"] for r in SPARSE]
+
+
+def test_a_topology_must_still_place_every_rank_of_the_data(tmp_path):
+    topology = tmp_path / "topology.json"
+    topology.write_text(json.dumps([{"rank": r, "host": "a"} for r in (0, 4, 12)]))
+    src = tmp_path / "trace.csv"
+    write_sparse(src, sparse_rows(steps=3))
+    with pytest.raises(ImportFormatError, match=re.escape("no placement for rank 8 (the data has ranks 0, 4, 8, 12)")):
+        import_csv(src, tmp_path / "run", topology=topology)

@@ -29,6 +29,9 @@ from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
 __all__ = ["ImportSummary", "import_csv", "import_jsonl", "read_topology"]
 
 EVAL_FIELDS = ("cum_tokens", "cum_flops")
+UNKNOWN_HOST = "unknown"
+"""The host of a rank the topology does not place (``rank_info`` requires one); the detectors read it as
+no placement and name the rank alone."""
 PLACEMENT_NUMBERS = ("rank", "local_rank", "dp", "tp", "pp")
 
 
@@ -39,10 +42,11 @@ class ImportSummary:
     out: Path
     format: str
     records: dict[str, int]
-    ranks: int
+    ranks: int  # ranks with a file: those in the data or the topology (their numbers may be sparse)
     steps: int
     rows: int
     skipped: int = 0
+    world_size: int = 1  # the highest rank plus one
 
 
 @dataclass
@@ -90,9 +94,10 @@ def _import(
     placements = read_topology(topology) if topology else ()
     parsed = read(path)
     records = _data_records(parsed.rows) + parsed.records
-    world_size = 1 + max([0, *(r.rank for r in records), *(p.rank for p in placements)])
-    _check_placed(placements, world_size, topology)
-    files = _run_files(layout, records, placements, world_size)
+    ranks = sorted({0, *(r.rank for r in records), *(p.rank for p in placements)})
+    world_size = 1 + ranks[-1]
+    _check_placed(placements, {r.rank for r in records}, topology)
+    files = _run_files(layout, records, placements, ranks, world_size)
     write_run_info(
         layout,
         RunInfo(
@@ -104,7 +109,7 @@ def _import(
     )
     for file, items in files.items():
         _write_file(file, items)
-    return _summary(out, parsed, files, world_size)
+    return _summary(out, parsed, files, len(ranks), world_size)
 
 
 def _data_records(rows: list[Row]) -> list[Record]:
@@ -177,26 +182,27 @@ def _encoded(metrics: dict[str, Number]) -> Metrics:
 
 
 def _run_files(
-    layout: RunLayout, records: list[Record], placements: tuple[RankPlacement, ...], world_size: int
+    layout: RunLayout, records: list[Record], placements: tuple[RankPlacement, ...], ranks: list[int], world_size: int
 ) -> dict[Path, list[Record]]:
     """The records of every file to write: telemetry per rank, fault_injected into ground_truth/."""
     truth = [r for r in records if r.kind == Kind.FAULT_INJECTED]
     telemetry = [r for r in records if r.kind != Kind.FAULT_INJECTED]
-    files = {
-        layout.rank_file(rank): items for rank, items in _telemetry_files(telemetry, placements, world_size).items()
-    }
+    per_rank = _telemetry_files(telemetry, placements, ranks, world_size)
+    files = {layout.rank_file(rank): items for rank, items in per_rank.items()}
     return files | {layout.ground_truth_file(rank): items for rank, items in _by_rank(truth).items()}
 
 
 def _telemetry_files(
-    records: list[Record], placements: tuple[RankPlacement, ...], world_size: int
+    records: list[Record], placements: tuple[RankPlacement, ...], ranks: list[int], world_size: int
 ) -> dict[int, list[Record]]:
-    """Each rank's telemetry, led by a rank_info record (unless the input brought one)."""
+    """The telemetry of each of ``ranks`` (the ranks of the data and the topology, not every number below the
+    world size: a trace may number its ranks 0, 4, 8, ...), led by a rank_info record (unless the input
+    brought one)."""
     start = min((r.time for r in records), default=0.0)
     placed = {p.rank: p for p in placements}
     reported = {r.rank for r in records if r.kind == Kind.RANK_INFO}
     infos: list[Record] = [
-        _rank_info(rank, placed.get(rank), world_size, start) for rank in range(world_size) if rank not in reported
+        _rank_info(rank, placed.get(rank), world_size, start) for rank in ranks if rank not in reported
     ]
     return _by_rank(infos + records)
 
@@ -213,7 +219,7 @@ def _by_rank(records: list[Record]) -> dict[int, list[Record]]:
 
 def _rank_info(rank: int, placement: RankPlacement | None, world_size: int, time: float) -> RankInfo:
     if placement is None:
-        return RankInfo(time=time, rank=rank, step=0, timeline=0, seq=0, host="unknown", world_size=world_size)
+        return RankInfo(time=time, rank=rank, step=0, timeline=0, seq=0, host=UNKNOWN_HOST, world_size=world_size)
     return RankInfo(
         time=time,
         rank=rank,
@@ -237,27 +243,35 @@ def _write_file(path: Path, records: list[Record]) -> None:
         channel.close()
 
 
-def _summary(out: Path, parsed: Parsed, files: dict[Path, list[Record]], world_size: int) -> ImportSummary:
+def _summary(out: Path, parsed: Parsed, files: dict[Path, list[Record]], ranks: int, world_size: int) -> ImportSummary:
     written = [r for records in files.values() for r in records]
     steps = {(r.timeline, r.step) for r in written if r.kind in (Kind.STEP, Kind.RANK_STEP)}
     return ImportSummary(
         out=out,
         format=parsed.format,
         records=dict(Counter(str(r.kind) for r in written)),
-        ranks=world_size,
+        ranks=ranks,
         steps=len(steps),
         rows=len(parsed.rows) + len(parsed.records),
         skipped=parsed.skipped,
+        world_size=world_size,
     )
 
 
-def _check_placed(placements: tuple[RankPlacement, ...], world_size: int, topology: Path | None) -> None:
-    """A topology, when given, must place every rank the data has."""
-    unplaced = sorted(set(range(world_size)) - {p.rank for p in placements})
+def _check_placed(placements: tuple[RankPlacement, ...], ranks: set[int], topology: Path | None) -> None:
+    """A topology, when given, must place every rank the data has (and only those need a place)."""
+    unplaced = sorted(ranks - {p.rank for p in placements})
     if placements and unplaced:
         raise ImportFormatError(
-            f"{topology}: no placement for rank {unplaced[0]} (the data has ranks 0..{world_size - 1})"
+            f"{topology}: no placement for rank {unplaced[0]} (the data has ranks {_span(sorted(ranks))})"
         )
+
+
+def _span(ranks: list[int]) -> str:
+    """Rank numbers as a reader checks them: ``0..7`` when they run without gaps, else the first few."""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}..{ranks[-1]}"
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
 # -- topology -----------------------------------------------------------------
