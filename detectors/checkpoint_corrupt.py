@@ -94,7 +94,9 @@ class CheckpointCorruptDetector(Detector):
     def _saved(self, step: int) -> Finding | None:
         if self._open is None:
             return None
-        cleared = replace(self._open, active=False, evidence={**self._open.evidence, "cleared_at_step": step})
+        summary = f"{self._open.summary}; a checkpoint was saved since, at step {step}"
+        evidence = {**self._open.evidence, "cleared_at_step": step}
+        cleared = replace(self._open, active=False, summary=summary, evidence=evidence)
         self._open = None
         return cleared
 

@@ -305,18 +305,20 @@ class HangDetector(Detector):
         ev = hang.evidence
         restart = ev["restart_from_step"]
         args: dict[str, Any] = {"ranks": list(hang.ranks), "restart_from_step": restart}
+        verb = "hung" if "cleared" in ev else "hangs"
         if ev["scope"] == "rank":
             host = ev["place"].get("host")
             args.update({"host": host} if host else {})
             summary = (
-                f"rank {hang.ranks[0]}{f' (host {host})' if host else ''} hangs after step {hang.step}: "
+                f"rank {hang.ranks[0]}{f' (host {host})' if host else ''} {verb} after step {hang.step}: "
                 f"{ev['how']} for {ev['silent_s']:g} s (threshold {ev['threshold_s']:g} s)"
             )
         else:
             first = ev["stopped_first"]
-            summary = f"the job hangs after step {hang.step}: {ev['how']} for {ev['silent_s']:g} s" + (
+            summary = f"the job {verb} after step {hang.step}: {ev['how']} for {ev['silent_s']:g} s" + (
                 f"; rank(s) {', '.join(map(str, first))} stopped a step earlier" if first else ""
             )
+        summary += f"; cleared: {ev['cleared']}" if "cleared" in ev else ""
         why = "find what it is blocked on (stack dump, dmesg, collective logs)" + (
             f"; if it does not recover, restart from the checkpoint of step {restart}" if restart is not None else ""
         )

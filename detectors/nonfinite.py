@@ -94,6 +94,7 @@ class _Episode:
     onset: dict
     latest: dict
     last_finite: dict
+    metrics: set[str]  # every metric found non-finite in the episode, on any of its ranks
     steps: int = 1
     active: bool = True
 
@@ -175,12 +176,14 @@ class NonFiniteDetector(Detector):
                 stream.last.update(steps[done:i], labels, {n: v[done:i] for n, v in values.items()})
                 done = i
             bad = {int(labels[j]): _decode(stream.metrics, mask[i, j], values, i, j) for j in where[:EVIDENCE_RANKS]}
-            changed += self._step(stream, int(timelines[i]), int(steps[i]), labels[where], bad)
+            bits = int(np.bitwise_or.reduce(mask[i, where])) if len(where) else 0
+            names = {name for k, name in enumerate(stream.metrics) if bits >> k & 1}
+            changed += self._step(stream, int(timelines[i]), int(steps[i]), labels[where], bad, names)
         stream.last.update(steps[done:], labels, {n: v[done:] for n, v in values.items()})
         return changed
 
     def _step(
-        self, stream: _Stream, timeline: int, step: int, labels: np.ndarray, bad: dict[int, Decoded]
+        self, stream: _Stream, timeline: int, step: int, labels: np.ndarray, bad: dict[int, Decoded], names: set[str]
     ) -> list[Finding]:
         """One step of a stream: the ``labels`` with non-finite values (none: a clean step), the first detailed."""
         changed, episode = [], stream.open
@@ -193,17 +196,22 @@ class NonFiniteDetector(Detector):
         if stream.open is None:
             last = {_key(label): {name: stream.last.of(label, name) for name in per} for label, per in bad.items()}
             ranks = tuple(int(r) for r in labels if r != JOB)
-            stream.open = _Episode(timeline, step, step, ranks, seen, seen, last)
+            stream.open = _Episode(timeline, step, step, ranks, seen, seen, last, set(names))
         else:
             stream.open.end, stream.open.latest, stream.open.steps = step, seen, stream.open.steps + 1
+            stream.open.metrics |= names
         return changed + [self._finding(stream.open)]
 
     def _finding(self, episode: _Episode) -> Finding:
-        metrics = sorted({name for per in episode.onset["values"].values() for name in per})
+        metrics = sorted(episode.metrics)
         where = f"rank{'s' if len(episode.ranks) > 1 else ''} {_listed(episode.ranks)}" if episode.ranks else "the job"
         span = f"step {episode.start}" if episode.end == episode.start else f"steps {episode.start}-{episode.end}"
+        latest = episode.latest["count"]
+        if episode.ranks and latest != episode.onset["count"]:
+            span += f" ({latest} rank{'s' if latest > 1 else ''} at step {episode.latest['step']})"
         evidence = {
             "level": "rank" if episode.ranks else "job",
+            "metrics": metrics,
             "onset": episode.onset,
             "latest": episode.latest,
             "nonfinite_steps": episode.steps,

@@ -482,5 +482,5 @@ def _gradient_summary(gradient: dict | None) -> str:
         return f"infinite local gradient norm among {ranks} ranks at step {step}{repeated}"
     return (
         f"local gradient norm 2^{gradient['ratio_log2']:.1f} x the median of {ranks} ranks at step {step} "
-        f"(robust z {gradient['robust_z']:.0f} > {gradient['threshold_z']:.0f}){repeated}"
+        f"(robust z {gradient['robust_z']:.1f} > {gradient['threshold_z']:.1f}){repeated}"
     )

@@ -3,6 +3,8 @@ critical from the second one, cleared by the next checkpoint saved; the same how
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 from telemetry_frames import T0, checkpoint_frame
@@ -89,3 +91,20 @@ def test_streaming_equals_one_batch(parts: int) -> None:
 def test_critical_count_must_be_positive() -> None:
     with pytest.raises(DetectorConfigError, match="critical_count = 0 is out of range"):
         CheckpointCorruptDetector(critical_count=0)
+
+
+SUMMARY = re.compile(
+    r"(\d+) checkpoints? failed verification \(latest: ([\w/.-]+)\)(?:; a checkpoint was saved since, at step (\d+))?$"
+)
+
+
+@pytest.mark.parametrize("rows", [3, 4, 5], ids=["one", "two", "cleared"])
+def test_the_summary_states_the_evidence(rows: int) -> None:
+    [finding] = detect(events(RESUME_PAST_TWO[:rows])).values()
+    match = SUMMARY.match(finding.summary)
+    assert match, finding.summary
+    count, latest, saved = match.groups()
+    ev = finding.evidence
+    assert int(count) == ev["count"] == len(ev["checkpoints"]) == finding.score
+    assert latest == ev["checkpoints"][-1]["path"]
+    assert (None if saved is None else int(saved)) == ev.get("cleared_at_step") and finding.active == (saved is None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -258,3 +260,24 @@ def test_a_rank_read_behind_that_really_stalled_is_found_as_in_one_batch() -> No
     whole = fed([frame], [True])
     assert [f["ranks"] for f in whole] == [[7]]
     assert fed([frame[~behind], frame[behind]], [False, True]) == whole
+
+
+RANK_HANG = re.compile(
+    r"rank (\d+)(?: \(host ([\w-]+)\))? (hangs|hung) after step (\d+): ([a-z ]+) for ([0-9.]+) s "
+    r"\(threshold ([0-9.]+) s\)(?:; cleared: (.+))?$"
+)
+
+
+@pytest.mark.parametrize("case", ["silent", "stepped again"])
+def test_the_summary_states_the_evidence_and_whether_the_hang_is_over(case: str) -> None:
+    batch = sync_hang()[0] if case == "silent" else stalled(5, 201, 300.0)
+    [found] = replay(batch)
+    match = RANK_HANG.match(found.summary)
+    assert match, found.summary
+    rank, host, verb, step, how, silent, threshold, cleared = match.groups()
+    ev = found.evidence
+    assert (int(rank), int(step), how) == (found.ranks[0], found.start_step, ev["how"])
+    assert host == ev["place"].get("host") and float(silent) == ev["silent_s"] == found.score
+    assert float(threshold) == ev["threshold_s"]
+    assert (verb, cleared) == (("hangs", None) if found.active else ("hung", ev["cleared"]))
+    assert found.active == (case == "silent")

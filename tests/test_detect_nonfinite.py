@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -145,7 +146,8 @@ def test_consecutive_nonfinite_steps_are_one_finding_active_while_they_last() ->
     ]
     final = versions[-1]
     assert final.evidence["nonfinite_steps"] == 5 and final.score == 5.0
-    assert final.summary == "non-finite grad_norm on the job at steps 20-24"
+    assert final.evidence["metrics"] == ["grad_norm", "loss"]  # the loss at step 22 too, not the onset's alone
+    assert final.summary == "non-finite grad_norm, loss on the job at steps 20-24"
 
 
 def test_rewind_to_the_newest_good_checkpoint_before_the_onset() -> None:
@@ -280,3 +282,30 @@ def test_streaming_cost_per_step_at_1024_ranks() -> None:
     found = [f for piece in pieces for f in detector.update(piece)]
     print(f"nonfinite streaming cost: {(time.perf_counter() - started) / steps * 1e3:.2f} ms per step at 1024 ranks")
     assert found == []
+
+
+SUMMARY = re.compile(
+    r"non-finite ([a-z_, ]+) on ranks? ([0-9, ]+) at steps? (\d+)(?:-(\d+))?(?: \((\d+) ranks? at step (\d+)\))?$"
+)
+
+
+@pytest.mark.parametrize("parts", [1, 7])
+def test_a_spreading_episode_says_its_onset_and_its_latest_step(parts: int) -> None:
+    """NaN on rank 3 at step 10, then the step time too and on every rank from 11 to 14: the summary names
+    the onset's rank, the whole span, every metric seen and the ranks at the latest step, as the evidence."""
+    batch = clean_run(np.random.default_rng(9), 30, 8)
+    poison(batch, "local_grad_norm", 10, np.nan, rank=3)
+    for step in range(11, 15):
+        for rank in range(8):
+            poison(batch, "local_grad_norm", step, np.nan, rank=rank)
+        poison(batch, "step_time", 14, np.inf, rank=5)
+    [finding] = detect(batch, 8, parts=parts)
+    match = SUMMARY.match(finding.summary)
+    assert match, finding.summary
+    metrics, ranks, start, end, latest, at = match.groups()
+    ev = finding.evidence
+    assert metrics.split(", ") == ev["metrics"] == ["local_grad_norm", "step_time"]
+    assert [int(r) for r in ranks.split(", ")] == list(finding.ranks) == [3]
+    assert (int(start), int(end)) == (finding.start_step, finding.end_step) == (10, 14)
+    assert (int(latest), int(at)) == (ev["latest"]["count"], ev["latest"]["step"]) == (8, 14)
+    assert ev["onset"]["count"] == 1 and ev["nonfinite_steps"] == 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -314,3 +315,45 @@ def test_streaming_cost_per_step_at_1024_ranks() -> None:
     spent = time.perf_counter() - started
     print(f"sdc streaming cost: {spent / steps * 1e3:.2f} ms per step at {ranks} ranks")
     assert found == []
+
+
+GRADIENT = re.compile(
+    r"rank (\d+): local gradient norm 2\^([0-9.]+) x the median of (\d+) ranks at step (\d+) "
+    r"\(robust z ([0-9.]+) > ([0-9.]+)\)(?:, (\d+) times since step (\d+))?$"
+)
+
+
+@pytest.mark.parametrize("kind,scale", NOISES)
+def test_the_gradient_summary_states_the_evidence_of_its_latest_hit(kind: str, scale: float) -> None:
+    """Every number of the summary is the latest hit's, as the evidence holds it; the ratio is the norm over
+    the median, and the z shown is above the threshold shown."""
+    norms = clean_norms(np.random.default_rng(11), 600, 16, kind, scale)
+    hits = [300, 310, 325]
+    norms[np.array(hits) - 1, 6] *= np.array([12.0, 40.0, 20.0])
+    [finding] = detect(norm_batch(norms), 16, gap=50)
+    match = GRADIENT.match(finding.summary)
+    assert match, finding.summary
+    rank, ratio, compared, step, z, threshold, times, since = match.groups()
+    gradient = finding.evidence["gradient"]
+    assert int(rank) == 6 and int(step) == gradient["step"] == hits[-1] and int(compared) == 16
+    assert float(ratio) == pytest.approx(gradient["ratio_log2"], abs=0.05)
+    assert 2 ** float(ratio) == pytest.approx(
+        gradient["local_grad_norm"] / gradient["median_local_grad_norm"], rel=0.04
+    )
+    assert float(z) == pytest.approx(gradient["robust_z"], rel=0.01) and float(z) > float(threshold)
+    assert float(threshold) == pytest.approx(gradient["threshold_z"], rel=0.01)
+    assert (int(times), int(since)) == (gradient["hits"], gradient["first_step"]) == (3, hits[0])
+
+
+def test_a_host_that_names_no_machine_is_left_out() -> None:
+    """Ranks 0, 4, 8, 12 on host 'unknown' (an import without a topology): the finding names the rank alone."""
+    norms = clean_norms(np.random.default_rng(12), 400, 4)
+    norms[[299, 309], 1] *= 64.0
+    batch = norm_batch(norms)
+    batch.rank_steps["rank"] = batch.rank_steps["rank"] * 4
+    topology = pd.DataFrame({"rank": [0, 4, 8, 12], "host": ["unknown", " Unknown", "", None]})
+    topology = topology.assign(local_rank=np.nan, dp=np.nan, tp=np.nan, pp=np.nan)
+    [finding] = detect(batch, 4, topology=topology, gap=50)
+    assert finding.ranks == (4,) and finding.summary.startswith("rank 4: ")
+    assert finding.evidence["place"] == {"rank": 4}
+    assert finding.suggested_action.args == {"rank": 4} and "unknown" not in finding.suggested_action.why
