@@ -40,6 +40,8 @@ class _Series:
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (step, compute, value) fitted
     suspects: list[tuple[int, float, float, float]] = field(default_factory=list)  # + forecast
     finding: Finding | None = None
+    compute_unit: str = "cum_flops"
+    """What the compute axis is: ``cum_flops``, ``cum_tokens`` or ``step``, as the latest eval carried it."""
 
 
 class EvalStallDetector(Detector):
@@ -88,8 +90,9 @@ class EvalStallDetector(Detector):
         evals = evals[evals["name"].isin(LOSS_SCORES)]
         out = []
         for row in evals.itertuples(index=False):
+            compute, unit = _compute(row)
             found = self._observe(
-                int(row.timeline), str(row.split), str(row.name), int(row.step), _compute(row), float(row.value)
+                int(row.timeline), str(row.split), str(row.name), int(row.step), compute, unit, float(row.value)
             )
             if found is not None:
                 out.append(found)
@@ -107,10 +110,13 @@ class EvalStallDetector(Detector):
                     del losses[bisect.bisect_left(losses, (step, -math.inf)) :]
                 losses.append((int(step), float(loss)))
 
-    def _observe(self, timeline: int, split: str, name: str, step: int, compute: float, value: float) -> Finding | None:
+    def _observe(
+        self, timeline: int, split: str, name: str, step: int, compute: float, unit: str, value: float
+    ) -> Finding | None:
         if not (math.isfinite(value) and math.isfinite(compute) and compute > 0):
             return None
         series = self._series_for(timeline, split, name, step)
+        series.compute_unit = unit
         forecast, sigma = self._forecast(series, compute)
         above = False
         if forecast is not None and math.log(value) > math.log(forecast) + self.band_z * sigma:
@@ -193,7 +199,13 @@ class EvalStallDetector(Detector):
             "score": name,
             "rule": rule,
             "evals_above_band": len(suspects),
-            "last_eval": {"step": last[0], "value": last[2], "forecast": last[3], "cum_flops": last[1]},
+            "last_eval": {
+                "step": last[0],
+                "value": last[2],
+                "forecast": last[3],
+                "compute": last[1],
+                "compute_unit": series.compute_unit,
+            },
             "band_z": self.band_z,
             "sigma_log": sigma,
             "excess_sigma": max(excess),
@@ -227,13 +239,13 @@ def _cleared(finding: Finding, step: int) -> Finding:
     return replace(finding, active=False, evidence={**finding.evidence, "cleared_at_step": step})
 
 
-def _compute(row: object) -> float:
-    """The eval's compute: cumulative FLOPs, else tokens, else the step."""
+def _compute(row: object) -> tuple[float, str]:
+    """The eval's compute and what it is: cumulative FLOPs, else tokens, else the step."""
     for name in ("cum_flops", "cum_tokens", "step"):
         value = getattr(row, name)
         if value is not None and not (isinstance(value, float) and math.isnan(value)) and value > 0:
-            return float(value)
-    return float("nan")
+            return float(value), name
+    return float("nan"), "step"
 
 
 def forecast_evals(

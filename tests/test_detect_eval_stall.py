@@ -246,7 +246,11 @@ def test_without_cum_flops_compute_falls_back_to_tokens_then_step(compute: str) 
     }
     last = next(iter(without.values())).evidence["last_eval"]
     per_step = TOKENS_PER_STEP if compute == "tokens" else 1.0
-    assert last["cum_flops"] == pytest.approx(last["step"] * per_step)
+    # the compute is labelled with what it is: it used to be called cum_flops whatever it held
+    assert "cum_flops" not in last and last["compute_unit"] == ("cum_tokens" if compute == "tokens" else "step")
+    assert last["compute"] == pytest.approx(last["step"] * per_step)
+    flops = next(iter(with_flops.values())).evidence["last_eval"]
+    assert flops["compute_unit"] == "cum_flops" and flops["compute"] == pytest.approx(flops["step"] * FLOPS_PER_STEP)
 
 
 def test_unusable_evals_are_skipped() -> None:

@@ -1,0 +1,27 @@
+"""eval_stall calibrated on seeded eval curves of varied shapes (tests/eval_curves.py; bench/eval_stall_calibration.py
+runs the same at full size): few false stalls on stall-free curves, and stalls found within 3 eval intervals."""
+
+from __future__ import annotations
+
+import pytest
+from eval_curves import SHAPES, calibrate, draw
+
+
+def test_the_curves_are_seeded_and_varied() -> None:
+    curves = [draw(seed, stalled=seed % 2 == 1) for seed in range(60)]
+    assert [c.clean.tolist() for c in curves[:5]] == [draw(s, stalled=s % 2 == 1).clean.tolist() for s in range(5)]
+    assert {c.shape for c in curves} == set(SHAPES)
+    assert {c.noise for c in curves} == {"gaussian", "student_t3", "ar1"}
+    assert min(c.evals for c in curves) < 20 and max(c.evals for c in curves) > 45
+    stalled = [c for c in curves if c.stall_at is not None]
+    assert all(6 <= c.stall_at <= c.evals - 4 for c in stalled)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured over 300 + 300 curves: 18.7% false stalls, recall 0.28 within 3 evals (docs/detectors.md)",
+)
+def test_false_stalls_and_recall_meet_the_targets() -> None:
+    cal = calibrate(40)
+    assert cal.false_stall_rate <= 0.05, cal
+    assert cal.recall_within_3 >= 0.8, cal
