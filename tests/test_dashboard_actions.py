@@ -272,8 +272,11 @@ def test_a_reviewed_and_confirmed_rewind_files_one_request_and_one_audit_entry(
         (OPERATOR, "rewind", request["request_id"], REASON)
     ]
 
-    operator.run()  # the next refresh files nothing more
+    operator.run()  # the next refresh files nothing more, and still says what was filed
     assert len(requests_filed(run)) == 1 and "Confirm rewind" not in buttons(operator)
+    assert f"Request {request['request_id']} filed." in [s.value for s in operator.success]
+    review(operator)  # until the next review
+    assert not [s.value for s in operator.success if "filed" in s.value]
 
 
 def test_an_edited_argument_is_what_gets_filed(operator: AppTest, run: Path) -> None:

@@ -174,12 +174,14 @@ else:
     if pending and {name: pending[name] for name in here} != here:  # reviewed on another run or incident
         del st.session_state["confirming"]
         pending = None
-    if "filed" in st.session_state:
-        st.success(st.session_state.pop("filed"))
+    filed = st.session_state.get("filed")
+    if filed and filed["where"] == here:  # kept through live refreshes until the next review
+        st.success(filed["text"])
     if st.button("Review request", key="review", disabled=bool(refusal) or action is None):
         if not reason.strip():
             st.error("A reason is required.")
         else:
+            st.session_state.pop("filed", None)
             st.session_state["confirming"] = {**here, "action": action, "args": edited, "reason": reason.strip()}
             st.rerun()
     if pending:
@@ -205,7 +207,7 @@ else:
             except BedsideError as exc:
                 st.error(str(exc))
             else:
-                st.session_state["filed"] = f"Request {request_id} filed."
+                st.session_state["filed"] = {"where": here, "text": f"Request {request_id} filed."}
                 del st.session_state["confirming"]
                 st.rerun()
         if cancel.button("Cancel", key="cancel"):
