@@ -2,24 +2,36 @@
 
 In a synchronous job every rank's wall ``step_time`` is the same (the collectives wait
 for the slowest rank), so the statistic works from the phases: each rank's work is
-``compute_time + data_time`` (``step_time`` only for steps that report neither). Per
-step released in order by the ``StepAssembler``:
+``compute_time + data_time`` (``step_time`` only for steps that report neither).
 
-1. ``d = log(work) - median over ranks``: a whole-job slowdown or a stall on every rank
-   moves the median, not ``d``;
-2. ``r = d - b``: ``b`` is the rank's own learned offset (its warm-up median, shrunk
-   toward its stage's, then a running mean while it is calm), so structural imbalance
-   (a pipeline stage that is always slower) does not alarm;
+**Peers first.** A rank's peers are the ranks that share its position, the ranks doing
+the same work: the same pipeline stage (and the same TP index when each such slot
+holds two or more ranks), from the run's topology; every rank when the run declares
+no stages. At the end of the warm-up each rank's median offset over the job splits in
+two: its position's (the lower median of the position's ranks) and its own deviation
+from its peers. A position slower than the job is **structural** (a property of every
+rank in it: info, never an eviction); a rank far off its own peers is a **sick
+worker**, slow from the first step or not. Without declared stages, two or more ranks
+slower together by about the same factor are taken for an undeclared position.
+
+**Own history second.** Per step released in order by the ``StepAssembler``:
+
+1. ``d = log(work) - median over ranks``: a whole-job slowdown moves the median, not ``d``;
+2. ``r = d - b``: ``b`` is the rank's learned offset (its position's, plus its own
+   deviation shrunk toward 0, then a running mean while it is calm);
 3. ``z = Φ⁻¹(F(r))``: the normal score of ``r`` against a pooled reference of recent
-   in-control residuals of all ranks, so in control ``z`` is standard normal whatever the
-   noise shape (heavy-tailed, skewed), and bounded (about 3.8);
+   in-control residuals of all ranks, standard normal in control whatever the noise shape;
 4. a one-sided CUSUM per rank, ``S = max(0, S + z - k)``, alarms at ``S > h``; the onset
    is the step after ``S`` last was 0.
 
 A rank whose alarm finds most of its pipeline stage with half the evidence (``S > h/2``),
-on several hosts, is a stage imbalance; most of its host, a slow node. Ranks slower than their peers over the warm-up are structural: reported as
-info, never suggested for eviction. An episode clears when its ranks' mean ``z`` stays
-under ``k``: a recovery CUSUM ``R = max(0, R + k - mean z)`` passes ``clear_h``.
+on several hosts, is a stage imbalance; most of its host, a slow node. An episode clears
+when its ranks' mean ``z`` stays under ``k``: a recovery CUSUM ``R = max(0, R + k - mean z)``
+passes ``clear_h``. The warm-up is adaptive: a run that ends before ``warmup_steps`` (an
+imported trace of tens of steps) gets the peer verdict from the steps it has, with the
+standard error of each offset in the evidence. When the job's median work rose during an
+episode at least as much as the rank's own excess, the machine is contended: said so,
+as info, rather than blamed on the rank.
 """
 
 from __future__ import annotations
@@ -41,19 +53,22 @@ from .robust import Cusum, mad_sigma, row_median
 from .telemetry import TelemetryBatch
 
 METRICS = ("step_time", "data_time", "compute_time", "comm_time")
-OBS = ("resid", "cost", "compute", "data", "wait", "median", "phased", "count")
+OBS = ("resid", "cost", "compute", "data", "wait", "median", "phased", "count", "peer", "level")
 """What a rank sums over its CUSUM run: log residual; seconds of work, compute and data over the step's
-median, and of the median comm wait over its own (the peers' wait for it); the median work; steps."""
+median, and of the median comm wait over its own (the peers' wait for it); the median work; steps; log of
+its work over the median of its peers' (itself left out); log of the job's median work."""
 IQR_TO_SIGMA = 1 / 1.349
 KNOTS = 257
 """Knots of the normal-score map."""
+MIN_VERDICT_STEPS = 8
+"""A run shorter than the warm-up gets a verdict from this many steps on."""
 
 
 @dataclass
 class _Episode:
     """Ranks found slow together, from ``start_step`` until they recover."""
 
-    scope: str  # "rank", "host", "pp_stage" (late stage imbalance) or "structural" (from the start)
+    scope: str  # "rank", "host", "pp_stage" (late stage imbalance) or "structural" (a slow position)
     ranks: np.ndarray
     timeline: int
     start_step: int
@@ -61,8 +76,11 @@ class _Episode:
     end_step: int
     host: str | None = None
     stage: int | None = None
+    level_start: float = 0.0  # the job's log median work before the episode
+    peers: int = 0
     recovery: float = 0.0
     active: bool = True
+    verdict: dict[str, Any] = field(default_factory=dict)  # what the warm-up held, for a rank slow from the start
     frozen: dict[str, Any] = field(default_factory=dict)
 
 
@@ -117,6 +135,48 @@ class _Reference:
         self.middle = max(float(q[2] - q[1]), 1e-12)
 
 
+@dataclass(frozen=True)
+class _Positions:
+    """Ranks ``0..size-1`` by position: ``label`` per rank (-1: not placed), and whether the run declared them."""
+
+    label: np.ndarray
+    declared: bool
+    stage: dict[int, int | None]  # label -> pipeline stage
+
+    def groups(self) -> list[tuple[int, np.ndarray]]:
+        return [(int(g), np.flatnonzero(self.label == g)) for g in np.unique(self.label) if g >= 0]
+
+
+def place_ranks(topology: pd.DataFrame, size: int) -> _Positions:
+    """Positions from the topology: by pipeline stage, refined by TP index when its slots hold two or more
+    ranks (a median over slots); one position of every rank when no stage is declared."""
+    topo = topology[topology["rank"] < size].dropna(subset=["pp"])
+    if topo.empty:
+        return _Positions(np.zeros(size, int), False, {0: None})
+    keys = ["pp", "tp"] if topo["tp"].notna().all() and topo.groupby(["pp", "tp"]).size().median() >= 2 else ["pp"]
+    codes, uniques = pd.MultiIndex.from_frame(topo[keys].astype(int)).factorize()
+    label = np.full(size, -1)
+    label[topo["rank"].to_numpy(int)] = codes
+    return _Positions(label, True, {i: int(key[0]) for i, key in enumerate(uniques)})
+
+
+def others_median(values: np.ndarray) -> np.ndarray:
+    """For each value, the median of the other values of its row (NaNs ignored; NaN with no other)."""
+    ordered = np.sort(values, axis=1)
+    count = (~np.isnan(values)).sum(axis=1, keepdims=True)
+    rows = np.arange(len(values))[:, None]
+    half = count // 2
+
+    def at(i: np.ndarray) -> np.ndarray:
+        return ordered[rows, np.clip(i, 0, values.shape[1] - 1)]
+
+    lo, mid, hi = at(half - 1), at(half), at(half + 1)
+    even = np.where(values <= lo, mid, lo)  # leaving out one of the lower half moves the median up
+    odd = np.where(values < mid, 0.5 * (mid + hi), np.where(values > mid, 0.5 * (lo + mid), 0.5 * (lo + hi)))
+    result = np.where(count % 2 == 0, even, odd)
+    return np.where((count >= 2) & ~np.isnan(values), result, np.nan)
+
+
 class StragglerDetector(Detector):
     """Persistently slow ranks and nodes from per-rank phase times (see the module docstring)."""
 
@@ -157,22 +217,27 @@ class StragglerDetector(Detector):
         self.group_fraction, self.structural_min = group_fraction, structural_min
         self._assembler = StepAssembler(METRICS, lag=lag)
         self._reference = _Reference(reference_size, outlier_sigmas)
-        self._warm: list[np.ndarray] | None = []
+        self._warm: list[tuple[np.ndarray, np.ndarray]] | None = []
         self._first: tuple[int, int] | None = None
+        self._last_step = 0
         self._episodes: list[_Episode] = []
         self._b, self._learned = np.zeros(0), np.zeros(0)  # offset, and how many steps it learned from
         self._run_start, self._run_timeline = np.zeros(0, int), np.zeros(0, int)  # where S last left 0
+        self._level_start = np.zeros(0)  # the job's log median work where S last left 0
         self._claimed, self._acc = np.zeros(0, bool), np.zeros((len(OBS), 0))  # in an episode; OBS sums
+        self._level, self._level_n = 0.0, 0  # running mean of the job's log median work
         self._cusum = Cusum(0, k=k, h=np.inf, clip=np.inf)  # h is set when the warm-up has counted the ranks
+        self._placed: tuple[tuple[int, int], _Positions] | None = None
+        self._z_scale = 1.0
 
     # -- streaming -----------------------------------------------------------------------
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         return self._consume(self._assembler.add(batch.rank_steps, self.run))
 
     def finish(self) -> list[Finding]:
-        return self._consume(self._assembler.flush(self.run))
+        return self._consume(self._assembler.flush(self.run), final=True)
 
-    def _consume(self, matrix: StepMatrix | None) -> list[Finding]:
+    def _consume(self, matrix: StepMatrix | None, *, final: bool = False) -> list[Finding]:
         changed: dict[int, _Episode] = {}
         if matrix is not None:
             self._grow(int(matrix.ranks.max()) + 1)
@@ -180,6 +245,8 @@ class StragglerDetector(Detector):
             for i, (timeline, step) in enumerate(zip(matrix.timelines.tolist(), matrix.steps.tolist())):
                 for episode in self._step(timeline, step, d[i], obs[i]):
                     changed[id(episode)] = episode
+        if final and self._warm is not None and len(self._warm) >= MIN_VERDICT_STEPS and self._first:
+            changed.update({id(e): e for e in self._end_warmup(self._last_step, self._first)})  # a short run
         changed.update({id(e): e for e in self._episodes if e.active})
         self._episodes = [e for e in self._episodes if e.active]
         return [self._finding(e) for e in changed.values()]
@@ -189,10 +256,17 @@ class StragglerDetector(Detector):
         pad = size - len(self._b)
         if pad <= 0:
             return
-        for name in ("_b", "_learned", "_run_start", "_run_timeline", "_claimed", "_acc"):
+        for name in ("_b", "_learned", "_run_start", "_run_timeline", "_level_start", "_claimed", "_acc"):
             values = getattr(self, name)
             setattr(self, name, np.concatenate([values, np.zeros(values.shape[:-1] + (pad,), values.dtype)], axis=-1))
         self._cusum.resize(size)
+
+    def _positions(self) -> _Positions:
+        """The positions of ranks ``0..size-1``, placed again when the topology or the rank count changes."""
+        key = (len(self._b), len(self.run.topology))
+        if self._placed is None or self._placed[0] != key:
+            self._placed = (key, place_ranks(self.run.topology, len(self._b)))
+        return self._placed[1]
 
     def _observations(self, matrix: StepMatrix) -> tuple[np.ndarray, np.ndarray]:
         """``d`` (steps x ranks) and what episodes accumulate (steps x OBS x ranks), full rank width."""
@@ -206,7 +280,8 @@ class StragglerDetector(Detector):
         phased = ~np.isnan(phases).all(axis=1, keepdims=True)
         work = np.where(phased, phases, full["step_time"])
         work[~(work > 0)] = np.nan
-        d = np.log(work) - row_median(np.log(work))
+        log_work = np.log(work)
+        d = log_work - row_median(log_work)
         median = row_median(work)
         excess = {
             name: np.nan_to_num(full[f"{name}_time"] - row_median(full[f"{name}_time"]))
@@ -222,30 +297,49 @@ class StragglerDetector(Detector):
             "median": np.broadcast_to(median, d.shape),
             "phased": np.broadcast_to(phased, d.shape),
             "count": np.ones_like(d),
+            **dict(zip(("peer", "level"), map(np.nan_to_num, self._peer_ratios(log_work)))),
         }
         obs = np.stack([np.where(valid, columns[name], 0.0) for name in OBS], axis=1)
         return d, obs
+
+    def _peer_ratios(self, log_work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Log of each rank's work over the median of its peers' (the other ranks of its position; the other
+        ranks of the job for a rank alone in its position), and the log median work of the job's other ranks."""
+        others = others_median(log_work)
+        ratio = log_work - others
+        groups = self._positions().groups()
+        if len(groups) > 1 or len(groups[0][1]) < log_work.shape[1]:
+            for _, members in groups:
+                if len(members) >= 2:
+                    own = log_work[:, members] - others_median(log_work[:, members])
+                    ratio[:, members] = np.where(np.isnan(own), ratio[:, members], own)
+        return ratio, others
 
     # -- one step ------------------------------------------------------------------------
     def _step(self, timeline: int, step: int, d: np.ndarray, obs: np.ndarray) -> list[_Episode]:
         if np.count_nonzero(~np.isnan(d)) < 2:
             return []  # nothing to compare with
+        self._last_step = step
         if self._warm is not None:
             self._first = self._first or (timeline, step)
-            self._warm.append(d)
-            return self._end_warmup(step, self._warm, self._first) if len(self._warm) >= self.warmup_steps else []
+            self._warm.append((d, obs))
+            return self._end_warmup(step, self._first) if len(self._warm) >= self.warmup_steps else []
         r = d - self._b
         scores = self._reference.scores(r)
-        z = np.where(self._learned < self.warmup_steps, np.nan, scores)  # a late rank learns its offset first
+        z = np.where(
+            self._learned < self.warmup_steps, np.nan, scores * self._z_scale
+        )  # a late rank learns its offset first
         was_zero = self._cusum.s == 0
         alarm = self._cusum.update(z)
         s, free = self._cusum.s, ~self._claimed
         started = was_zero & (s > 0)
         self._run_start[started], self._run_timeline[started] = step, timeline
+        self._level_start[started] = self._level
         obs[OBS.index("resid")] = np.where(np.isnan(r), 0.0, r)
         self._acc[:, (s == 0) & free] = 0.0
         self._acc += np.where((s > 0) | ~free, obs, 0.0)
         self._learn(r, scores, free & (s <= self._cusum.h / 2) & ~np.isnan(r))
+        self._follow_level(obs)
         return self._recover(z, step) + self._open(alarm & free, step)
 
     def _learn(self, r: np.ndarray, z: np.ndarray, calm: np.ndarray) -> None:
@@ -255,63 +349,120 @@ class StragglerDetector(Detector):
         self._learned[calm] += 1
         self._reference.add(r[calm])
 
-    def _end_warmup(self, step: int, rows: list[np.ndarray], start: tuple[int, int]) -> list[_Episode]:
-        """Offsets and reference from the warm-up; ranks already slower are structural (info)."""
+    def _follow_level(self, obs: np.ndarray) -> None:
+        """The job's log median work, a running mean like the offsets'."""
+        counted = obs[OBS.index("count")] > 0
+        if counted.any():
+            level = float(obs[OBS.index("level")][counted][0])
+            self._level_n = min(self._level_n + 1, self.horizon_steps)
+            self._level += (level - self._level) / self._level_n
+
+    # -- the warm-up's verdict -------------------------------------------------------------
+    def _end_warmup(self, step: int, start: tuple[int, int]) -> list[_Episode]:
+        """Offsets and reference from the warm-up; slow positions are structural (info), ranks far off their
+        peers are sick workers (an episode open from the first step)."""
+        assert self._warm is not None
         size = len(self._b)
-        warm = np.array([np.pad(row, (0, size - len(row)), constant_values=np.nan) for row in rows])
+        warm = np.array([np.pad(d, (0, size - len(d)), constant_values=np.nan) for d, _ in self._warm])
+        sums = np.sum([np.pad(obs, ((0, 0), (0, size - obs.shape[1]))) for _, obs in self._warm], axis=0)
+        levels = [obs[OBS.index("level")][obs[OBS.index("count")] > 0][0] for _, obs in self._warm]
         self._warm = None
         raw = row_median(warm.T)[:, 0]
         self._reference.reset(_valid(warm - raw))
-        se = self._reference.median_se(self.warmup_steps)
-        self._b = np.nan_to_num(self._shrink(raw, se))
+        steps = len(warm)
+        independence = _independence(warm - raw)
+        self._z_scale = math.sqrt(independence)  # a CUSUM over autocorrelated scores grows (1 + rho) / (1 - rho) faster
+        se = self._reference.median_se(max(1, round(steps * independence)))
+        places = self._positions()
+        position = _position_offsets(raw, places)
+        dev = raw - position
+        floor = max(math.log1p(self.structural_min), 4 * se)
+        slow = np.nan_to_num(dev) > floor
+        verdicts = self._slow_ranks(slow, dev, places)
+        sick = np.zeros_like(slow)
+        for scope, members, _ in verdicts:
+            sick[members] = scope != "structural"
+        self._b = np.nan_to_num(np.where(sick, position, position + self._shrink(dev, places, se)))
         self._learned = (~np.isnan(warm)).sum(axis=0).astype(float)
         self._cusum.h = cusum_threshold(self.k, self.false_alarm_steps * max(int((self._learned > 0).sum()), 1))
-        self._reference.reset(_valid(warm - self._b))
-        floor = max(math.log1p(self.structural_min), 4 * se)
+        self._reference.reset(_valid(warm[:, ~sick] - self._b[~sick]))
+        self._level_n = steps
+        self._level = float(np.median(levels))
         timeline, first = start
+        verdict = {"steps_seen": steps, "offset_se": round(se, 4)}
         found = [
-            _Episode("structural", ranks, timeline, first, step, step, stage=stage, active=False)
-            for stage, ranks in self._by_stage(np.flatnonzero(self._b > floor))
+            _Episode("structural", members, timeline, first, step, step, stage=stage, active=False, verdict=verdict)
+            for stage, members in self._slow_positions(position, places, floor)
         ]
+        for scope, members, host in verdicts:
+            if scope == "structural":
+                found.append(_Episode(scope, members, timeline, first, step, step, active=False, verdict=verdict))
+                continue
+            episode = _Episode(scope, members, timeline, first, step, step, host=host, level_start=self._level)
+            episode.peers, episode.verdict = self._peer_count(members, places), verdict
+            self._claimed[members] = True
+            self._acc[:, members] = sums[:, members]
+            self._acc[OBS.index("resid"), members] = np.nansum(warm[:, members] - self._b[members], axis=0)
+            self._episodes.append(episode)
+            found.append(episode)
         for episode in found:
-            episode.frozen = self._evidence(episode)
+            if not episode.active:
+                episode.frozen = self._evidence(episode)
         return found
 
-    def _shrink(self, raw: np.ndarray, se: float) -> np.ndarray:
-        """Warm-up medians pulled toward their pipeline stage's median by tau^2 / (tau^2 + se^2).
+    def _shrink(self, dev: np.ndarray, places: _Positions, se: float) -> np.ndarray:
+        """Deviations from the position pulled toward 0 by tau^2 / (tau^2 + se^2).
 
-        ``tau`` is the spread of true offsets (robust spread of the medians less their
-        noise ``se``). A median more than 4 se slower than the stage's is kept as it is (a
-        structural offset); a fast one is shrunk too: too low an offset would alarm, too
-        high one only delays, and the running mean takes a truly fast rank down anyway.
+        ``tau`` is the spread of true deviations (robust spread of the position's deviations
+        less their noise ``se``). One more than 4 se slower is kept as it is (a real offset,
+        under the floor of a finding); a fast one is shrunk too: too low an offset would
+        alarm, too high one only delays, and the running mean takes a truly fast rank down.
         """
-        b = raw.copy()
-        for members in self._stages(len(raw)):
-            values = raw[members]
-            center = np.nanmedian(values) if (~np.isnan(values)).any() else 0.0
-            tau2 = max(0.0, float(mad_sigma(values)) ** 2 - se**2)
-            dev = values - center
-            b[members] = np.where(dev > 4 * se, values, center + dev * tau2 / (tau2 + se**2))
+        b = dev.copy()
+        for _, members in places.groups():
+            values = dev[members]
+            tau2 = max(0.0, float(mad_sigma(values)) ** 2 - se**2) if (~np.isnan(values)).any() else 0.0
+            b[members] = np.where(values > 4 * se, values, values * tau2 / (tau2 + se**2))
         return b
 
-    def _stages(self, size: int) -> list[np.ndarray]:
-        """Ranks ``0..size-1`` grouped by pipeline stage (one group when stages are unknown)."""
-        topo = self.run.topology.dropna(subset=["pp"])
-        stage = np.full(size, -1)
-        known = topo[topo["rank"] < size]
-        stage[known["rank"].to_numpy(int)] = known["pp"].to_numpy(int)
-        return [stage == s for s in np.unique(stage)]
+    def _slow_positions(
+        self, position: np.ndarray, places: _Positions, floor: float
+    ) -> list[tuple[int | None, np.ndarray]]:
+        """Declared positions slower than the job as a whole: (pipeline stage, ranks present)."""
+        found = []
+        for label, members in places.groups():
+            members = members[~np.isnan(position[members])]
+            if places.declared and len(members) and position[members[0]] > floor:
+                found.append((places.stage[label], members))
+        return found
 
-    def _by_stage(self, ranks: np.ndarray) -> list[tuple[int | None, np.ndarray]]:
-        """Structural ranks as whole pipeline stages, and the rest as one group."""
+    def _slow_ranks(
+        self, slow: np.ndarray, dev: np.ndarray, places: _Positions
+    ) -> list[tuple[str, np.ndarray, str | None]]:
+        """Ranks far off their peers from the start: (scope, ranks, host) by host for a declared position;
+        without declared positions, two or more whose excess is within 50% of each other's are one position."""
+        ranks = np.flatnonzero(slow)
+        found: list[tuple[str, np.ndarray, str | None]] = []
+        rest = set(ranks.tolist())
+        if not places.declared:
+            for cluster in _clusters(ranks, dev):
+                if len(cluster) >= 2:
+                    found.append(("structural", cluster, None))
+                    rest -= set(cluster.tolist())
         topo = self.run.topology
-        groups, rest = [], set(ranks.tolist())
-        for stage, members in topo.dropna(subset=["pp"]).groupby("pp")["rank"]:
-            members = set(members.astype(int))
-            if members and members <= rest:
-                groups.append((int(stage), np.array(sorted(members))))
-                rest -= members
-        return groups + ([(None, np.array(sorted(rest)))] if rest else [])
+        for host, members in topo.dropna(subset=["host"]).groupby("host")["rank"]:
+            members = members.to_numpy(int)
+            hit = np.array(sorted(rest & set(members.tolist())), dtype=int)
+            if len(members) >= 2 and len(hit) >= 2 and len(hit) >= self.group_fraction * len(members):
+                found.append(("host", hit, str(host)))
+                rest -= set(hit.tolist())
+        return found + [("rank", np.array([r]), self.run.place_of(r).get("host")) for r in sorted(rest)]
+
+    def _peer_count(self, ranks: np.ndarray, places: _Positions) -> int:
+        """How many ranks the first of ``ranks`` is compared with (its position's others, else the job's)."""
+        label = places.label[ranks[0]] if ranks[0] < len(places.label) else -1
+        same = np.count_nonzero((places.label == label) & (self._learned > 0)) - 1
+        return int(same) if same >= 1 else int(np.count_nonzero(self._learned > 0)) - 1
 
     # -- episodes ------------------------------------------------------------------------
     def _open(self, new: np.ndarray, step: int) -> list[_Episode]:
@@ -329,6 +480,8 @@ class StragglerDetector(Detector):
                 step,
                 host=host,
                 stage=stage,
+                level_start=float(self._level_start[members].mean()),
+                peers=self._peer_count(members, self._positions()),
             )
             self._claimed[members] = True
             self._episodes.append(episode)
@@ -381,7 +534,8 @@ class StragglerDetector(Detector):
             return {
                 "scope": "structural",
                 "pp_stage": episode.stage,
-                "warmup_steps": self.warmup_steps,
+                "declared": episode.stage is not None,
+                **episode.verdict,
                 "slowdown": max(offsets.values()),
                 "offsets": offsets,
             }
@@ -389,18 +543,34 @@ class StragglerDetector(Detector):
         mean = {name: acc[i] / np.maximum(acc[OBS.index("count")], 1) for i, name in enumerate(OBS)}
         phase = "step" if not mean["phased"].any() else max(("compute", "data"), key=lambda p: mean[p].sum())
         place = {"place": self.run.place_of(int(episode.ranks[0]))} if episode.scope == "rank" else {}
+        slowdown = math.exp(float(mean["resid"].mean()))
+        job = math.exp(float(mean["level"].mean()) - episode.level_start)
+        verdict = episode.verdict
+        spread = 2 * verdict.get("offset_se", 0.0)
+        peer = float(mean["peer"].mean())
         return {
             "scope": episode.scope,
             "host": episode.host,
             "pp_stage": episode.stage,
             **place,
-            "slowdown": round(math.exp(float(mean["resid"].mean())), 4),
+            "slowdown": round(slowdown, 4),
+            "peer_ratio": round(math.exp(peer), 4),
+            "peers": episode.peers,
+            "from_start": bool(verdict),
+            **(
+                {**verdict, "peer_ratio_95": [round(math.exp(peer + s * spread), 4) for s in (-1, 1)]}
+                if verdict
+                else {}
+            ),
+            "job_slowdown": round(job, 4),
+            "contended": episode.scope != "pp_stage" and job - 1 >= max(slowdown - 1, self.structural_min),
             "phase": phase,
             "job_cost_s_per_step": round(float(mean["cost"].max()), 6),
             "peers_wait_s_per_step": round(float(mean["wait"].max()), 6),
             "baseline_work_s": round(float(np.median(mean["median"])), 6),
             "structural_offset": round(math.exp(float(self._b[episode.ranks].mean())), 4),
             "cusum": round(float(self._cusum.s[episode.ranks].max()), 3),
+            "score_scale": round(self._z_scale, 4),
             "threshold": round(self._cusum.h, 3),
             "k": self.k,
             "alarm_step": episode.alarm_step,
@@ -409,10 +579,10 @@ class StragglerDetector(Detector):
     def _finding(self, episode: _Episode) -> Finding:
         evidence = episode.frozen or self._evidence(episode)
         ranks = episode.ranks.tolist()
-        structural = episode.scope in ("structural", "pp_stage")
+        quiet = episode.scope in ("structural", "pp_stage") or evidence.get("contended", False)
         return Finding(
             "straggler",
-            Severity.INFO if structural else Severity.WARNING,
+            Severity.INFO if quiet else Severity.WARNING,
             episode.timeline,
             episode.start_step,
             max(episode.end_step, episode.start_step),
@@ -420,36 +590,99 @@ class StragglerDetector(Detector):
             float(evidence["slowdown"]),
             _summary(episode, evidence),
             evidence,
-            _action(episode, ranks),
+            _action(episode, ranks, evidence),
             episode.active,
             self.name,
         )
 
 
+def _independence(resid: np.ndarray) -> float:
+    """``(1 - rho) / (1 + rho)``: the share of a rank's steps that count as independent, ``rho`` the pooled
+    lag-1 autocorrelation of the residuals (0 or less: every step counts)."""
+    a, b = resid[1:], resid[:-1]
+    ok = ~np.isnan(a) & ~np.isnan(b)
+    if ok.sum() < 8:
+        return 1.0
+    a, b = a[ok], b[ok]
+    rho = float(np.clip(np.sum(a * b) / max(math.sqrt(np.sum(a * a) * np.sum(b * b)), 1e-300), 0.0, 0.95))
+    return (1 - rho) / (1 + rho)
+
+
+def _clusters(ranks: np.ndarray, dev: np.ndarray) -> list[np.ndarray]:
+    """``ranks`` by offset, cut where one is more than 1.5 times the smallest of its group."""
+    ranks = ranks[np.argsort(dev[ranks], kind="stable")]
+    groups: list[list[int]] = []
+    for rank in ranks.tolist():
+        if groups and dev[rank] <= 1.5 * dev[groups[-1][0]]:
+            groups[-1].append(rank)
+        else:
+            groups.append([rank])
+    return [np.array(sorted(g)) for g in groups]
+
+
+def _position_offsets(raw: np.ndarray, places: _Positions) -> np.ndarray:
+    """Each rank's position offset: the lower median of its position's warm-up offsets (one sick rank of two
+    leaves the position at its healthy peer's)."""
+    position = np.full_like(raw, np.nan)
+    for _, members in places.groups():
+        values = np.sort(_valid(raw[members]))
+        if len(values):
+            position[members] = values[(len(values) - 1) // 2]
+    return np.where(np.isnan(raw), np.nan, position)
+
+
 def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
     if episode.scope == "structural":
-        where = f"pipeline stage {episode.stage}" if episode.stage is not None else f"rank(s) {_list(episode.ranks)}"
+        where = f"pipeline stage {episode.stage}" if episode.stage is not None else f"ranks {_list(episode.ranks)}"
+        how = "" if episode.stage is not None else " together (no stages declared: read as one position)"
         return (
-            f"{where} slower than the median rank from the start (up to x{ev['slowdown']}): "
-            f"structural imbalance, learned as the baseline"
+            f"{where} x{ev['slowdown']:.2f} the median rank's work from the start{how}, over {ev['steps_seen']} "
+            f"steps: structural imbalance of a position, learned as the baseline"
         )
-    slower = f"{(ev['slowdown'] - 1) * 100:.1f}% slower in {ev['phase']} since step {episode.start_step}"
     cost = f"the job loses {ev['job_cost_s_per_step']:.3g} s per step"
     if episode.scope == "pp_stage":
-        return f"pipeline stage {episode.stage} (ranks {_list(episode.ranks)}) {slower}: stage imbalance; {cost}"
-    if episode.scope == "host":
-        return f"host {episode.host}: ranks {_list(episode.ranks)} {slower} (slow node); {cost}"
+        return (
+            f"pipeline stage {episode.stage} (ranks {_list(episode.ranks)}) x{ev['slowdown']:.2f} its own "
+            f"baseline in {ev['phase']} since step {episode.start_step}: stage imbalance; {cost}"
+        )
+    who = f"host {episode.host}: ranks {_list(episode.ranks)}" if episode.scope == "host" else _rank(episode, ev)
+    peers = f"x{ev['peer_ratio']:.2f} the work of its {_peers(ev['peers'])}, mostly {ev['phase']}"
+    if ev["from_start"]:
+        low, high = ev["peer_ratio_95"]
+        since = f"from the first step ({ev['steps_seen']} steps seen, x{low:.2f} to x{high:.2f} at 95%)"
+    else:
+        since = f"since step {episode.start_step} (x{ev['slowdown']:.2f} its own baseline)"
+    if ev["contended"]:
+        return (
+            f"the whole machine is contended: the median rank's work is up x{ev['job_slowdown']:.2f} since step "
+            f"{episode.start_step}, every rank together; {who} {peers}, not blamed on this evidence"
+        )
+    node = " (slow node)" if episode.scope == "host" else ""
+    return f"{who} {peers} {since}{node}; {cost}"
+
+
+def _peers(count: int) -> str:
+    return "peer" if count == 1 else f"{count} peers (median)"
+
+
+def _rank(episode: _Episode, ev: dict[str, Any]) -> str:
     place = ev["place"]
     coords = ", ".join(f"{key} {place[key]}" for key in ("host", "dp", "tp", "pp") if key in place)
-    return f"rank {episode.ranks[0]}" + (f" ({coords})" if coords else "") + f" {slower}; {cost}"
+    return f"rank {episode.ranks[0]}" + (f" ({coords})" if coords else "")
 
 
-def _action(episode: _Episode, ranks: list[int]) -> SuggestedAction:
+def _action(episode: _Episode, ranks: list[int], ev: dict[str, Any]) -> SuggestedAction:
     if episode.scope in ("structural", "pp_stage"):
         return SuggestedAction(
             "investigate",
             {"ranks": ranks},
             "structural imbalance (pipeline stage or data layout), not a sick worker: rebalance, do not evict",
+        )
+    if ev.get("contended"):
+        return SuggestedAction(
+            "investigate",
+            {"ranks": ranks},
+            "every rank slowed together (a contended machine): look at the machine's load, do not evict",
         )
     if episode.scope == "host":
         return SuggestedAction(

@@ -166,14 +166,6 @@ def test_a_stage_slowing_down_across_hosts_is_imbalance_not_a_sick_worker() -> N
     assert found.severity.value == "info" and found.suggested_action.action == "investigate"
 
 
-def test_a_rank_slow_from_the_start_is_structural() -> None:
-    compute = clean(5, 600, 16)
-    compute[:, 5] *= 1.12
-    [found] = detect(compute)
-    assert found.ranks == (5,) and found.evidence["scope"] == "structural" and found.severity.value == "info"
-    assert found.suggested_action.action == "investigate" and 1.08 < found.evidence["slowdown"] < 1.16
-
-
 def test_a_slow_data_loader_is_named_as_the_data_phase() -> None:
     compute = clean(6, ONSET + 150, 16)
     data = np.full_like(compute, 0.05)
@@ -246,3 +238,121 @@ def test_streaming_cost_at_1024_ranks() -> None:
     per_step = (time.perf_counter() - started) / 400 * 1e3
     print(f"\nstraggler, 1,024 ranks, 10 steps per batch: {per_step:.3f} ms per step")
     assert detector._warm is None
+
+
+# -- peers first: positions, short traces, ratios, contention --------------------------------------------------
+
+
+def jitter(seed: int, steps: int, ranks: int, kind: str, scale: float = 0.03) -> np.ndarray:
+    """Multiplicative per-step noise: the fixture noises, or AR(1) (a rank slow for tens of steps at a time)."""
+    rng = np.random.default_rng(seed)
+    if kind == "ar1":
+        return np.exp(np.stack([tf.log_noise(rng, "ar1", steps, scale) for _ in range(ranks)], axis=1))
+    return tf.noise(rng, kind, (steps, ranks), scale)
+
+
+def pipeline_topology(ranks: list[int], *, stages: int, per_host: int = 4) -> pd.DataFrame:
+    """``tf.topology`` of ``len(ranks)`` ranks in ``stages`` pipeline stages, numbered ``ranks`` (sparse or not)."""
+    topology = tf.topology(len(ranks), per_host=per_host, pp=stages)
+    topology["rank"] = ranks
+    return topology
+
+
+def detect_trace(compute: np.ndarray, ranks: list[int], topology: pd.DataFrame | None, parts: int = 1) -> list:
+    frame = tf.rank_step_frame(tf.synchronous(compute), ranks=ranks)
+    empty = tf.topology(0)
+    run = RunState(world_size=len(ranks), topology=empty if topology is None else topology)
+    return list(tf.replay(StragglerDetector(), TelemetryBatch(rank_steps=frame), parts=parts, run=run).values())
+
+
+STAGE_FACTORS = np.repeat([1.0, 0.97, 1.03, 1.06], 4)
+"""Four pipeline stages of four ranks, each stage its own speed (19-20.7 s per step)."""
+
+
+@pytest.mark.parametrize("kind", [*tf.NOISES, "ar1"])
+@pytest.mark.parametrize(("steps", "sparse", "parts"), [(44, False, 1), (44, True, 3), (30, True, 1), (80, False, 2)])
+def test_a_sick_worker_of_a_short_pipeline_trace_is_named_not_structural(
+    kind: str, steps: int, sparse: bool, parts: int
+) -> None:
+    """16 ranks in 4 stages, tens of steps: one rank at 45 s per step against 19-20 s for its stage's three others."""
+    ranks = list(range(0, 64, 4)) if sparse else list(range(16))
+    compute = 19.5 * STAGE_FACTORS * jitter(steps, steps, 16, kind)
+    compute[:, 9] *= 45 / 19.5 / STAGE_FACTORS[9]
+    found = detect_trace(compute, ranks, pipeline_topology(ranks, stages=4), parts)
+    [sick] = warnings_(found)
+    ev = sick.evidence
+    assert sick.ranks == (ranks[9],) and ev["scope"] == "rank" and ev["from_start"] and ev["steps_seen"] == steps
+    assert 2.1 < ev["peer_ratio"] < 2.5 and ev["peers"] == 3 and ev["peer_ratio_95"][0] > 1.9
+    assert ev["place"]["pp"] == 2 and sick.start_step == 1 and sick.active
+    assert sick.suggested_action.action == "evict" and sick.suggested_action.args["ranks"] == [ranks[9]]
+    assert f"rank {ranks[9]} " in sick.summary and f"x{ev['peer_ratio']:.2f} the work of its 3 peers" in sick.summary
+    assert f"{steps} steps seen" in sick.summary and "structural" not in sick.summary
+    assert all(f.evidence["scope"] == "structural" and f.evidence["pp_stage"] == 3 for f in found if f is not sick)
+
+
+@pytest.mark.parametrize("kind", [*tf.NOISES, "ar1"])
+@pytest.mark.parametrize(("steps", "sparse"), [(44, True), (300, False), (2000, True)])
+def test_a_last_stage_slower_on_every_rank_is_structural_never_an_eviction(kind: str, steps: int, sparse: bool) -> None:
+    ranks = list(range(0, 32, 2)) if sparse else list(range(16))
+    compute = 0.8 * jitter(steps + 1, steps, 16, kind, scale=0.05)
+    compute[:, 12:] *= 1.4
+    [found] = detect_trace(compute, ranks, pipeline_topology(ranks, stages=4, per_host=2))
+    assert found.ranks == tuple(ranks[12:]) and found.severity.value == "info" and not found.active
+    assert found.evidence["scope"] == "structural" and found.evidence["pp_stage"] == 3
+    assert found.suggested_action.action == "investigate" and 1.3 < found.evidence["slowdown"] < 1.5
+    assert "pipeline stage 3 x1.4" in found.summary or "pipeline stage 3 x1.3" in found.summary
+
+
+def test_a_sparse_topology_names_a_late_straggler_by_its_own_number() -> None:
+    ranks = list(range(0, 128, 8))
+    compute = clean(21, ONSET + 150, 16)
+    compute[ONSET - 1 :, 5] *= 1.2
+    [found] = detect_trace(compute, ranks, pipeline_topology(ranks, stages=2))
+    assert found.ranks == (40,) and found.evidence["place"]["rank"] == 40 and not found.evidence["from_start"]
+    assert found.evidence["peers"] == 7 and 1.1 < found.evidence["peer_ratio"] < 1.25
+
+
+def test_without_stages_a_lone_slow_rank_is_sick_and_ranks_slow_together_are_one_position() -> None:
+    compute = clean(5, 600, 16)
+    compute[:, 5] *= 1.12
+    [found] = detect(compute)
+    assert found.ranks == (5,) and found.evidence["scope"] == "rank" and found.severity.value == "warning"
+    assert found.evidence["from_start"] and 1.08 < found.evidence["peer_ratio"] < 1.16
+    compute[:, [2, 3, 7, 11]] *= 1.25  # an undeclared stage (rank 5 now slower, but by another factor)
+    found = {f.ranks: f for f in detect(compute)}
+    assert set(found) == {(2, 3, 7, 11), (5,)}
+    assert found[2, 3, 7, 11].evidence["scope"] == "structural" and found[2, 3, 7, 11].severity.value == "info"
+    assert "no stages declared" in found[2, 3, 7, 11].summary
+
+
+@pytest.mark.parametrize("ranks", [2, 8])
+def test_the_summary_states_the_ratio_the_evidence_holds(ranks: int) -> None:
+    compute = clean(22, ONSET + 200, ranks, scale=0.08)
+    compute[ONSET - 1 :, 1] *= 2.56
+    [found] = warnings_(detect(compute))
+    ratio = found.evidence["peer_ratio"]
+    assert found.ranks == (1,) and 2.0 < ratio < 2.7 and f"x{ratio:.2f} the work of its" in found.summary
+    assert "% slower" not in found.summary and f"x{found.evidence['slowdown']:.2f} its own baseline" in found.summary
+
+
+def contended(seed: int, extra: float) -> np.ndarray:
+    """8 ranks; from ONSET the machine is loaded: every rank's work x1.6 and twice as noisy, rank 0 ``extra``."""
+    compute = clean(seed, ONSET + 300, 8, scale=0.05)
+    load = jitter(seed + 1, 300, 8, "ar1", scale=0.1)
+    compute[ONSET:] *= 1.6 * load
+    compute[ONSET:, 0] *= extra
+    return compute
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_contended_machine_is_said_rather_than_blamed_on_a_rank(seed: int) -> None:
+    found = detect(contended(seed, 1.1))
+    assert warnings_(found) == []
+    for f in found:
+        assert f.evidence["contended"] and f.suggested_action.action == "investigate"
+        assert "the whole machine is contended" in f.summary and 1.2 < f.evidence["job_slowdown"] < 1.8
+
+
+def test_a_straggler_far_beyond_the_contention_is_still_named() -> None:
+    [found] = warnings_(detect(contended(4, 2.0)))
+    assert found.ranks == (0,) and found.severity.value == "warning" and not found.evidence["contended"]
