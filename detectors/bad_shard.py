@@ -102,9 +102,11 @@ class BadShardDetector(Detector):
         for timeline, step, loss, shards in zip(
             rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), losses, rows["shards"]
         ):
-            z = self._score(int(timeline), int(step), float(loss))
             read = _shard_ids(shards)
-            if z is None or not read:
+            if not read:  # a step that names no shard says nothing of one, and teaches the trend nothing
+                continue
+            z = self._score(int(timeline), int(step), float(loss))
+            if z is None:
                 continue
             self._tally(read, int(step), z)
             for shard in read:
