@@ -5,8 +5,18 @@ accepted points (``trend.RobustTrend``); its robust z is the deviation over the
 residuals' MAD sigma. A point at or above ``z_alarm`` (times the tail factor, which
 raises the bar when recent residuals are heavier-tailed than normal) opens a finding at
 once; consecutive elevated points grow it; it closes when the series stays below
-``z_recover`` for ``recover_steps`` points. One that stays elevated for
-``diverge_steps`` is a divergence: critical, the baseline restarts on the new level.
+``z_recover`` for ``recover_steps`` points. No point of an episode teaches the baseline,
+the spread or the tail factor. A finding alarms (warning, or critical from
+``critical_ratio``) only when its peak is also ``min_ratio`` times the trend or more:
+smaller ones are real but harmless bumps, reported as info.
+
+After ``diverge_steps`` of an episode, each elevated point tests whether the series is
+coming back: the median excess over the trend in the later half of the last
+``diverge_steps`` points against the earlier half. Not falling (by ``2`` sigma and by a
+fifth of the excess) is a divergence: the baseline restarts on the new level, and the
+finding stays active until the series returns to the old trend (``recover_steps``
+points below the recovery bar: resolved) or a rewind ends it. A spike already on its
+way down is no divergence, however long it takes.
 For ``settle_steps`` after a restart (a checkpoint loaded) the bar is ``settle_factor``
 times higher: a resumed job's small bump is expected, not an incident.
 """
@@ -14,7 +24,9 @@ times higher: a resumed job's small bump is expected, not an incident.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
+from functools import partialmethod
 
 import numpy as np
 
@@ -23,7 +35,7 @@ from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, OPTIONAL_COUNT, POSITIVE, Below, Range, ranges
 from .telemetry import TelemetryBatch
-from .trend import RobustTrend, Score
+from .trend import Line, RobustTrend, Score
 
 
 @dataclass
@@ -32,17 +44,32 @@ class _Episode:
 
     timeline: int
     start: int
-    baseline: float
+    line: Line
     threshold: float
     tail: float
     sigma: float
     peak_z: float
     peak_value: float
     last_high: int
+    excess: deque[float]
+    """Log value over the trend of each elevated point, the last ``diverge_steps`` of them."""
     below: int = 0
+    diverged_at: int | None = None
+    peak_step: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.peak_step = self.start
+
+    @property
+    def baseline(self) -> float:
+        return math.exp(self.line.at(self.start))
+
+
+DIVERGE_FALL_SIGMAS = 2.0
+DIVERGE_FALL_SHARE = 0.2
+"""A series is coming back when its later half's median excess is below the earlier half's by
+``DIVERGE_FALL_SIGMAS`` robust sigma (more than noise moves a median of 25 points) and by
+``DIVERGE_FALL_SHARE`` of that excess."""
 
 
 class SpikeDetector(Detector):
@@ -55,8 +82,9 @@ class SpikeDetector(Detector):
         z_alarm=POSITIVE,
         z_recover=POSITIVE,
         recover_steps=COUNT,
-        diverge_steps=COUNT,
+        diverge_steps=Range(4, integer=True),
         critical_ratio=POSITIVE,
+        min_ratio=Range(1, 10),
         window=Range(2, integer=True),
         min_points=Range(2, integer=True),
         settle_steps=OPTIONAL_COUNT,
@@ -72,6 +100,7 @@ class SpikeDetector(Detector):
         recover_steps: int = 2,
         diverge_steps: int = 50,
         critical_ratio: float = 4.0,
+        min_ratio: float = 1.1,
         window: int = 100,
         min_points: int = 30,
         settle_steps: int = 20,
@@ -80,10 +109,10 @@ class SpikeDetector(Detector):
         super().__init__()
         self.z_alarm, self.z_recover, self.recover_steps = z_alarm, z_recover, recover_steps
         self.settle_steps, self.settle_factor = settle_steps, settle_factor
-        self.diverge_steps, self.critical_ratio = diverge_steps, critical_ratio
+        self.diverge_steps, self.critical_ratio, self.min_ratio = diverge_steps, critical_ratio, min_ratio
         self.trend = RobustTrend(window=window, min_points=min_points)
         self._episode: _Episode | None = None
-        self._diverged: Finding | None = None  # active until a rewind leaves its timeline
+        self._diverged: _Episode | None = None  # active until the series is back on its old trend, or a rewind
         self._timeline: int | None = None
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
@@ -103,10 +132,11 @@ class SpikeDetector(Detector):
         if not (math.isfinite(value) and value > 0):
             return changed  # the nonfinite detector reports these; they neither open nor close a spike
         y = math.log(value)
-        score = self.trend.score(step, y, learn_tail=self._episode is None)
-        if score is None or not score.ready:
+        resolved = self._follow_divergence(step, y)
+        score = self.trend.score(step, y)
+        if resolved is not None or score is None or not score.ready:
             self.trend.admit(step, y, score)
-            return changed
+            return resolved or changed
         if self._episode is None:
             return self._maybe_open(timeline, step, value, y, score) or changed
         return self._follow(step, value, y, score)
@@ -117,11 +147,11 @@ class SpikeDetector(Detector):
             return None
         self._timeline = timeline
         self.trend.on_timeline(timeline, step)
-        episode, self._episode = self._episode, None
-        ended = self._diverged or (self._finding(episode, active=True) if episode else None)
-        self._diverged = None
-        if ended is None:
+        episode = self._diverged or self._episode
+        self._episode = self._diverged = None
+        if episode is None:
             return None
+        ended = self._finding(episode, active=True)
         return replace(
             ended,
             active=False,
@@ -135,39 +165,69 @@ class SpikeDetector(Detector):
         if score.z < threshold:
             self.trend.admit(step, y, score)
             return None
+        excess = deque([y - score.predicted], maxlen=self.diverge_steps)
         self._episode = _Episode(
-            timeline, step, math.exp(score.predicted), threshold, score.tail, score.sigma, score.z, value, step
+            timeline, step, score.line, threshold, score.tail, score.sigma, score.z, value, step, excess
         )
         return self._finding(self._episode, active=True)
 
     def _follow(self, step: int, value: float, y: float, score: Score) -> Finding | None:
         ep = self._episode
         assert ep is not None
-        if score.z >= self.z_recover * score.tail:
+        if score.z >= self.z_recover * score.tail:  # episode points teach nothing: no admit
             ep.below, ep.last_high = 0, step
+            ep.excess.append(y - score.predicted)
             grew = score.z > ep.peak_z
             if grew:
                 ep.peak_z, ep.peak_value, ep.peak_step = score.z, value, step
-            if step - ep.start >= self.diverge_steps:
+            if step - ep.start >= self.diverge_steps and not self._coming_back(ep):
                 return self._diverge(ep, step)
             return self._finding(ep, active=True) if grew else None
         ep.below += 1
-        self.trend.admit(step, y, None)
         if ep.below < self.recover_steps:
             return None
         self._episode = None
         return self._finding(ep, active=False, recovered_at=step)
 
+    def _coming_back(self, ep: _Episode) -> bool:
+        """Whether the later half of the last ``diverge_steps`` elevated points sits clearly below the earlier."""
+        recent = np.fromiter(ep.excess, float)
+        half = len(recent) // 2
+        before, after = float(np.median(recent[:half])), float(np.median(recent[half:]))
+        return before - after >= max(DIVERGE_FALL_SIGMAS * ep.sigma, DIVERGE_FALL_SHARE * before)
+
     def _diverge(self, ep: _Episode, step: int) -> Finding:
-        """No recovery within ``diverge_steps``: critical, and the baseline restarts on the new level."""
+        """Not coming back: critical, and the baseline restarts on the new level (the old line is kept)."""
         self._episode = None
         self.trend.restart()
-        self._diverged = self._finding(ep, active=True, diverged_at=step)
-        return self._diverged
+        ep.diverged_at, ep.below = step, 0
+        self._diverged = ep
+        return self._finding(ep, active=True)
 
-    def _finding(
-        self, ep: _Episode, *, active: bool, diverged_at: int | None = None, recovered_at: int | None = None
-    ) -> Finding:
+    def _follow_divergence(self, step: int, y: float) -> Finding | None:
+        """A divergence resolves after ``recover_steps`` points back under the recovery bar of its old trend."""
+        ep = self._diverged
+        if ep is None:
+            return None
+        if (y - ep.line.at(step)) / ep.sigma >= self.z_recover * ep.tail:
+            ep.below = 0
+            return None
+        ep.below += 1
+        if ep.below < self.recover_steps:
+            return None
+        self._diverged = None
+        self.trend.restart()  # the new level's points are gone with it
+        return self._finding(ep, active=False, recovered_at=step)
+
+    def _severity(self, ep: _Episode, ratio: float) -> Severity:
+        if ratio < self.min_ratio:
+            return Severity.INFO  # statistically clear, practically small: a bump, not an incident
+        if ep.diverged_at is not None or ratio >= self.critical_ratio:
+            return Severity.CRITICAL
+        return Severity.WARNING
+
+    def _finding(self, ep: _Episode, *, active: bool, recovered_at: int | None = None) -> Finding:
+        diverged_at = ep.diverged_at
         ratio = ep.peak_value / ep.baseline
         evidence = {
             "metric": self.metric,
@@ -181,22 +241,23 @@ class SpikeDetector(Detector):
             "tail_factor": ep.tail,
             "sigma_log": ep.sigma,
             "last_elevated_step": ep.last_high,
+            "min_ratio": self.min_ratio,
         }
         if diverged_at is not None:
             evidence["diverged_at_step"] = diverged_at
         if recovered_at is not None:
             evidence["recovered_at_step"] = recovered_at
-        what = (
-            f"{self.label} diverged: no recovery in {diverged_at - ep.start} steps"
-            if diverged_at is not None
-            else f"{self.label} spiked"
-        )
+        what = f"{self.label} spiked" if ratio >= self.min_ratio else f"{self.label} bumped (below {self.min_ratio:g}x)"
+        if diverged_at is not None:
+            what = f"{self.label} diverged: not coming back to the trend {diverged_at - ep.start} steps in"
+            if recovered_at is not None:
+                what += f", back at step {recovered_at}"
         return Finding(
             kind=self.kind,
-            severity=Severity.CRITICAL if diverged_at is not None or ratio >= self.critical_ratio else Severity.WARNING,
+            severity=self._severity(ep, ratio),
             timeline=ep.timeline,
             start_step=ep.start,
-            end_step=diverged_at or ep.last_high,
+            end_step=ep.last_high if diverged_at is None else (recovered_at or diverged_at),
             ranks=(),
             score=round(ep.peak_z, 3),
             summary=(
@@ -204,14 +265,14 @@ class SpikeDetector(Detector):
                 f"{ratio:.2f}x the trend ({ep.peak_z:.1f} robust sigma)"
             ),
             evidence=evidence,
-            suggested_action=self._action(ep.timeline, ep.start, active, diverged_at is not None),
+            suggested_action=self._action(ep.timeline, ep.start, active),
             active=active,
             detector=self.name,
         )
 
-    def _action(self, timeline: int, start: int, active: bool, diverged: bool) -> SuggestedAction:
+    def _action(self, timeline: int, start: int, active: bool) -> SuggestedAction:
         target = self.run.checkpoint_before(timeline, start)
-        if not active and not diverged:
+        if not active:
             return SuggestedAction(
                 "investigate",
                 {"step": start},
@@ -232,8 +293,10 @@ class LossSpikeDetector(SpikeDetector):
 
 
 class GradSpikeDetector(SpikeDetector):
-    """Spikes of the global gradient norm (often a few steps ahead of the loss)."""
+    """Spikes of the global gradient norm (often a few steps ahead of the loss); its noise is wider, and
+    a norm 1.5x its trend is still routine, so it alarms from 2x."""
 
+    __init__ = partialmethod(SpikeDetector.__init__, min_ratio=2.0)
     name = kind = "grad_spike"
     kinds = (FindingKind("grad_spike", Family.TRAINING, tolerance=5),)
     metric = "grad_norm"

@@ -5,10 +5,12 @@ log step (training curves are close to power laws in the step, so the line bends
 the fast early fall as well as the slow late one): its slope is the difference of the medians of the window's two halves over their distance,
 its level the median of the detrended points. The spread is the robust sigma (MAD) of
 the one-step-ahead residuals of the last ``memory`` accepted points: the error of the
-forecast itself, trend error included, learned over a longer span than the line. An
-outlier is scored against the baseline and not admitted to it,
-so a spike or a divergence cannot drag the baseline up behind it. A rewind starts a new
-timeline from the parent's points before the branch step.
+forecast itself, trend error included, learned over a longer span than the line. Only
+admitted points teach anything: the line, the spread and the tail factor all learn from
+the points the caller accepts, so an outlier (and every point of an episode) is scored
+against the baseline without moving it, and a spike cannot raise the bar for the next
+one. The tail factor is capped at ``MAX_TAIL``. A rewind starts a new timeline from the
+parent's points before the branch step.
 """
 
 from __future__ import annotations
@@ -27,14 +29,28 @@ TAIL_SLACK = 1.1
 FIRST_TAIL_ZS = 100
 MIN_TAIL_ZS = 800
 EARLY_TAIL = 2.0
+MAX_TAIL = 4.0
+"""The tail factor's cap: a bar of at most 16 sigma at ``z_alarm`` 4, whatever the recent z-scores held."""
 MIN_FORECAST_ERRORS = 40
 """Forecast errors seen before a score counts: early curvature must have had its say in sigma."""
 
 
 @dataclass(frozen=True)
-class Score:
-    """One point against its baseline: log-scale residual, robust z and the threshold's tail factor."""
+class Line:
+    """The baseline: log value = ``level`` + ``slope`` * log(1 + step)."""
 
+    level: float
+    slope: float
+
+    def at(self, step: int) -> float:
+        return self.level + self.slope * math.log1p(step)
+
+
+@dataclass(frozen=True)
+class Score:
+    """One point against its baseline: the line, its forecast, robust z and the threshold's tail factor."""
+
+    line: Line
     predicted: float
     sigma: float
     z: float
@@ -70,13 +86,12 @@ class RobustTrend:
             self._points[timeline] = deque(((s, y) for s, y in parent if s < step), maxlen=self.window)
         self._timeline = timeline
 
-    def score(self, step: int, y: float, *, learn_tail: bool = True) -> Score | None:
+    def score(self, step: int, y: float) -> Score | None:
         """``y`` (a log value) against the baseline at ``step``; None while too few points.
 
         Not ``ready`` until ``MIN_FORECAST_ERRORS`` forecasts have been checked against
         what came: until then sigma is the line's own spread, too hopeful early in a run.
-        ``learn_tail`` False keeps the point out of the tail estimate (a spike already
-        under way: its later points are the incident, not the noise).
+        Scoring learns nothing: ``admit`` does, for the points the caller accepts.
         """
         points = self._points.get(self._timeline)
         if points is None or len(points) < self.min_points:
@@ -87,37 +102,38 @@ class RobustTrend:
         run = np.median(steps[half:]) - np.median(steps[:half])
         slope = (np.median(ys[half:]) - np.median(ys[:half])) / run if run > 0 else 0.0
         detrended = ys - slope * steps
-        level = float(np.median(detrended))
-        predicted = level + slope * math.log1p(step)
+        line = Line(float(np.median(detrended)), float(slope))
+        predicted = line.at(step)
         ready = len(self._residuals) >= MIN_FORECAST_ERRORS
-        spread = np.fromiter(self._residuals, float) if ready else detrended - level
+        spread = np.fromiter(self._residuals, float) if ready else detrended - line.level
         sigma = float(mad_sigma(spread, floor=self.sigma_floor))
-        z = (y - predicted) / sigma
-        tail = self._tail()
-        if ready and learn_tail:
-            self._zs.append(z)  # every scored point, outliers too: leaving them out would hide the tail
-        return Score(predicted, sigma, z, tail, ready)
+        return Score(line, predicted, sigma, (y - predicted) / sigma, self._tail(), ready)
 
     def _tail(self) -> float:
         """(upper q99.5 of recent z / the normal 2.576 / slack) ** tail_power, at least 1.
 
         The upper tail only, since spikes are upward and noise may be skewed; from
-        z-scores each taken against the sigma of its day. ``TAIL_SLACK`` absorbs the
-        sampling error of the quantile. A few hundred z-scores show a tail only roughly, and
-        heavy tails least of all: until ``MIN_TAIL_ZS`` are seen the factor is at least
-        ``EARLY_TAIL``.
+        z-scores each taken against the sigma of its day, of admitted points only (an
+        alarm's own z never raises the next bar). ``TAIL_SLACK`` absorbs the sampling error
+        of the quantile. A few hundred z-scores show a tail only roughly, and heavy tails
+        least of all: until ``MIN_TAIL_ZS`` are seen the factor is at least ``EARLY_TAIL``.
+        At most ``MAX_TAIL``: the power amplifies a quantile's error, and a handful of
+        large accepted points must not lift the bar out of reach.
         """
         if len(self._zs) < FIRST_TAIL_ZS:
             return EARLY_TAIL
         upper = float(np.quantile(np.fromiter(self._zs, float), 0.995))
-        measured = max(1.0, upper / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** self.tail_power
+        measured = min(max(1.0, upper / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** self.tail_power, MAX_TAIL)
         return measured if len(self._zs) >= MIN_TAIL_ZS else max(measured, EARLY_TAIL)
 
     def admit(self, step: int, y: float, score: Score | None) -> None:
-        """Add an accepted point (and its forecast error, when it was scored) to the baseline."""
+        """Add an accepted point to the baseline; when it was scored, its forecast error to the
+        spread and, once scores are ``ready``, its z to the tail."""
         self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, y))
         if score is not None:
             self._residuals.append(y - score.predicted)
+            if score.ready:
+                self._zs.append(score.z)
 
     def restart(self) -> None:
         """Forget the current timeline's points (after a level shift that did not recover)."""
