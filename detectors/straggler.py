@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.special import ndtr, ndtri
+from scipy.special import bdtrc, ndtr, ndtri
 
 from .crossrank import StepAssembler, StepMatrix
 from .detector import Detector
@@ -366,18 +366,21 @@ class StragglerDetector(Detector):
         warm = np.array([np.pad(d, (0, size - len(d)), constant_values=np.nan) for d, _ in self._warm])
         sums = np.sum([np.pad(obs, ((0, 0), (0, size - obs.shape[1]))) for _, obs in self._warm], axis=0)
         levels = [obs[OBS.index("level")][obs[OBS.index("count")] > 0][0] for _, obs in self._warm]
+        above = np.sum([np.pad(obs[OBS.index("peer")] > 0, (0, size - obs.shape[1])) for _, obs in self._warm], 0)
         self._warm = None
         raw = row_median(warm.T)[:, 0]
-        self._reference.reset(_valid(warm - raw))
+        resid = warm - others_median(warm.T).T  # each step against the rank's other steps: no pile at 0
+        self._reference.reset(_valid(resid))
         steps = len(warm)
-        independence = _independence(warm - raw)
+        independence = _independence(resid)
         self._z_scale = math.sqrt(independence)  # a CUSUM over autocorrelated scores grows (1 + rho) / (1 - rho) faster
         se = self._reference.median_se(max(1, round(steps * independence)))
         places = self._positions()
         position = _position_offsets(raw, places)
         dev = raw - position
-        floor = max(math.log1p(self.structural_min), 4 * se)
-        slow = np.nan_to_num(dev) > floor
+        offset_se = max(se, _spread(dev))
+        floor = max(math.log1p(self.structural_min), _verdict_sigmas(dev) * offset_se)
+        slow = (np.nan_to_num(dev) > floor) & _mostly_above(above, (~np.isnan(warm)).sum(axis=0))
         verdicts = self._slow_ranks(slow, dev, places)
         sick = np.zeros_like(slow)
         for scope, members, _ in verdicts:
@@ -389,7 +392,7 @@ class StragglerDetector(Detector):
         self._level_n = steps
         self._level = float(np.median(levels))
         timeline, first = start
-        verdict = {"steps_seen": steps, "offset_se": round(se, 4)}
+        verdict = {"steps_seen": steps, "offset_se": round(offset_se, 4)}
         found = [
             _Episode("structural", members, timeline, first, step, step, stage=stage, active=False, verdict=verdict)
             for stage, members in self._slow_positions(position, places, floor)
@@ -596,6 +599,26 @@ class StragglerDetector(Detector):
         )
 
 
+def _mostly_above(above: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Ranks slower than the median of their peers on so many of their ``steps`` that a healthy rank (above
+    on half of them) would be there in under 1% of runs of this many ranks (a sign test)."""
+    ranks = max(int((steps > 0).sum()), 1)
+    return (steps > 0) & (bdtrc(np.maximum(above - 1, 0), steps, 0.5) <= 0.01 / ranks)
+
+
+def _verdict_sigmas(dev: np.ndarray) -> float:
+    """How far out of its peers a warm-up offset must be: 4 sigma, or the normal quantile that leaves 1% of
+    runs with a false verdict among this many ranks when that is further."""
+    return max(4.0, float(ndtri(1 - 0.01 / max(int((~np.isnan(dev)).sum()), 1))))
+
+
+def _spread(dev: np.ndarray) -> float:
+    """The spread of healthy ranks' warm-up offsets as measured across ranks (eight or more): whatever the
+    noise's tail or correlation, what a median of these steps varies by."""
+    values = _valid(dev)
+    return float(mad_sigma(values)) if len(values) >= 8 else 0.0
+
+
 def _independence(resid: np.ndarray) -> float:
     """``(1 - rho) / (1 + rho)``: the share of a rank's steps that count as independent, ``rho`` the pooled
     lag-1 autocorrelation of the residuals (0 or less: every step counts)."""
@@ -658,7 +681,7 @@ def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
             f"{episode.start_step}, every rank together; {who} {peers}, not blamed on this evidence"
         )
     node = " (slow node)" if episode.scope == "host" else ""
-    return f"{who} {peers} {since}{node}; {cost}"
+    return f"{who} {peers}, {since}{node}; {cost}"
 
 
 def _peers(count: int) -> str:

@@ -356,3 +356,17 @@ def test_a_contended_machine_is_said_rather_than_blamed_on_a_rank(seed: int) -> 
 def test_a_straggler_far_beyond_the_contention_is_still_named() -> None:
     [found] = warnings_(detect(contended(4, 2.0)))
     assert found.ranks == (0,) and found.severity.value == "warning" and not found.evidence["contended"]
+
+
+@pytest.mark.parametrize("kind", [*tf.NOISES, "ar1"])
+@pytest.mark.parametrize(("ranks", "stages"), [(16, 0), (64, 4), (1024, 4)])
+def test_clean_short_traces_get_no_verdict_against_a_rank(kind: str, ranks: int, stages: int) -> None:
+    """Runs of 10 to 100 steps, each stage its own speed: a healthy rank is never a sick worker from the start."""
+    rk = list(range(ranks))
+    topology = pipeline_topology(rk, stages=stages, per_host=8) if stages else None
+    for steps in (10, 20, 44, 100):
+        for seed in range(3 if ranks < 1024 else 1):
+            compute = jitter(seed * 7 + steps, steps, ranks, kind, scale=0.05)
+            if stages:
+                compute *= np.repeat([1.0, 1.02, 0.99, 1.03], ranks // 4)
+            assert warnings_(detect_trace(compute, rk, topology)) == [], (steps, seed)
