@@ -100,7 +100,7 @@ class SpikeDetector(Detector):
         recover_steps: int = 2,
         diverge_steps: int = 50,
         critical_ratio: float = 4.0,
-        min_ratio: float = 1.1,
+        min_ratio: float = 1.15,
         window: int = 100,
         min_points: int = 30,
         settle_steps: int = 20,

@@ -171,7 +171,7 @@ def test_consecutive_elevated_steps_are_one_episode(metric: str) -> None:
     assert (evidence["onset_step"], evidence["peak_step"], evidence["last_elevated_step"]) == (600, 602, 604)
     assert evidence["recovered_at_step"] == 606 and not finding.active  # recover_steps=2 quiet steps
     assert evidence["ratio_to_baseline"] == pytest.approx(math.exp(14 * SIGMA), rel=4 * SIGMA)
-    # 1.32x the trend: an alarm for the loss (from 1.1x), a bump for the gradient norm (from 2x)
+    # 1.32x the trend: an alarm for the loss (from 1.15x), a bump for the gradient norm (from 2x)
     assert finding.severity == (Severity.WARNING if metric == "loss" else Severity.INFO)
     assert finding.suggested_action.action == "investigate"
 
