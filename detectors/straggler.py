@@ -297,23 +297,25 @@ class StragglerDetector(Detector):
             "median": np.broadcast_to(median, d.shape),
             "phased": np.broadcast_to(phased, d.shape),
             "count": np.ones_like(d),
-            **dict(zip(("peer", "level"), map(np.nan_to_num, self._peer_ratios(log_work)))),
+            **dict(zip(("peer", "level"), map(np.nan_to_num, self._peer_ratios(log_work, np.log(median))))),
         }
         obs = np.stack([np.where(valid, columns[name], 0.0) for name in OBS], axis=1)
         return d, obs
 
-    def _peer_ratios(self, log_work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _peer_ratios(self, log_work: np.ndarray, log_median: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Log of each rank's work over the median of its peers' (the other ranks of its position; the other
-        ranks of the job for a rank alone in its position), and the log median work of the job's other ranks."""
-        others = others_median(log_work)
-        ratio = log_work - others
+        ranks of the job for a rank alone in its position), and the log median work of the job: of the other
+        ranks when there are two (the median of two would move with the slow one)."""
         groups = self._positions().groups()
-        if len(groups) > 1 or len(groups[0][1]) < log_work.shape[1]:
-            for _, members in groups:
-                if len(members) >= 2:
-                    own = log_work[:, members] - others_median(log_work[:, members])
-                    ratio[:, members] = np.where(np.isnan(own), ratio[:, members], own)
-        return ratio, others
+        whole = len(groups) == 1 and len(groups[0][1]) == log_work.shape[1]
+        job_wide = whole or log_work.shape[1] <= 2 or any(len(members) < 2 for _, members in groups)
+        others = others_median(log_work) if job_wide else np.full_like(log_work, np.nan)
+        ratio = log_work - others
+        for _, members in groups if not whole else ():
+            if len(members) >= 2:
+                own = log_work[:, members] - others_median(log_work[:, members])
+                ratio[:, members] = np.where(np.isnan(own), ratio[:, members], own)
+        return ratio, others if log_work.shape[1] <= 2 else np.broadcast_to(log_median, log_work.shape)
 
     # -- one step ------------------------------------------------------------------------
     def _step(self, timeline: int, step: int, d: np.ndarray, obs: np.ndarray) -> list[_Episode]:
