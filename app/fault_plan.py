@@ -1,7 +1,7 @@
 """The demo's fault plan: one of each kind of incident, placed at fixed fractions of the run.
 
 Nothing is injected in the first 40%: the detectors learn the run's own noise, trend and
-per-rank speeds there first (a straggler present from the start is structural, not sick).
+per-rank speeds there first, so that each fault is found as a change at its own step.
 """
 
 from __future__ import annotations
