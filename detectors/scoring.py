@@ -42,7 +42,7 @@ ON_TIME_LEAD = 2
 """A finding starting this many steps before its fault's first step still counts as on time (not dated back)."""
 CULPRIT_MAX_RANKS = 64
 """Faults covering more ranks than this score no culprit."""
-FINDING_COLUMNS = ("finding_id", "kind", "timeline", "start_step", "ranks")
+FINDING_COLUMNS = ("finding_id", "kind", "severity", "timeline", "start_step", "ranks")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Margin:
 
 def findings_frame(findings: Iterable[Finding]) -> pd.DataFrame:
     """Findings as the rows this module scores (``FINDING_COLUMNS``, as the store's findings view has them)."""
-    rows = [(f.finding_id, f.kind, f.timeline, f.start_step, tuple(f.ranks)) for f in findings]
+    rows = [(f.finding_id, f.kind, f.severity.value, f.timeline, f.start_step, tuple(f.ranks)) for f in findings]
     return pd.DataFrame(rows, columns=list(FINDING_COLUMNS))
 
 
@@ -116,10 +116,11 @@ def match(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd
 
 
 def false_alarms(findings: pd.DataFrame, labels: Sequence[Label], margin: Margin) -> pd.DataFrame:
-    """The findings that no label explains: none of its kind within its margin, none a consequence of it."""
+    """The alarms (warning or critical findings) that no label explains: none of its kind within its margin,
+    none a consequence of it. An info finding pages nobody, so it is no false alarm."""
     explained = {f["finding_id"] for label in labels for f in _candidates(findings, label, margin)}
     explained |= {f["finding_id"] for label in labels for f in _consequences(findings, label)}
-    return findings[~findings["finding_id"].isin(explained)]
+    return findings[~findings["finding_id"].isin(explained) & (findings["severity"] != "info")]
 
 
 def precision_recall(matches: pd.DataFrame, alarms: pd.DataFrame, steps: int) -> pd.DataFrame:

@@ -54,7 +54,8 @@ def missed_faults(found: list[tuple[str, int]], kinds: tuple[str, ...] = FINDING
     """The labelled faults of an expected kind in ``kinds`` that no finding (``found``: kind, start) matches
     within their own steps."""
     findings = pd.DataFrame(
-        [(f"{kind}-{i}", kind, 0, start, ()) for i, (kind, start) in enumerate(found)], columns=list(FINDING_COLUMNS)
+        [(f"{kind}-{i}", kind, "warning", 0, start, ()) for i, (kind, start) in enumerate(found)],
+        columns=list(FINDING_COLUMNS),
     )
     labels = [label for label in labelled_faults() if label.expected_kind in kinds]
     return [label for label, hit in zip(labels, match(findings, labels, Margin(0, 0))["found"]) if not hit]

@@ -27,10 +27,13 @@ STRAGGLER = Label("straggler", "straggler", Window(100, 140), (3,), "straggler:r
 NAN = Label("nan", "nonfinite", Window(200), (0,), "nan:rank=0,step=200")
 
 
-def findings(*rows: tuple[str, int, tuple[int, ...]], timeline: int = 0) -> pd.DataFrame:
-    """Findings of ``timeline`` from (kind, start step, ranks)."""
+def findings(*rows: tuple[str, int, tuple[int, ...]], timeline: int = 0, severity: str = "warning") -> pd.DataFrame:
+    """Findings of ``timeline`` and ``severity`` from (kind, start step, ranks)."""
     return pd.DataFrame(
-        [(f"{kind}@{start}/{i}", kind, timeline, start, ranks) for i, (kind, start, ranks) in enumerate(rows)],
+        [
+            (f"{kind}@{start}/{i}", kind, severity, timeline, start, ranks)
+            for i, (kind, start, ranks) in enumerate(rows)
+        ],
         columns=list(FINDING_COLUMNS),
     )
 
@@ -94,6 +97,12 @@ def test_false_alarms_are_findings_no_label_explains() -> None:
     alarms = false_alarms(found, [STRAGGLER, NAN], Margin())
     # a peer's straggler finding in the window is no alarm, nor the drop a straggler causes
     assert alarms["start_step"].tolist() == [50, 150]
+
+
+def test_an_info_finding_is_no_false_alarm_but_still_catches_its_fault() -> None:
+    bump = findings(("loss_spike", 50, ()), ("nonfinite", 200, (0,)), severity="info")
+    assert false_alarms(bump, [NAN], Margin()).empty
+    assert match(bump, [NAN], Margin())["found"].tolist() == [True]
 
 
 def test_after_a_rewind_a_finding_matches_and_explains_only_faults_of_its_timeline() -> None:
