@@ -1,16 +1,20 @@
 """Busy but not learning: held-out eval against compute, forecast by a saturating power law.
 
 Evals of one split and score are fitted, as a function of cumulative compute C, with
-``L(C) = E + A * (C / C0) ** -alpha`` (scipy ``curve_fit``, bounded so E lies below the
-best eval seen); a new eval is judged against the forecast band
-``forecast * exp(band_z * sigma)``, sigma being the robust spread of the fit's log
-residuals (at least ``min_rel_sigma``). Evals above the band are kept out of the fit;
-``patience`` of them in a row open a finding, which grows while evals stay above and
-clears when one comes back inside, or when the last ``trend_evals`` of them keep falling
-by more than the band (an early fit that saturated too soon: the forecast was wrong, not
-the eval, and without this they would never re-enter the fit). A second rule sees the
-same failure without a forecast: over the last ``trend_evals`` evals the held-out score
-is flat or rising while the training loss keeps falling (the job memorises what it is fed).
+``L(C) = E + A * (C / C0) ** -alpha`` (least squares on log scale, bounded so E lies below
+the best eval seen). New evals are judged against a prediction interval: the residual
+noise over n - 3 degrees of freedom, plus the fit's own uncertainty where it forecasts
+(the leverage of the law's gradient against the fit's Jacobian), times Student t's
+quantile at the normal tail of ``band_z``. Persistence is measured in evals: the last
+``patience``, 2x and 4x ``patience`` evals are held out of the fit and judged together
+(their mean against the band of a mean, widened for autocorrelated residuals), so a stall
+cannot bend the fit to itself one eval at a time. Evals above the band are kept out of the
+fit; the finding grows while each new eval stays above and clears when one comes back
+inside, or when the last ``trend_evals`` of them keep falling by more than the band (an
+early fit that saturated too soon: the forecast was wrong, not the eval). A second rule
+sees the same failure without a forecast: over the last ``trend_evals`` evals the held-out
+score's trend does not fall while the training loss falls, by ``train_drop`` and by
+``TREND_Z`` standard errors of that trend (the job memorises what it is fed).
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, POSITIVE, Range, ranges
-from .robust import mad_sigma
 from .telemetry import TelemetryBatch
 
 LOSS_SCORES = ("loss", "eval_loss", "val_loss")
+TREND_Z = 3.0
+"""How many standard errors of the eval's trend the training loss must fall by, over the same evals, before
+an eval that does not fall counts as not learning (the eval's noise must not pass for a stall)."""
 
 
 @dataclass
@@ -38,8 +44,10 @@ class _Series:
     """One (timeline, split, score) eval series and its episode."""
 
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (step, compute, value) fitted
-    suspects: list[tuple[int, float, float, float]] = field(default_factory=list)  # + forecast
+    suspects: list[tuple[int, float, float, float, float]] = field(default_factory=list)  # + forecast, sigma
     finding: Finding | None = None
+    noise: float = 0.0
+    """The eval noise (log scale) of the latest fit; 0 before there is one."""
     compute_unit: str = "cum_flops"
     """What the compute axis is: ``cum_flops``, ``cum_tokens`` or ``step``, as the latest eval carried it."""
 
@@ -70,7 +78,7 @@ class EvalStallDetector(Detector):
         self,
         *,
         min_evals: int = 6,
-        band_z: float = 3.0,
+        band_z: float = 4.0,
         min_rel_sigma: float = 0.001,
         patience: int = 2,
         trend_evals: int = 5,
@@ -113,27 +121,20 @@ class EvalStallDetector(Detector):
     def _observe(
         self, timeline: int, split: str, name: str, step: int, compute: float, unit: str, value: float
     ) -> Finding | None:
-        if not (math.isfinite(value) and math.isfinite(compute) and compute > 0):
+        if not (math.isfinite(value) and math.isfinite(compute) and compute > 0 and value > 0):
             return None
         series = self._series_for(timeline, split, name, step)
         series.compute_unit = unit
-        forecast, sigma = self._forecast(series, compute)
-        above = False
-        if forecast is not None and math.log(value) > math.log(forecast) + self.band_z * sigma:
-            suspect = (step, compute, value, forecast)
-            # falling steadily, only slower than an early fit said: refit, it is no stall
-            above = not self._still_improving(series.suspects + [suspect], sigma)
-            if above:
-                series.suspects.append(suspect)
+        evaluation = (step, compute, value)
+        above = self._judge_alone(series, evaluation) if series.suspects else self._judge_window(series, evaluation)
         if not above:
-            series.points.extend((s, c, v) for s, c, v, _ in series.suspects)  # back in the band: they were noise
+            series.points.extend(s[:3] for s in series.suspects)  # back in the band: they were noise
             series.suspects.clear()
-            series.points.append((step, compute, value))
         learning_stopped = self._train_falls_eval_flat(timeline, series, step)
         if above and len(series.suspects) >= self.patience:
-            return self._open_or_grow(timeline, split, name, series, sigma, "forecast")
+            return self._open_or_grow(timeline, split, name, series, "forecast")
         if learning_stopped and (series.finding is None or not series.finding.active):  # a cleared one may reopen
-            return self._open_or_grow(timeline, split, name, series, sigma, "train_vs_eval")
+            return self._open_or_grow(timeline, split, name, series, "train_vs_eval")
         if series.finding is not None and series.finding.active and not above and not learning_stopped:
             series.finding = _cleared(series.finding, step)
             return series.finding
@@ -148,28 +149,70 @@ class EvalStallDetector(Detector):
             self._series[key] = _Series(points=[p for p in parent.points if p[0] < step])
         return self._series[key]
 
-    def _forecast(self, series: _Series, compute: float) -> tuple[float | None, float]:
-        if len(series.points) < self.min_evals:
-            return None, 0.0
-        c = np.array([p[1] for p in series.points])
-        v = np.array([p[2] for p in series.points])
-        forecast = forecast_evals(c, v, np.array([compute]), min_rel_sigma=self.min_rel_sigma)
+    def _judge_alone(self, series: _Series, evaluation: tuple[int, float, float]) -> bool:
+        """While evals are above the band: is this one too (then it joins the suspects)?"""
+        forecast = self._forecast(series, series.points, [evaluation])
         if forecast is None:
-            return None, 0.0
-        center, sigma = forecast
-        return float(center[0]), sigma
+            series.points.append(evaluation)
+            return False
+        suspect = (*evaluation, float(forecast.center[0]), float(forecast.sigma[0]))
+        width = float(forecast.half_width(self.band_z)[0])
+        above = math.log(evaluation[2] / suspect[3]) > width
+        # falling steadily, only slower than an early fit said: refit, it is no stall
+        if above and not self._still_improving(series.suspects + [suspect], width):
+            series.suspects.append(suspect)
+            return True
+        series.points.append(evaluation)
+        return False
 
-    def _still_improving(self, evals: list[tuple], sigma: float) -> bool:
-        """The last ``trend_evals`` evals (step, compute, value, ...) fall, by more than the band, first to last."""
+    def _judge_window(self, series: _Series, evaluation: tuple[int, float, float]) -> bool:
+        """The last ``m`` evals, held out of the fit, against the band of their mean, for ``m`` in
+        ``windows()``: above it, they become suspects; else this eval joins the fit. Each window is judged
+        against a fit that has not seen it, so a stall cannot bend the fit to itself one eval at a time."""
+        for m in self.windows():
+            fitted, window = series.points[: len(series.points) - m + 1], series.points[len(series.points) - m + 1 :]
+            window = window + [evaluation]
+            forecast = self._forecast(series, fitted, window)
+            if forecast is None:
+                break  # longer windows leave even fewer evals to fit
+            excess = np.log([w[2] for w in window]) - np.log(forecast.center)
+            width = _t_quantile(self.band_z, forecast.dof) * forecast.mean_sigma
+            suspects = [(*w, float(f), float(sg)) for w, f, sg in zip(window, forecast.center, forecast.sigma)]
+            if excess.mean() > width and excess.min() > 0 and not self._still_improving(suspects, width):
+                series.points, series.suspects = fitted, suspects
+                return True
+        series.points.append(evaluation)
+        return False
+
+    def windows(self) -> tuple[int, ...]:
+        """How many of the latest evals are judged together: ``patience``, twice and four times as many."""
+        return (self.patience, 2 * self.patience, 4 * self.patience)
+
+    def _forecast(
+        self, series: _Series, fitted: list[tuple[int, float, float]], evals: list[tuple[int, float, float]]
+    ) -> Forecast | None:
+        """The forecast, from the evals ``fitted``, at the computes of ``evals``; None before ``min_evals``."""
+        if len(fitted) < self.min_evals:
+            return None
+        c = np.array([p[1] for p in fitted])
+        v = np.array([p[2] for p in fitted])
+        forecast = forecast_evals(c, v, np.array([e[1] for e in evals]), min_rel_sigma=self.min_rel_sigma)
+        if forecast is not None:
+            series.noise = forecast.noise
+        return forecast
+
+    def _still_improving(self, evals: list[tuple], width: float) -> bool:
+        """The last ``trend_evals`` evals (step, compute, value, ...) fall, by more than the band's half-width
+        ``width``, first to last."""
         recent = np.array([e[2] for e in evals[-self.trend_evals :]])
-        if len(recent) < self.trend_evals or math.log(recent[0] / recent[-1]) <= self.band_z * sigma:
+        if len(recent) < self.trend_evals or math.log(recent[0] / recent[-1]) <= width:
             return False
         return bool(stats.spearmanr(np.arange(len(recent)), recent).statistic < 0.0)
 
     def _train_falls_eval_flat(self, timeline: int, series: _Series, step: int) -> bool:
         """Over the last ``trend_evals`` evals: eval not improving while the training loss keeps falling."""
         recent = (series.points + [s[:3] for s in series.suspects])[-self.trend_evals :]
-        if len(recent) < self.trend_evals or len(series.points) < self.min_evals:
+        if len(recent) < self.trend_evals or len(series.points) < self.min_evals or not series.noise:
             return False
         evals = np.array([r[2] for r in recent])
         first_step = recent[0][0]
@@ -181,19 +224,21 @@ class EvalStallDetector(Detector):
             return False
         bins = np.array_split(np.array([v for _, v in train]), self.trend_evals)
         medians = np.array([np.median(b) for b in bins])
-        eval_rho = stats.spearmanr(np.arange(len(evals)), evals).statistic
-        train_drop = 1.0 - medians[-1] / medians[0]
-        return bool(eval_rho >= 0.0 and evals[-1] >= evals[0] and train_drop >= self.train_drop)
+        x = np.arange(len(evals)) - (len(evals) - 1) / 2
+        eval_fall = -(len(evals) - 1) * float(x @ np.log(evals)) / float(x @ x)  # least-squares trend, log scale
+        fall_se = (len(evals) - 1) * series.noise / math.sqrt(float(x @ x))
+        train_fall = math.log(medians[0] / medians[-1])
+        return eval_fall <= 0.0 and train_fall >= max(-math.log1p(-self.train_drop), TREND_Z * fall_se)
 
-    def _open_or_grow(self, timeline: int, split: str, name: str, series: _Series, sigma: float, rule: str) -> Finding:
+    def _open_or_grow(self, timeline: int, split: str, name: str, series: _Series, rule: str) -> Finding:
         suspects = series.suspects
         start = (
             series.finding.start_step
             if series.finding and series.finding.active
             else (suspects[0][0] if suspects else series.points[-self.trend_evals][0])
         )
-        last = suspects[-1] if suspects else (*series.points[-1], float("nan"))
-        excess = [math.log(v / f) / sigma for _, _, v, f in suspects] or [0.0]
+        last = suspects[-1] if suspects else (*series.points[-1], float("nan"), float("nan"))
+        excess = [math.log(v / f) / sigma for _, _, v, f, sigma in suspects] or [0.0]
         evidence = {
             "split": split,
             "score": name,
@@ -207,7 +252,7 @@ class EvalStallDetector(Detector):
                 "compute_unit": series.compute_unit,
             },
             "band_z": self.band_z,
-            "sigma_log": sigma,
+            "sigma_log": last[4],
             "excess_sigma": max(excess),
             "fitted_evals": len(series.points),
         }
@@ -248,42 +293,114 @@ def _compute(row: object) -> tuple[float, str]:
     return float("nan"), "step"
 
 
+@dataclass(frozen=True)
+class Forecast:
+    """The fitted law at some computes, and how far one new eval there may fall from it.
+
+    ``sigma`` is, on log scale, the standard error of predicting one new eval at each point: the
+    observation noise and the fit's own uncertainty at that compute, ``s * sqrt(1 + h)``. ``dof`` is
+    the residual degrees of freedom of the fit (evals minus three parameters).
+    """
+
+    center: np.ndarray
+    sigma: np.ndarray
+    dof: int
+    noise: float
+    """``s``: the observation noise alone, log scale."""
+    mean_sigma: float
+    """The standard error of the mean of one new eval at each point: ``s * sqrt(1 / m + h_mean)``."""
+
+    def half_width(self, band_z: float) -> np.ndarray:
+        """The band's half-width on log scale: Student t's quantile with ``dof`` degrees of freedom at the
+        normal tail of ``band_z``, times ``sigma`` (a z-band widened for a noise estimated from few evals)."""
+        return _t_quantile(band_z, self.dof) * self.sigma
+
+    def band(self, band_z: float) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high): ``center x exp(-/+ half_width)``."""
+        spread = np.exp(self.half_width(band_z))
+        return self.center / spread, self.center * spread
+
+
+def _t_quantile(band_z: float, dof: int) -> float:
+    return float(stats.t.ppf(stats.norm.cdf(band_z), max(dof, 1)))
+
+
 def forecast_evals(
     compute: np.ndarray, values: np.ndarray, at: np.ndarray, *, min_rel_sigma: float = 0.001
-) -> tuple[np.ndarray, float] | None:
-    """The saturating power law through (compute, values), evaluated at ``at``, and its relative sigma.
+) -> Forecast | None:
+    """The saturating power law through (compute, values), evaluated at ``at``, with its prediction interval.
 
-    The band the detector holds evals to is ``center * exp(±band_z * sigma)``; None when
-    the fit fails. The dashboard draws the same band.
+    The fit is least squares on log scale. The noise ``s`` is the root mean square of the log residuals
+    over ``n - 3`` degrees of freedom (unbiased for the variance, unlike a median-based spread from a few
+    points), at least ``min_rel_sigma``; the fit's uncertainty at a compute is the leverage
+    ``h = g (J'J)^+ g'`` of the law's log-gradient ``g`` there against the fit's Jacobian ``J`` (the
+    delta method: the parameter covariance is ``s^2 (J'J)^-1``). None when the fit fails or has no
+    degree of freedom. The detector holds evals to this band; the dashboard draws the same.
     """
-    params = _fit_power_law(compute, values)
-    if params is None:
+    n = len(values)
+    fitted = _fit_power_law(compute, values) if n > 3 else None
+    if fitted is None:
         return None
+    params, jac = fitted
     residuals = np.log(values) - np.log(_power_law(compute, *params))
-    spread = float(mad_sigma(residuals))
-    sigma = max(spread * math.sqrt(len(values) / max(len(values) - 3, 1)), min_rel_sigma)  # three fitted parameters
-    return _power_law(at, *params), sigma
+    s = max(math.sqrt(float(residuals @ residuals) / (n - 3)), min_rel_sigma)
+    grad = _log_gradient(at, *params)
+    unit_cov = np.linalg.pinv(jac.T @ jac)
+    leverage = np.maximum(np.einsum("ij,jk,ik->i", grad, unit_cov, grad), 0.0)
+    mean_grad = grad.mean(axis=0)
+    mean_leverage = max(float(mean_grad @ unit_cov @ mean_grad), 0.0)
+    noise_of_mean = _mean_variance_factor(residuals, len(at)) / len(at)
+    return Forecast(
+        _power_law(at, *params), s * np.sqrt(1.0 + leverage), n - 3, s, s * math.sqrt(noise_of_mean + mean_leverage)
+    )
+
+
+def _mean_variance_factor(residuals: np.ndarray, m: int) -> float:
+    """How much more than ``1 / m`` of the noise variance the mean of ``m`` consecutive new evals keeps:
+    ``1 + 2 sum_k (1 - k/m) rho^k`` for the lag-1 autocorrelation ``rho`` of the fit's residuals (in
+    [0, 0.9]: correlated eval noise, or a family that misfits the curve, averages out more slowly)."""
+    centred = residuals - residuals.mean()
+    denominator = float(centred @ centred)
+    rho = float(centred[1:] @ centred[:-1]) / denominator if denominator > 0 else 0.0
+    rho = min(max(rho, 0.0), 0.9)
+    k = np.arange(1, m)
+    return 1.0 + 2.0 * float(np.sum((1.0 - k / m) * rho**k))
 
 
 def _power_law(c: np.ndarray, e: float, a: float, alpha: float, c0: float) -> np.ndarray:
     return e + a * (c / c0) ** -alpha
 
 
-def _fit_power_law(c: np.ndarray, v: np.ndarray) -> tuple[float, float, float, float] | None:
-    """(E, A, alpha, C0) of the saturating power law through (c, v); None when the fit fails."""
+def _log_gradient(c: np.ndarray, e: float, a: float, alpha: float, c0: float) -> np.ndarray:
+    """d log L / d (E, A, alpha) at each compute: one row per point."""
+    u = (c / c0) ** -alpha
+    law = e + a * u
+    return np.column_stack([1.0 / law, u / law, -a * u * np.log(c / c0) / law])
+
+
+def _fit_power_law(c: np.ndarray, v: np.ndarray) -> tuple[tuple[float, float, float, float], np.ndarray] | None:
+    """(E, A, alpha, C0) of the saturating power law through (c, v), least squares on log scale, and the
+    Jacobian of the log residuals there; None when the fit fails."""
     c0 = float(c[0])
     floor = float(v.min())
+    log_v = np.log(v)
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        return np.log(_power_law(c, p[0], p[1], p[2], c0)) - log_v
+
+    def jacobian(p: np.ndarray) -> np.ndarray:
+        return _log_gradient(c, p[0], p[1], p[2], c0)
+
+    start = np.array([0.5 * floor, max(float(v[0]) - 0.5 * floor, 1e-6), 0.3])
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            (e, a, alpha), _ = optimize.curve_fit(
-                lambda x, e, a, alpha: _power_law(x, e, a, alpha, c0),
-                c,
-                v,
-                p0=(0.5 * floor, max(float(v[0]) - 0.5 * floor, 1e-6), 0.3),
-                bounds=([0.0, 0.0, 0.0], [floor, np.inf, 3.0]),
-                maxfev=2000,
+            fit = optimize.least_squares(
+                residuals, start, jac=jacobian, bounds=([0.0, 1e-12, 0.0], [floor, np.inf, 3.0]), max_nfev=200
             )
-    except (RuntimeError, ValueError, optimize.OptimizeWarning):
+    except (RuntimeError, ValueError):
         return None
-    return float(e), float(a), float(alpha), c0
+    if fit.status <= 0 or not np.all(np.isfinite(fit.jac)):
+        return None
+    e, a, alpha = (float(x) for x in fit.x)
+    return (e, a, alpha, c0), fit.jac

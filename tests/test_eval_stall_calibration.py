@@ -3,8 +3,16 @@ runs the same at full size): few false stalls on stall-free curves, and stalls f
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
-from eval_curves import SHAPES, calibrate, draw
+from eval_curves import SHAPES, Calibration, calibrate, draw
+
+
+@cache
+def forty() -> Calibration:
+    """40 stall-free curves and 40 stalled ones, the benchmark's first seeds."""
+    return calibrate(40)
 
 
 def test_the_curves_are_seeded_and_varied() -> None:
@@ -17,11 +25,15 @@ def test_the_curves_are_seeded_and_varied() -> None:
     assert all(6 <= c.stall_at <= c.evals - 4 for c in stalled)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured over 300 + 300 curves: 18.7% false stalls, recall 0.28 within 3 evals (docs/detectors.md)",
-)
-def test_false_stalls_and_recall_meet_the_targets() -> None:
-    cal = calibrate(40)
+def test_few_false_stalls_on_stall_free_curves_and_stalls_still_found() -> None:
+    # Before the prediction interval, 11 of these 40 stall-free curves raised a false stall (18.7% over 300).
+    cal = forty()
     assert cal.false_stall_rate <= 0.05, cal
-    assert cal.recall_within_3 >= 0.8, cal
+    assert cal.found_ever >= 10, cal
+
+
+@pytest.mark.xfail(
+    strict=True, reason="measured over 300 stalled curves: recall 0.05 within 3 evals (docs/detectors.md)"
+)
+def test_detectable_stalls_are_found_within_3_evals() -> None:
+    assert forty().recall_within_3 >= 0.8

@@ -3,7 +3,6 @@ checkpoint advice. Pure functions of DataFrames, so they are tested without Stre
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +66,8 @@ def headline_metric(evals: pd.DataFrame) -> str | None:
 
 
 def forecast_band(evals: pd.DataFrame, metric: str, points: int = 80) -> pd.DataFrame | None:
-    """The detectors' power-law forecast of ``metric`` against compute on the live timeline, ±3 sigma."""
+    """The detectors' power-law forecast of ``metric`` against compute on the live timeline, with the band the
+    eval_stall detector holds evals to (it widens where the forecast extrapolates)."""
     series = evals[(evals["name"] == metric)].dropna(subset=["cum_flops", "value"])
     series = series[(series["cum_flops"] > 0) & (series["value"] > 0)]
     series = series.sort_values(["timeline"]).drop_duplicates("step", keep="last").sort_values("cum_flops")
@@ -78,9 +78,8 @@ def forecast_band(evals: pd.DataFrame, metric: str, points: int = 80) -> pd.Data
     fitted = forecast_evals(compute, series["value"].to_numpy(dtype=float), grid)
     if fitted is None:
         return None
-    center, sigma = fitted
-    spread = math.exp(BAND_Z * sigma)
-    return pd.DataFrame({"cum_flops": grid, "center": center, "low": center / spread, "high": center * spread})
+    low, high = fitted.band(BAND_Z)
+    return pd.DataFrame({"cum_flops": grid, "center": fitted.center, "low": low, "high": high})
 
 
 def incidents_on_evals(incidents: pd.DataFrame, evals: pd.DataFrame, metric: str) -> pd.DataFrame:
