@@ -1,5 +1,6 @@
 """Ranks that stop: the hang and crash hooks in a bare process, and a hung rank in a real two-rank
-gloo run under torchrun, which the test ends as an operator would (SIGTERM to torchrun)."""
+gloo run under torchrun, which the test ends as an operator would (SIGTERM to torchrun): each rank
+records that it was stopped."""
 
 from __future__ import annotations
 
@@ -122,12 +123,17 @@ def test_a_hung_rank_keeps_the_job_alive_until_sigterm_to_torchrun_ends_every_ra
     assert hung_run.returncode != 0 and hung_run.left_running == []
 
 
-def test_the_hung_rank_and_its_peer_stop_recording_at_the_step_before_and_never_end(hung_run: HungRun) -> None:
+def test_the_hung_rank_and_its_peer_stop_recording_at_the_step_before_and_end_when_stopped(hung_run: HungRun) -> None:
+    """No step after the hang; the SIGTERM that ends the job is recorded by each rank as its end."""
     cursor = hung_run.store.cursor()
     assert cursor.execute("SELECT rank, max(step) FROM rank_step_metrics GROUP BY rank ORDER BY rank").fetchall() == [
         (0, HANG - 1),
         (1, HANG - 1),
     ]
     assert cursor.execute("SELECT max(step) FROM step_metrics").fetchall() == [(HANG - 1,)]
-    assert cursor.execute("SELECT count(*) FROM event_log WHERE kind = 'run_end'").fetchall() == [(0,)]
+    ends = cursor.execute(
+        "SELECT rank, payload ->> 'status', payload ->> 'message' FROM event_log WHERE kind = 'run_end' ORDER BY rank"
+    ).fetchall()
+    assert [(rank, status) for rank, status, _ in ends] == [(0, "failed"), (1, "failed")]
+    assert all("SIGTERM" in message for *_, message in ends)
     assert cursor.execute("SELECT step, rank, fault FROM fault_labels").fetchall() == [(HANG, 1, "hang")]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
+from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -85,8 +87,20 @@ def gather_topology() -> tuple[RankPlacement, ...]:
     )
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: torchrun stopping the survivors of a failed rank, or the scheduler ending the job."""
+
+
+def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
+    raise Terminated(f"stopped by {signal.Signals(signum).name} (a peer rank failed or the job was stopped)")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # Python's default for SIGTERM is to die on the spot, losing the records still queued for the
+    # writer thread (the last steps before a peer's crash). Raised as an exception instead, it
+    # unwinds through the logger, which flushes them and records this rank's end.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     config = preset(
         args.preset,
         steps=args.steps,
