@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
+from collections import deque
+
 import numpy as np
 
 MAD_TO_SIGMA = 1.4826
@@ -13,6 +16,38 @@ def mad_sigma(values: np.ndarray, axis: int | None = None, floor: float = 0.0) -
     center = np.nanmedian(values, axis=axis, keepdims=axis is not None)
     scale = MAD_TO_SIGMA * np.nanmedian(np.abs(values - center), axis=axis)
     return np.maximum(scale, floor)
+
+
+def window_mad_sigma(windows: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """``mad_sigma`` of each row of ``windows`` (rows free of NaNs), the same numbers as row by row."""
+    center = np.median(windows, axis=1, keepdims=True)
+    return np.maximum(MAD_TO_SIGMA * np.median(np.abs(windows - center), axis=1), floor)
+
+
+class RollingQuantile:
+    """The last ``size`` values, kept in arrival order and sorted: adding one costs a binary search and a
+    move of at most ``size`` floats, a quantile costs two lookups."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._arrived: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._arrived)
+
+    def add(self, value: float) -> None:
+        if len(self._arrived) == self.size:
+            del self._sorted[bisect.bisect_left(self._sorted, self._arrived.popleft())]
+        self._arrived.append(value)
+        bisect.insort(self._sorted, value)
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation between the order statistics around ``q * (n - 1)`` (numpy's default)."""
+        at = q * (len(self._sorted) - 1)
+        low = int(at)
+        high = min(low + 1, len(self._sorted) - 1)
+        return self._sorted[low] + (self._sorted[high] - self._sorted[low]) * (at - low)
 
 
 def robust_z(values: np.ndarray, axis: int | None = None, floor: float = 1e-12) -> np.ndarray:

@@ -65,6 +65,8 @@ class _Episode:
         return math.exp(self.line.at(self.start))
 
 
+QUIET_BLOCK = (64, 8192)
+"""Rows scored at once outside an episode: from the first, doubling while none opens one, up to the second."""
 DIVERGE_FALL_SIGMAS = 2.0
 DIVERGE_FALL_SHARE = 0.2
 """A series is coming back when its later half's median excess is below the earlier half's by
@@ -114,18 +116,60 @@ class SpikeDetector(Detector):
         self._episode: _Episode | None = None
         self._diverged: _Episode | None = None  # active until the series is back on its old trend, or a rewind
         self._timeline: int | None = None
+        self._block = QUIET_BLOCK[0]
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         rows = batch.steps
         if rows.empty:
             return []
         out: list[Finding] = []
+        timelines, steps = rows["timeline"].to_numpy(int), rows["step"].to_numpy(int)
         values = rows[self.metric].to_numpy(dtype=float, na_value=np.nan)
-        for timeline, step, value in zip(rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), values):
-            found = self._observe(int(timeline), int(step), float(value))
+        i = 0
+        while i < len(rows):
+            quiet = self._admit_quiet(timelines, steps, values, i)
+            if quiet:
+                i += quiet
+                continue
+            found = self._observe(int(timelines[i]), int(steps[i]), float(values[i]))
             if found is not None:
                 out.append(found)
+            i += 1
         return out
+
+    def _admit_quiet(self, timelines: np.ndarray, steps: np.ndarray, values: np.ndarray, start: int) -> int:
+        """Outside an episode, admit the rows from ``start`` on that open none, a block at a time
+        (``RobustTrend.lookahead``); how many rows that took (0: go point by point)."""
+        timeline = int(timelines[start])
+        if timeline != self._timeline:
+            return 0
+        end = min(start + self._block, len(steps))
+        same = np.flatnonzero(timelines[start:end] != timeline)
+        end = start + int(same[0]) if len(same) else end
+        rows = start + np.flatnonzero(np.isfinite(values[start:end]) & (values[start:end] > 0))
+        if not len(rows):
+            return end - start  # no value to judge: these rows neither open nor close a spike
+        if self._episode is not None or self._diverged is not None:
+            return 0
+        ahead = self.trend.lookahead(steps[rows].tolist(), [math.log(v) for v in values[rows].tolist()])
+        if ahead is None:
+            return 0
+        for i in np.flatnonzero(ahead.z >= self.z_alarm * min(1.0, self.settle_factor)).tolist():
+            ahead.admit_until(i)
+            if ahead.z[i] >= self._threshold(timeline, int(steps[rows[i]]), ahead.score(i)):
+                self._block = QUIET_BLOCK[0]
+                return int(rows[i]) - start
+            ahead.admit_until(i + 1)
+        ahead.admit_until(len(rows))
+        self._block = min(2 * self._block, QUIET_BLOCK[1])
+        return end - start
+
+    def _threshold(self, timeline: int, step: int, score: Score) -> float:
+        """The z that opens a spike at ``step``: ``z_alarm`` times the tail factor, higher while settling."""
+        threshold = self.z_alarm * score.tail
+        if self.run.settling(timeline, step, self.settle_steps):
+            threshold *= self.settle_factor  # a restart's small bump (cold caches, reloaded optimizer) is not a spike
+        return threshold
 
     def _observe(self, timeline: int, step: int, value: float) -> Finding | None:
         changed = self._switch_timeline(timeline, step)
@@ -159,9 +203,7 @@ class SpikeDetector(Detector):
         )
 
     def _maybe_open(self, timeline: int, step: int, value: float, y: float, score: Score) -> Finding | None:
-        threshold = self.z_alarm * score.tail
-        if self.run.settling(timeline, step, self.settle_steps):
-            threshold *= self.settle_factor  # a restart's small bump (cold caches, reloaded optimizer) is not a spike
+        threshold = self._threshold(timeline, step, score)
         if score.z < threshold:
             self.trend.admit(step, y, score)
             return None

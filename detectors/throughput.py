@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .crossrank import StepAssembler, StepMatrix
 from .detector import Detector
@@ -30,6 +31,12 @@ from .robust import mad_sigma, row_median
 from .telemetry import TelemetryBatch, numbers
 
 Key = tuple[int, int]
+_Rated = tuple[Key, float, str, float]
+"""A step's key and log rate, with where its duration came from and the tokens it reported."""
+SCREEN_FROM = 64
+"""Rated steps from which a drain screens them with rolling medians rather than judging each."""
+SCREEN_SLACK = 1e-9
+"""The screen's margin in log rate: a step this close to a boundary is judged exactly."""
 MAX_PENDING = 10_000
 """Step durations kept waiting for their step record, at most."""
 
@@ -112,8 +119,8 @@ class ThroughputDetector(Detector):
 
     def _drain(self, *, final: bool) -> list[Finding]:
         """Rate the queued step records whose duration is settled, in order; the drops this opens or changes."""
-        changed: dict[int, _Drop] = {}
         newest = max((key for key, _, _ in self._queue), default=(-1, -1))
+        rated: list[_Rated] = []
         while self._queue:
             key, time, tokens = self._queue[0]
             settled = (
@@ -127,9 +134,10 @@ class ThroughputDetector(Detector):
             self._queue.popleft()
             rate = self._rate(key, time, tokens)
             if rate is not None:
-                drop = self._observe(key, math.log(rate))
-                if drop is not None:
-                    changed[id(drop)] = drop
+                rated.append((key, math.log(rate), self._source, self._tokens))
+        last = self._source, self._tokens
+        changed = {id(drop): drop for drop in self._observe_all(rated)}
+        self._source, self._tokens = last  # as the last step rated left them
         if self._drop is not None:
             changed[id(self._drop)] = self._drop
             self._drop.evidence = self._evidence(self._drop)
@@ -151,22 +159,70 @@ class ThroughputDetector(Detector):
         return work * (step - before[0]) / (time - before[1])
 
     # -- the statistic -------------------------------------------------------------------
-    def _observe(self, key: Key, x: float) -> _Drop | None:
-        """Add one step's log rate; the drop opened or closed by it."""
+    def _observe_all(self, rated: list[_Rated]) -> list[_Drop]:
+        """Add the rated steps in order; the drops they open or close.
+
+        A long run of them is screened at once: the rolling medians of the window and of the
+        baseline before it (pandas' rolling kernels) show which steps might open, deepen or
+        close a drop, and only those are judged, exactly as one at a time (``_judge``).
+        """
+        if len(rated) < SCREEN_FROM:
+            return [drop for rate in rated if (drop := self._observe(*rate)) is not None]
+        warm = max(0, self.warmup_steps - self._seen)
+        self._seen += len(rated)
+        rated = rated[warm:]
+        if not rated:
+            return []
+        known = [x for _, x in self._history]
+        values = pd.Series(known + [x for _, x, *_ in rated])
+        current = values.rolling(self.window).median().to_numpy()[len(known) :]
+        older = values.rolling(self.baseline_steps, min_periods=2 * self.window).median()
+        baseline = older.shift(self.window).to_numpy()[len(known) :]
+        out: list[_Drop] = []
+        for (key, x, source, tokens), now, base in zip(rated, current.tolist(), baseline.tolist()):
+            self._history.append((key, x))
+            drop = self._drop
+            if not math.isfinite(base):
+                continue
+            if drop is None:
+                interesting = now <= base + math.log1p(-self.min_drop) + SCREEN_SLACK
+            else:
+                interesting = now < drop.lowest + SCREEN_SLACK or now > drop.baseline + self._back - SCREEN_SLACK
+            if not interesting:
+                if drop is not None:
+                    self._extend(drop, key)
+                continue
+            self._source, self._tokens = source, tokens
+            if (found := self._judge(key)) is not None:
+                out.append(found)
+        return out
+
+    def _observe(self, key: Key, x: float, source: str, tokens: float) -> _Drop | None:
+        """Add one step's log rate (its duration's source and the tokens it reported, for the evidence); the
+        drop opened or closed by it."""
         self._seen += 1
         if self._seen <= self.warmup_steps:
             return None
         self._history.append((key, x))
+        self._source, self._tokens = source, tokens
+        return self._judge(key)
+
+    @property
+    def _back(self) -> float:
+        """The log rate over the baseline from which a drop is over (within ``min_drop / 2``)."""
+        return math.log1p(-self.min_drop / 2)
+
+    def _judge(self, key: Key) -> _Drop | None:
+        """The drop that the history, up to the step ``key``, opens or closes."""
         values = np.array([v for _, v in self._history])
         if len(values) < 3 * self.window:
             return None
         current = float(np.median(values[-self.window :]))
         if self._drop is not None:
-            if key[0] == self._drop.timeline:
-                self._drop.end_step = max(key[1], self._drop.start_step)
+            self._extend(self._drop, key)
             if current < self._drop.lowest:
                 self._drop.lowest, self._drop.lowest_step = current, key[1]
-            if current > self._drop.baseline + math.log1p(-self.min_drop / 2):
+            if current > self._drop.baseline + self._back:
                 return self._close(self._drop)
             return None
         older = values[: -self.window]
@@ -176,6 +232,11 @@ class ThroughputDetector(Detector):
             self._drop = self._open(key, values, baseline)
             return self._drop
         return None
+
+    @staticmethod
+    def _extend(drop: _Drop, key: Key) -> None:
+        if key[0] == drop.timeline:
+            drop.end_step = max(key[1], drop.start_step)
 
     def _open(self, key: Key, values: np.ndarray, baseline: float) -> _Drop:
         """The drop's onset: the recent step from which the count of steps below the half-drop level, less

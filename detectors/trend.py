@@ -11,17 +11,25 @@ the points the caller accepts, so an outlier (and every point of an episode) is 
 against the baseline without moving it, and a spike cannot raise the bar for the next
 one. The tail factor is capped at ``MAX_TAIL``. A rewind starts a new timeline from the
 parent's points before the branch step.
+
+``lookahead`` scores a block of upcoming points at once, with numpy over sliding windows:
+each point exactly as ``score`` would score it once every point before it is admitted.
+A detector admits the quiet points of the block in bulk and goes point by point only from
+the first it does not accept, so batch detection is vectorised and streaming, which
+scores one point at a time, finds the same.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
-from .robust import mad_sigma
+from .robust import RollingQuantile, mad_sigma, window_mad_sigma
 
 GAUSSIAN_UPPER_Q995 = 2.5758
 """The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
@@ -58,6 +66,10 @@ class Score:
     ready: bool = True
 
 
+Point = tuple[int, float, float]
+"""An admitted point: its step, log(1 + step) and log value."""
+
+
 class RobustTrend:
     """Rolling robust linear trend of log values, with the spread and tails of its forecast errors."""
 
@@ -72,10 +84,13 @@ class RobustTrend:
         tail_power: float = 2.5,
     ) -> None:
         self.window, self.min_points, self.sigma_floor, self.tail_power = window, min_points, sigma_floor, tail_power
-        self._points: dict[int | None, deque[tuple[int, float]]] = {}  # None: points seen before any timeline
+        self.memory = memory
+        self._points: dict[int | None, deque[Point]] = {}  # None: points seen before any timeline
         self._residuals: deque[float] = deque(maxlen=memory)
-        self._zs: deque[float] = deque(maxlen=tail_memory)
+        self._zs = RollingQuantile(tail_memory)
         self._timeline: int | None = None
+        self.admitted = 0
+        """Points admitted so far (``Lookahead`` checks that its points are admitted in order)."""
 
     def on_timeline(self, timeline: int, step: int) -> None:
         """Switch to ``timeline``; a new one starts from the current one's points before ``step``."""
@@ -83,7 +98,7 @@ class RobustTrend:
             return
         if timeline not in self._points:
             parent = self._points.get(self._timeline, deque())
-            self._points[timeline] = deque(((s, y) for s, y in parent if s < step), maxlen=self.window)
+            self._points[timeline] = deque((p for p in parent if p[0] < step), maxlen=self.window)
         self._timeline = timeline
 
     def score(self, step: int, y: float) -> Score | None:
@@ -96,8 +111,8 @@ class RobustTrend:
         points = self._points.get(self._timeline)
         if points is None or len(points) < self.min_points:
             return None
-        steps = np.log1p(np.fromiter((s for s, _ in points), float, len(points)))
-        ys = np.fromiter((v for _, v in points), float, len(points))
+        steps = np.fromiter((x for _, x, _ in points), float, len(points))
+        ys = np.fromiter((v for _, _, v in points), float, len(points))
         half = len(ys) // 2
         run = np.median(steps[half:]) - np.median(steps[:half])
         slope = (np.median(ys[half:]) - np.median(ys[:half])) / run if run > 0 else 0.0
@@ -107,9 +122,9 @@ class RobustTrend:
         ready = len(self._residuals) >= MIN_FORECAST_ERRORS
         spread = np.fromiter(self._residuals, float) if ready else detrended - line.level
         sigma = float(mad_sigma(spread, floor=self.sigma_floor))
-        return Score(line, predicted, sigma, (y - predicted) / sigma, self._tail(), ready)
+        return Score(line, predicted, sigma, (y - predicted) / sigma, self.tail(), ready)
 
-    def _tail(self) -> float:
+    def tail(self) -> float:
         """(upper q99.5 of recent z / the normal 2.576 / slack) ** tail_power, at least 1.
 
         The upper tail only, since spikes are upward and noise may be skewed; from
@@ -122,19 +137,75 @@ class RobustTrend:
         """
         if len(self._zs) < FIRST_TAIL_ZS:
             return EARLY_TAIL
-        upper = float(np.quantile(np.fromiter(self._zs, float), 0.995))
+        upper = self._zs.quantile(0.995)
         measured = min(max(1.0, upper / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** self.tail_power, MAX_TAIL)
         return measured if len(self._zs) >= MIN_TAIL_ZS else max(measured, EARLY_TAIL)
 
     def admit(self, step: int, y: float, score: Score | None) -> None:
         """Add an accepted point to the baseline; when it was scored, its forecast error to the
         spread and, once scores are ``ready``, its z to the tail."""
-        self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, y))
+        self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, math.log1p(step), y))
+        self.admitted += 1
         if score is not None:
             self._residuals.append(y - score.predicted)
             if score.ready:
-                self._zs.append(score.z)
+                self._zs.add(score.z)
 
     def restart(self) -> None:
         """Forget the current timeline's points (after a level shift that did not recover)."""
         self._points[self._timeline] = deque(maxlen=self.window)
+
+    def lookahead(self, steps: Sequence[int], ys: Sequence[float]) -> Lookahead | None:
+        """The upcoming points ``steps``/``ys`` of the current timeline scored at once; None until the
+        baseline is full (``window`` points, ``memory`` forecast errors), when ``score`` must do."""
+        points = self._points.get(self._timeline)
+        if points is None or len(points) < self.window or len(self._residuals) < self.memory or not len(steps):
+            return None
+        return Lookahead(self, points, steps, ys)
+
+
+class Lookahead:
+    """Scores of a block of upcoming points, each as ``RobustTrend.score`` gives it once every point
+    before it has been admitted: the line through the ``window`` points before it (the baseline's and
+    the block's own), the MAD of the ``memory`` forecast errors before it. The block's points are
+    admitted in order with ``admit_until``; ``score`` adds the tail factor of that moment."""
+
+    def __init__(self, trend: RobustTrend, points: deque[Point], steps: Sequence[int], ys: Sequence[float]) -> None:
+        self.trend, self.steps, self.ys = trend, steps, np.asarray(ys, float)
+        xs = np.array([math.log1p(step) for step in steps])
+        n, window, half = len(xs), trend.window, trend.window // 2
+        wx = sliding_window_view(np.concatenate([[x for _, x, _ in points], xs]), window)[:n]
+        wy = sliding_window_view(np.concatenate([[y for _, _, y in points], self.ys]), window)[:n]
+        run = np.median(wx[:, half:], axis=1) - np.median(wx[:, :half], axis=1)
+        rise = np.median(wy[:, half:], axis=1) - np.median(wy[:, :half], axis=1)
+        self.slopes = np.where(run > 0, rise / np.where(run > 0, run, 1.0), 0.0)
+        self.levels = np.median(wy - self.slopes[:, None] * wx, axis=1)
+        self.predicted = self.levels + self.slopes * xs
+        errors = self.ys - self.predicted
+        spread = sliding_window_view(np.concatenate([trend._residuals, errors]), trend.memory)[:n]
+        self.sigmas = window_mad_sigma(spread, floor=trend.sigma_floor)
+        self.z = errors / self.sigmas
+        self._base = trend.admitted
+        self.done = 0
+        """Points of the block admitted so far."""
+
+    def score(self, i: int) -> Score:
+        """Point ``i``'s score; every point before it must have been admitted."""
+        self._check(i)
+        line = Line(float(self.levels[i]), float(self.slopes[i]))
+        return Score(line, float(self.predicted[i]), float(self.sigmas[i]), float(self.z[i]), self.trend.tail())
+
+    def admit_until(self, stop: int) -> None:
+        """Admit the block's points up to ``stop`` (exclusive)."""
+        self._check(self.done)
+        trend, points = self.trend, self.trend._points[self.trend._timeline]
+        for i in range(self.done, stop):
+            points.append((self.steps[i], math.log1p(self.steps[i]), float(self.ys[i])))
+            trend._residuals.append(float(self.ys[i] - self.predicted[i]))
+            trend._zs.add(float(self.z[i]))
+        trend.admitted += stop - self.done
+        self.done = max(self.done, stop)
+
+    def _check(self, i: int) -> None:
+        if self.trend.admitted != self._base + i or self.done != i:
+            raise RuntimeError(f"lookahead point {i}: the points before it were not admitted in order")

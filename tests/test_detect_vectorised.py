@@ -1,0 +1,145 @@
+"""Batch detection is vectorised and streaming is not: both must find the same.
+
+The spike detectors score quiet stretches a block at a time (``RobustTrend.lookahead``) and the throughput
+detector screens long drains with rolling medians; a live follow feeds them a step at a time. Each series
+below (three noise models, falling, warm-up and LR-drop dynamics, short and long runs, spikes, a plateau, a
+divergence, NaNs, a rewind, a restart) is replayed whole and one step per update: the findings must be equal,
+every number included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import telemetry_frames as tf
+
+from bedside.detectors.registry import build_detectors
+from bedside.detectors.telemetry import RunState, TelemetryBatch
+from bedside.detectors.trend import RobustTrend
+
+NOISES = ("gaussian", "student_t3", "ar1")
+SHAPES = ("power_law", "warmup_cosine", "lr_drop")
+
+
+def curve(shape: str, steps: np.ndarray) -> np.ndarray:
+    """A training loss without noise."""
+    if shape == "power_law":
+        return 2.0 + 8.0 * (steps + 10.0) ** -0.3
+    if shape == "warmup_cosine":
+        warm = np.minimum(1.0, steps / 200.0)
+        return 2.5 + 5.0 * np.exp(-3.0 * warm * steps / steps[-1]) + 0.2 * np.cos(steps / 400.0)
+    return 2.0 + 6.0 * (steps + 10.0) ** -0.25 - 0.3 * (steps > steps[-1] * 0.6)
+
+
+def loss_run(noise: str, shape: str, n: int, seed: int) -> pd.DataFrame:
+    """A loss and gradient norm series with every kind of episode the spike detectors know."""
+    rng = np.random.default_rng(seed)
+    step = np.arange(1, n + 1)
+    loss = curve(shape, step.astype(float)) * np.exp(tf.log_noise(rng, noise, n, 0.02))
+    grad = 1.0 * np.exp(tf.log_noise(rng, noise, n, 0.1))
+    for at, factor in ((n // 5, 3.0), (n // 5 + 40, 2.5), (n // 2, 1.3)):  # a spike, another soon after, a small one
+        loss[at] *= factor
+        grad[at - 1] *= 4 * factor
+    loss[int(n * 0.6) : int(n * 0.6) + 3] *= 2.0  # a plateau
+    if n >= 1000:  # a divergence that comes back
+        loss[int(n * 0.7) : int(n * 0.7) + 150] *= np.linspace(1.5, 2.5, 150)
+    loss[rng.choice(n, 5, replace=False)] = np.nan
+    frame = tf.steps_frame(1.8e9 + step.astype(float), first_step=1)
+    return frame.assign(loss=loss, grad_norm=grad)
+
+
+def rewound(frame: pd.DataFrame, at: int) -> pd.DataFrame:
+    """The run rewound to step ``at // 2`` after step ``at``: the later rows replayed on timeline 1."""
+    before, after = frame[frame["step"] <= at], frame[frame["step"] > at // 2]
+    later = after.assign(timeline=1, time=after["time"] + (at - at // 2) + 1.0, seq=after["seq"] + len(frame))
+    return pd.concat([before, later], ignore_index=True)
+
+
+def restart_events(frame: pd.DataFrame, at: int) -> pd.DataFrame:
+    """A checkpoint loaded at step ``at``: the detectors settle after it."""
+    time = float(frame.loc[frame["step"] == at, "time"].iloc[0]) - 0.5
+    return tf.checkpoint_frame([(0, time, at, "loaded")])
+
+
+def replay_both(name: str, batch: TelemetryBatch) -> tuple[dict, dict]:
+    """The findings of one whole batch, and of one step per update."""
+    runs = []
+    for parts in (1, len(batch.steps)):
+        [detector] = build_detectors(only=[name])
+        runs.append(tf.as_json(tf.replay(detector, batch, parts=parts, run=RunState(world_size=1))))
+    return runs[0], runs[1]
+
+
+@pytest.mark.parametrize("name", ["loss_spike", "grad_spike"])
+@pytest.mark.parametrize("noise", NOISES)
+@pytest.mark.parametrize(("shape", "n"), [("power_law", 2000), ("warmup_cosine", 1200), ("lr_drop", 400)])
+def test_spikes_found_in_one_batch_are_those_found_a_step_at_a_time(name: str, noise: str, shape: str, n: int) -> None:
+    frame = loss_run(noise, shape, n, seed=hash((noise, shape)) % 1000)
+    frame = rewound(frame, int(n * 0.8))
+    batch = TelemetryBatch(steps=frame, checkpoints=restart_events(frame, n // 3))
+    whole, streamed = replay_both(name, batch)
+    assert whole and whole == streamed
+
+
+def throughput_run(noise: str, n: int, seed: int) -> pd.DataFrame:
+    """Steps whose duration drops by 30% for a stretch, then comes back, and slows for good at the end."""
+    rng = np.random.default_rng(seed)
+    duration = 1.0 * np.exp(tf.log_noise(rng, noise, n, 0.05))
+    duration[n // 3 : n // 3 + n // 6] *= 1.45
+    duration[int(n * 0.85) :] *= 1.3
+    frame = tf.steps_frame(1.8e9 + np.cumsum(duration))
+    return frame.assign(tokens=np.where(rng.random(n) < 0.01, np.nan, 524_288.0))
+
+
+@pytest.mark.parametrize("noise", NOISES)
+@pytest.mark.parametrize("n", [900, 4000])
+def test_throughput_drops_found_in_one_batch_are_those_found_a_step_at_a_time(noise: str, n: int) -> None:
+    whole, streamed = replay_both("throughput_drop", TelemetryBatch(steps=throughput_run(noise, n, seed=n)))
+    assert whole and whole == streamed
+
+
+@pytest.mark.parametrize("noise", NOISES)
+def test_a_lookahead_scores_each_point_exactly_as_one_at_a_time(noise: str) -> None:
+    rng = np.random.default_rng(5)
+    ys = np.log(curve("power_law", np.arange(1.0, 2001.0))) + tf.log_noise(rng, noise, 2000, 0.02)
+    one, block = RobustTrend(), RobustTrend()
+    for trend in (one, block):
+        for step in range(400):
+            trend.admit(step, ys[step], trend.score(step, ys[step]))
+    ahead = block.lookahead(list(range(400, 2000)), ys[400:].tolist())
+    assert ahead is not None
+    for i, step in enumerate(range(400, 2000)):
+        expected, got = one.score(step, ys[step]), ahead.score(i)
+        assert (got.line, got.predicted, got.sigma, got.z, got.tail, got.ready) == (
+            expected.line,
+            expected.predicted,
+            expected.sigma,
+            expected.z,
+            expected.tail,
+            expected.ready,
+        )
+        one.admit(step, ys[step], expected)
+        ahead.admit_until(i + 1)
+
+
+def test_a_lookahead_whose_points_are_not_admitted_in_order_refuses_to_score() -> None:
+    trend = RobustTrend()
+    for step in range(400):
+        trend.admit(step, math.log(2.0 + 0.01 * math.sin(step)), trend.score(step, math.log(2.0)))
+    ahead = trend.lookahead([400, 401, 402], [0.7, 0.7, 0.7])
+    assert ahead is not None
+    with pytest.raises(RuntimeError, match="not admitted in order"):
+        ahead.score(1)
+    trend.admit(400, 0.7, None)  # behind the lookahead's back
+    with pytest.raises(RuntimeError, match="not admitted in order"):
+        ahead.admit_until(2)
+
+
+def test_a_lookahead_waits_for_a_full_baseline() -> None:
+    trend = RobustTrend()
+    for step in range(99):
+        trend.admit(step, 0.7, trend.score(step, 0.7))
+    assert trend.lookahead([99], [0.7]) is None
