@@ -18,12 +18,6 @@ def mad_sigma(values: np.ndarray, axis: int | None = None, floor: float = 0.0) -
     return np.maximum(scale, floor)
 
 
-def window_mad_sigma(windows: np.ndarray, floor: float = 0.0) -> np.ndarray:
-    """``mad_sigma`` of each row of ``windows`` (rows free of NaNs), the same numbers as row by row."""
-    center = np.median(windows, axis=1, keepdims=True)
-    return np.maximum(MAD_TO_SIGMA * np.median(np.abs(windows - center), axis=1), floor)
-
-
 class RollingQuantile:
     """The last ``size`` values, kept in arrival order and sorted: adding one costs a binary search and a
     move of at most ``size`` floats, a quantile costs two lookups."""

@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .robust import RollingQuantile, mad_sigma, window_mad_sigma
+from .robust import MAD_TO_SIGMA, RollingQuantile, mad_sigma
 
 GAUSSIAN_UPPER_Q995 = 2.5758
 """The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
@@ -172,19 +173,21 @@ class Lookahead:
 
     def __init__(self, trend: RobustTrend, points: deque[Point], steps: Sequence[int], ys: Sequence[float]) -> None:
         self.trend, self.steps, self.ys = trend, steps, np.asarray(ys, float)
-        xs = np.array([math.log1p(step) for step in steps])
-        n, window, half = len(xs), trend.window, trend.window // 2
-        wx = sliding_window_view(np.concatenate([[x for _, x, _ in points], xs]), window)[:n]
-        wy = sliding_window_view(np.concatenate([[y for _, _, y in points], self.ys]), window)[:n]
-        run = np.median(wx[:, half:], axis=1) - np.median(wx[:, :half], axis=1)
-        rise = np.median(wy[:, half:], axis=1) - np.median(wy[:, :half], axis=1)
-        self.slopes = np.where(run > 0, rise / np.where(run > 0, run, 1.0), 0.0)
+        self.xs = [math.log1p(step) for step in steps]
+        n, window = len(steps), trend.window
+        x = np.concatenate([[p[1] for p in points], self.xs])
+        y = np.concatenate([[p[2] for p in points], self.ys])
+        run = _halves_apart(x, n, window)
+        self.slopes = np.where(run > 0, _halves_apart(y, n, window) / np.where(run > 0, run, 1.0), 0.0)
+        wx, wy = sliding_window_view(x, window)[:n], sliding_window_view(y, window)[:n]
         self.levels = np.median(wy - self.slopes[:, None] * wx, axis=1)
-        self.predicted = self.levels + self.slopes * xs
-        errors = self.ys - self.predicted
-        spread = sliding_window_view(np.concatenate([trend._residuals, errors]), trend.memory)[:n]
-        self.sigmas = window_mad_sigma(spread, floor=trend.sigma_floor)
-        self.z = errors / self.sigmas
+        self.predicted = self.levels + self.slopes * np.asarray(self.xs)
+        self.errors = self.ys - self.predicted
+        errors = np.concatenate([np.fromiter(trend._residuals, float, len(trend._residuals)), self.errors])
+        spread = sliding_window_view(errors, trend.memory)[:n]
+        center = _rolling_median(errors, trend.memory)[trend.memory - 1 : -1]
+        self.sigmas = np.maximum(MAD_TO_SIGMA * np.median(np.abs(spread - center[:, None]), axis=1), trend.sigma_floor)
+        self.z = self.errors / self.sigmas
         self._base = trend.admitted
         self.done = 0
         """Points of the block admitted so far."""
@@ -198,14 +201,30 @@ class Lookahead:
     def admit_until(self, stop: int) -> None:
         """Admit the block's points up to ``stop`` (exclusive)."""
         self._check(self.done)
-        trend, points = self.trend, self.trend._points[self.trend._timeline]
-        for i in range(self.done, stop):
-            points.append((self.steps[i], math.log1p(self.steps[i]), float(self.ys[i])))
-            trend._residuals.append(float(self.ys[i] - self.predicted[i]))
-            trend._zs.add(float(self.z[i]))
-        trend.admitted += stop - self.done
-        self.done = max(self.done, stop)
+        trend, start = self.trend, self.done
+        ys = self.ys[start:stop].tolist()
+        trend._points[trend._timeline].extend(zip(self.steps[start:stop], self.xs[start:stop], ys))
+        trend._residuals.extend(self.errors[start:stop].tolist())
+        for z in self.z[start:stop].tolist():
+            trend._zs.add(z)
+        trend.admitted += stop - start
+        self.done = max(start, stop)
 
     def _check(self, i: int) -> None:
         if self.trend.admitted != self._base + i or self.done != i:
             raise RuntimeError(f"lookahead point {i}: the points before it were not admitted in order")
+
+
+def _rolling_median(values: np.ndarray, width: int) -> np.ndarray:
+    """The median of each ``width`` consecutive values, at the last of them (NaN before), by pandas' skip list:
+    the same numbers as ``np.median`` of each window."""
+    return pd.Series(values).rolling(width).median().to_numpy()
+
+
+def _halves_apart(values: np.ndarray, n: int, window: int) -> np.ndarray:
+    """For the ``window`` values before each of the last ``n`` of ``values``: the median of the later half
+    less that of the earlier half (``window // 2`` values; the later half takes the odd one)."""
+    half = window // 2
+    earlier = _rolling_median(values, half)[half - 1 : half - 1 + n]
+    later = _rolling_median(values, window - half)[window - 1 : window - 1 + n]
+    return later - earlier
