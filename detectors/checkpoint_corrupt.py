@@ -48,7 +48,9 @@ class CheckpointCorruptDetector(Detector):
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         ck = batch.checkpoints
-        rows = ck[ck["event"].isin(("corrupt", "saved"))] if len(ck) else ck
+        if ck.empty:
+            return []
+        rows = ck[ck["event"].isin(("corrupt", "saved"))]
         changed: dict[str, Finding] = {}
         for row in rows.itertuples(index=False):
             found = self._corrupt(row) if row.event == "corrupt" else self._saved(int(row.step))

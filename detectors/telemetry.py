@@ -147,17 +147,16 @@ class RunState:
     def observe(self, batch: TelemetryBatch) -> None:
         """Take the checkpoints saved or verified, less those found corrupt (by path), and the restarts, from
         ``batch``."""
-        ck = batch.checkpoints
-        for row in ck.itertuples(index=False) if len(ck) else ():
-            if row.event in ("saved", "verified"):
-                self._good(int(row.timeline), int(row.step), _path(row.path))
-            elif row.event == "corrupt" and (path := _path(row.path)) is not None:
-                self._corrupt(path)
-        loaded = ck[ck["event"] == "loaded"] if len(ck) else ck
-        ev = batch.events
-        started = ev[(ev["kind"] == "rank_info") & (ev["step"] > 0)] if len(ev) else ev
-        _add_steps(self.restarts, loaded)
-        _add_steps(self.restarts, started)
+        ck, ev = batch.checkpoints, batch.events
+        if not ck.empty:
+            for row in ck.itertuples(index=False):
+                if row.event in ("saved", "verified"):
+                    self._good(int(row.timeline), int(row.step), _path(row.path))
+                elif row.event == "corrupt" and (path := _path(row.path)) is not None:
+                    self._corrupt(path)
+            _add_steps(self.restarts, ck[ck["event"] == "loaded"])
+        if not ev.empty:
+            _add_steps(self.restarts, ev[(ev["kind"] == "rank_info") & (ev["step"] > 0)])
 
     def _good(self, timeline: int, step: int, path: str | None) -> None:
         if path in self.corrupt_paths:
