@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bedside.collectors.errors import BedsideError
-from bedside.detectors.datasets import NOISE_FAMILIES
+from bedside.detectors.datasets import defaults
 
 from .options import integer_in
 
@@ -34,37 +34,22 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="inject a fault, e.g. straggler:rank=3,factor=1.5,from=100; repeatable",
     )
-    p.add_argument("--seed", type=integer_in(0), default=0, metavar="S", help="random seed (default 0)")
-    p.add_argument("--ranks-per-host", type=integer_in(1), default=8, metavar="K", help="ranks per host (default 8)")
-    p.add_argument(
-        "--pp", type=integer_in(1), default=1, metavar="P", help="pipeline stages; must divide --ranks (default 1)"
-    )
-    p.add_argument(
-        "--eval-every",
-        type=integer_in(0),
-        default=50,
-        metavar="N",
-        help="held-out eval every N steps, 0 for none (default 50)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=integer_in(0),
-        default=100,
-        metavar="N",
-        help="checkpoint every N steps, 0 for none (default 100)",
-    )
-    p.add_argument(
-        "--checksum-every",
-        type=integer_in(1),
-        default=10,
-        metavar="N",
-        help="parameter checksum every N steps (default 10)",
-    )
+    for flag, low, default, metavar, text in (
+        ("--seed", 0, defaults.SEED, "S", "random seed"),
+        ("--ranks-per-host", 1, defaults.RANKS_PER_HOST, "K", "ranks per host"),
+        ("--pp", 1, defaults.PIPELINE_STAGES, "P", "pipeline stages; must divide --ranks"),
+        ("--eval-every", 0, defaults.EVAL_EVERY, "N", "held-out eval every N steps, 0 for none"),
+        ("--checkpoint-every", 0, defaults.CHECKPOINT_EVERY, "N", "checkpoint every N steps, 0 for none"),
+        ("--checksum-every", 1, defaults.CHECKSUM_EVERY, "N", "parameter checksum every N steps"),
+    ):
+        p.add_argument(
+            flag, type=integer_in(low), default=default, metavar=metavar, help=f"{text} (default %(default)s)"
+        )
     p.add_argument(
         "--noise",
-        choices=NOISE_FAMILIES,
-        default="gaussian",
-        help="noise family of step times, losses and norms (default gaussian)",
+        choices=defaults.NOISE_FAMILIES,
+        default=defaults.NOISE,
+        help="noise family of step times, losses and norms (default %(default)s)",
     )
     p.add_argument(
         "--no-nuisances",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..lazy import lazy_exports
-from .noise import NOISE_FAMILIES
+from .defaults import NOISE_FAMILIES
 
 if TYPE_CHECKING:
     from .config import ModelSettings, SimulationConfig

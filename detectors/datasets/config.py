@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from . import defaults
+from .defaults import NOISE_FAMILIES
 from .errors import SimulationError
 from .faults import Fault, parse_faults
-from .noise import NOISE_FAMILIES
 from .topology import Topology
 
 if TYPE_CHECKING:
@@ -68,16 +69,16 @@ class SimulationConfig:
 
     ranks: int
     steps: int
-    seed: int = 0
-    ranks_per_host: int = 8
-    pp: int = 1
-    eval_every: int = 50
-    checkpoint_every: int = 100
-    checksum_every: int = 10
+    seed: int = defaults.SEED
+    ranks_per_host: int = defaults.RANKS_PER_HOST
+    pp: int = defaults.PIPELINE_STAGES
+    eval_every: int = defaults.EVAL_EVERY
+    checkpoint_every: int = defaults.CHECKPOINT_EVERY
+    checksum_every: int = defaults.CHECKSUM_EVERY
     heartbeat_every_s: float = 10.0
     num_shards: int = 64
     shards_per_step: int = 4
-    noise: str = "gaussian"
+    noise: str = defaults.NOISE
     nuisances: bool = True
     inject: tuple[str, ...] = ()
     start_time: float = 1_796_000_000.0
