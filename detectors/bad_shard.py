@@ -3,12 +3,16 @@
 Every step's loss is scored against the robust trend (``trend.RobustTrend``), giving a
 z-score clipped at ``clip`` so one huge spike cannot condemn every shard its step read.
 Per shard the detector keeps exponentially forgotten sums (horizon ``horizon`` steps) of
-the z of the steps that read it, and the same over all steps. A shard is bad when its
-steps' mean z exceeds that of the steps that did not read it by ``t_alarm`` standard
-errors (Welch's t; comparing with the other steps, not with zero, is what clears the
-shards that merely shared steps with the bad one) and at least ``min_batches`` of its
-batches were ``high_z`` above the trend. It is suggested for quarantine; the finding
-clears after ``clear_after`` normal batches of the shard.
+the z of the steps that read it, and the same over all steps: Welch's t of its steps' mean
+z against that of the steps that did not read it is a cheap screen. A shard that passes it
+(half of ``t_alarm``) with at least ``min_batches`` batches ``high_z`` above the trend is
+judged on its recent batches (``shard_history``): the same contrast, with the batches of
+shards already found worse left out on both sides (a bad shard explains them, so a shard
+that merely shared them is cleared), its t divided by the spread of the t that the read
+pattern gets when moved in time (serial dependence: a shard read over consecutive steps,
+autocorrelated noise, a trend lagging a bend). It is bad when that t reaches ``t_alarm``,
+and suggested for quarantine; the finding clears after ``clear_after`` normal batches of the
+shard, or when a shard found worse explains it.
 """
 
 from __future__ import annotations
@@ -23,8 +27,19 @@ from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, POSITIVE, ranges
+from .shard_history import BatchHistory, Contrast
 from .telemetry import TelemetryBatch
 from .trend import RobustTrend
+
+SCREEN = 0.5
+"""The screen's share of ``t_alarm``: below it (Welch's t on the forgotten sums) a shard is not judged, and an
+open finding whose shard a worse one explains is cleared."""
+RELEARN_AFTER = 50
+"""Steps in a row ``high_z`` above the trend after which it restarts from the steps that follow: the baseline
+has lost the curve (a drop it extrapolates past, a level shift), or every batch holds the fault, where no shard
+stands out anyway. Without it every later step would read as high, and the shards of that stretch as bad."""
+HISTORY_HORIZONS = 4
+"""Recent batches kept to judge a shard, in horizons: older ones weigh under e^-4."""
 
 
 @dataclass
@@ -89,8 +104,10 @@ class BadShardDetector(Detector):
         self.decay = 1.0 - 1.0 / horizon
         self.clear_after = clear_after
         self.trend = RobustTrend()
+        self._high_in_a_row = 0
         self._shards: dict[int, _Shard] = {}
         self._all = _Sums()
+        self._history = BatchHistory(HISTORY_HORIZONS * horizon, self.decay)
         self._open: dict[int, Finding] = {}
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
@@ -109,10 +126,12 @@ class BadShardDetector(Detector):
             if z is None:
                 continue
             self._tally(read, int(step), z)
-            for shard in read:
+            self._history.add(z, read)
+            for shard in sorted(read, key=lambda s: -self._welch_t(self._shards[s])):  # the worst first
                 found = self._judge(shard, int(timeline), int(step))
                 if found is not None:
                     out[shard] = found
+                    out.update(self._explain_away(shard, int(step)))
         return list(out.values())
 
     def _score(self, timeline: int, step: int, loss: float) -> float | None:
@@ -126,6 +145,12 @@ class BadShardDetector(Detector):
             return None
         if score.z < self.high_z:
             self.trend.admit(step, y, score)
+            self._high_in_a_row = 0
+        else:
+            self._high_in_a_row += 1
+        if self._high_in_a_row >= RELEARN_AFTER:
+            self.trend.restart()
+            self._high_in_a_row = 0
         return float(np.clip(score.z, -self.clip, self.clip))
 
     def _tally(self, read: list[int], step: int, z: float) -> None:
@@ -145,29 +170,71 @@ class BadShardDetector(Detector):
         shard = self._shards[shard_id]
         current = self._open.get(shard_id)
         if current is not None and current.active:
-            if shard.normal_since_high >= self.clear_after:
-                current = replace(current, active=False, evidence={**current.evidence, "cleared_at_step": step})
-            elif shard.last_high is not None and shard.last_high > current.end_step:
-                t = self._welch_t(shard)
-                peak = max(current.score, round(t, 3))
-                current = self._finding(shard_id, current.timeline, shard, t, current.start_step, shard.last_high, peak)
-            else:
-                return None
-            self._open[shard_id] = current
-            return current
+            found = self._follow(shard_id, shard, current, step)
+        else:
+            found = self._open_new(shard_id, shard, current, timeline)
+        if found is not None:
+            self._open[shard_id] = found
+        return found
+
+    def _open_new(self, shard_id: int, shard: _Shard, current: Finding | None, timeline: int) -> Finding | None:
         first, last = shard.first_high, shard.last_high
         if (
             shard.high < self.min_batches
             or first is None
             or last is None
             or (current is not None and last <= current.end_step)
+            or self._welch_t(shard) < SCREEN * self.t_alarm
         ):
             return None
-        t = self._welch_t(shard)
-        if t < self.t_alarm:
+        contrast, worse = self._contrast(shard_id)
+        if contrast is None or contrast.t < self.t_alarm:
             return None
-        self._open[shard_id] = self._finding(shard_id, timeline, shard, t, first, last)
-        return self._open[shard_id]
+        return self._finding(shard_id, timeline, shard, contrast, worse, first, last)
+
+    def _follow(self, shard_id: int, shard: _Shard, current: Finding, step: int) -> Finding | None:
+        """An open finding: cleared after normal batches or once shards found worse explain it, else grown."""
+        if shard.normal_since_high >= self.clear_after:
+            return replace(current, active=False, evidence={**current.evidence, "cleared_at_step": step})
+        if shard.last_high is None or shard.last_high <= current.end_step:
+            return None
+        contrast, worse = self._contrast(shard_id)
+        if worse and (contrast is None or contrast.t < SCREEN * self.t_alarm):
+            return _explained(current, step, worse)
+        if contrast is None:
+            return None
+        peak = max(current.score, round(contrast.t, 3))
+        return self._finding(
+            shard_id, current.timeline, shard, contrast, worse, current.start_step, shard.last_high, peak
+        )
+
+    def _explain_away(self, shard_id: int, step: int) -> dict[int, Finding]:
+        """The open findings that ``shard_id``'s batches explain, cleared: a shard that merely shared them."""
+        cleared = {}
+        for other, finding in list(self._open.items()):
+            if other == shard_id or "explained_by" in finding.evidence or not self._history.shared(other, shard_id):
+                continue  # a finding cleared already is explained too: it was this shard's batches
+            contrast, worse = self._contrast(other)
+            if shard_id in worse and (contrast is None or contrast.t < SCREEN * self.t_alarm):
+                cleared[other] = self._open[other] = _explained(finding, step, worse)
+        return cleared
+
+    def _contrast(self, shard_id: int) -> tuple[Contrast | None, list[int]]:
+        """The shard's recent batches against the others, leaving out those of the open shards that explain it."""
+        worse = sorted(
+            other
+            for other, finding in self._open.items()
+            if other != shard_id and finding.active and self._explains(other, shard_id)
+        )
+        return self._history.contrast(shard_id, worse), worse
+
+    def _explains(self, other: int, shard_id: int) -> bool:
+        """Whether ``other`` shared batches with the shard and stands on the rest of its own batches at least as
+        well as the shard stands on the rest of its own."""
+        if not self._history.shared(other, shard_id):
+            return False
+        theirs, mine = self._history.contrast(other, (shard_id,)), self._history.contrast(shard_id, (other,))
+        return theirs is not None and (mine is None or theirs.t >= mine.t)
 
     def _welch_t(self, shard: _Shard) -> float:
         others = self._all.minus(shard.sums)
@@ -178,12 +245,19 @@ class BadShardDetector(Detector):
         return (mean - others_mean) / se if se > 0 else 0.0
 
     def _finding(
-        self, shard_id: int, timeline: int, shard: _Shard, t: float, first: int, last: int, peak: float | None = None
+        self,
+        shard_id: int,
+        timeline: int,
+        shard: _Shard,
+        contrast: Contrast,
+        worse: list[int],
+        first: int,
+        last: int,
+        peak: float | None = None,
     ) -> Finding:
         """The finding as of now: every number of its summary and evidence from this moment; ``score`` the
         largest t since the onset (``peak``, the current t when the finding opens)."""
-        mean, _ = shard.sums.moments()
-        others_mean, _ = self._all.minus(shard.sums).moments()
+        t = contrast.t
         peak = round(t, 3) if peak is None else peak
         was = f", peak t = {peak:.1f}" if f"{peak:.1f}" != f"{t:.1f}" else ""
         return Finding(
@@ -196,16 +270,20 @@ class BadShardDetector(Detector):
             score=peak,
             summary=(
                 f"shard {shard_id}: {shard.high} of its batches sat over {self.high_z:g} sigma above the loss "
-                f"trend (mean {mean:+.1f} sigma against {others_mean:+.1f} for other batches, t = {t:.1f}{was})"
+                f"trend (mean {contrast.mean_z:+.1f} sigma against {contrast.others_mean_z:+.1f} for other "
+                f"batches, t = {t:.1f}{was})"
             ),
             evidence={
                 "shard": shard_id,
-                "recent_batches": shard.sums.n,
+                "recent_batches": contrast.batches,
                 "high_batches": shard.high,
-                "mean_z": mean,
-                "others_mean_z": others_mean,
-                "welch_t": t,
-                "peak_welch_t": peak,
+                "mean_z": contrast.mean_z,
+                "others_mean_z": contrast.others_mean_z,
+                "welch_t": contrast.welch_t,
+                "serial_factor": contrast.serial_factor,
+                "t": t,
+                "peak_t": peak,
+                "left_out_shards": worse,
                 "t_alarm": self.t_alarm,
                 "high_z": self.high_z,
             },
@@ -217,6 +295,11 @@ class BadShardDetector(Detector):
             active=True,
             detector=self.name,
         )
+
+
+def _explained(finding: Finding, step: int, by: list[int]) -> Finding:
+    """``finding`` cleared at ``step`` (or when it was), as the batches of the shards ``by`` explain its shard's."""
+    return replace(finding, active=False, evidence={"cleared_at_step": step, **finding.evidence, "explained_by": by})
 
 
 def _shard_ids(value: object) -> list[int]:
