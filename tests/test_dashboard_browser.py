@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from chromium import CHROMIUM, launch
 from sql_attacks import ATTACKS
 
 from bedside.app.cli import build_parser
@@ -45,18 +46,6 @@ except ImportError:  # the browser fixture says so: a skip, or a failure where C
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 SAMPLE_RUN = REPO / "sample_runs" / "tiny-faults"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Headless, and nothing that reaches out to Google's hosts (CI machines cannot reach them).
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TOKEN, OPERATOR, REASON = "browser-test-token", "ana", "loss spike from a bad shard"
 
 # The live run: checkpoints at steps 90, 180 and 270 (three are kept: step 90's lasts); shards 0-3
@@ -83,7 +72,7 @@ def browser():
     if sync_playwright is None:
         skip_or_fail("playwright is not installed: pip install -e '.[test]'")
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        launched = launch(playwright)
         yield launched
         launched.close()
 

@@ -24,18 +24,10 @@ from pathlib import Path
 from playwright.sync_api import expect, sync_playwright
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from chromium import launch  # noqa: E402  (the browser tests' launch settings)
+
 SAMPLE_RUN = REPO / "sample_runs" / "tiny-faults"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 VIEWPORT = {"width": 1500, "height": 1000}
 TIMEOUT_S = 60
 
@@ -74,7 +66,7 @@ def stop(server: subprocess.Popen) -> None:
 def capture(url: str, out: Path) -> None:
     """Open the Overview, wait until both charts are drawn, check for error boxes and dialogs, write the PNG."""
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         page = browser.new_page(viewport=VIEWPORT)
         page.goto(url)  # the Overview is the default page, served at the root ("/overview" is "Page not found")
         expect(page.get_by_text("Held-out eval against compute")).to_be_visible(timeout=TIMEOUT_S * 1000)
