@@ -94,10 +94,10 @@ class ThroughputDetector(Detector):
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         self._take_durations(self._assembler.add(batch.rank_steps, self.run))
         rows = batch.steps
-        tokens = numbers(rows["tokens"])
+        columns = (rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), numbers(rows["time"]))
+        timelines, steps, times = (column.tolist() for column in columns)
         self._queue.extend(
-            ((int(tl), int(s)), float(t), float(n))
-            for tl, s, t, n in zip(rows["timeline"], rows["step"], rows["time"], tokens)
+            ((tl, s), t, n) for tl, s, t, n in zip(timelines, steps, times, numbers(rows["tokens"]).tolist())
         )
         return self._drain(final=False)
 
