@@ -1,8 +1,9 @@
 """Detector quality on labeled runs: precision, recall, delay, false alarms, culprit accuracy.
 
 Run:  python bench/detect_quality.py [--seeds 3] [--noise gaussian,student,lognormal] [--quick]
+      [--suite simulated,foreign] [--foreign-seeds 3]
 
-Each scenario is simulated (``bedside simulate``'s API: nuisances on, the noise model
+Simulated suite: each scenario is simulated (``bedside simulate``'s API: nuisances on, the noise model
 varied) with faults of a range of magnitudes, ingested into a store and run through
 every detector in batch mode; the recorded runs of our own trainer in sample_runs/ are
 scored too. Findings are scored against the ground truth by detectors/scoring.py, with
@@ -10,12 +11,20 @@ a margin per kind (below). Reported per kind: precision, recall, median and p90 
 steps (finding onset - fault onset), false alarms per 10k steps, culprit-rank accuracy,
 and recall against magnitude. Last, the streaming update cost per step at 1,024 ranks, fed one step and ten
 steps per update.
+
+Foreign suite: runs from a generator written apart from the simulator (tests/foreign_runs.py: AR(1) Student-t
+noise, warmup and LR drops, a mixture switch, MoE bursts, short runs, sparse ranks in pipeline stages of
+different work), under each of its noise models with ``--foreign-seeds`` seeds, run through
+``bedside.detectors.detect`` and scored the same way; the generator's honesty is checked on every run (a
+labelled spike or sick rank stands out of everything unlabelled), then the per-kind table, recall by
+magnitude, and the named rows with pass or fail and the figure measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,14 +38,17 @@ from bedside.app.simulation import SimulationConfig, simulate_run
 from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 from bedside.detectors.faults import Label
-from bedside.detectors.registry import finding_kinds
 from bedside.detectors.runner import DetectorRunner
-from bedside.detectors.scoring import Margin, false_alarms, findings_frame, labels_of, match, precision_recall
+from bedside.detectors.scoring import false_alarms, findings_frame, labels_of, match, precision_recall
 
 ROOT = Path(__file__).resolve().parents[1]
-MARGIN = Margin(by_kind={name: (kind.lead, kind.tolerance) for name, kind in finding_kinds().items()})
-"""Per kind, the steps before a fault's onset (change-point detectors date the onset back) and after its window
-within which a finding still counts as finding it, as each detector declares them (``FindingKind``)."""
+sys.path.insert(0, str(ROOT / "tests"))
+
+import foreign_benchmark as foreign  # noqa: E402  (the foreign generator lives with the tests)
+from foreign_runs import NOISES as FOREIGN_NOISES  # noqa: E402
+from foreign_runs import standout  # noqa: E402
+
+MARGIN = foreign.MARGIN
 
 STEPS = 1500
 
@@ -101,13 +113,8 @@ def streaming_cost(ranks: int = 1024, steps: int = 200) -> dict[int, float]:
         return costs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--noise", default="gaussian,student,lognormal")
-    parser.add_argument("--ranks", type=int, default=16)
-    parser.add_argument("--quick", action="store_true", help="fewer magnitudes")
-    args = parser.parse_args()
+def simulated_quality(args: argparse.Namespace) -> None:
+    """The simulated scenarios and the recorded trainer runs, scored; then the streaming cost."""
     scored: list[tuple[pd.DataFrame, pd.DataFrame, int]] = []
     tmp = Path(tempfile.mkdtemp(prefix="detect-quality-"))
     try:
@@ -134,6 +141,102 @@ def main() -> None:
             f"streaming update cost, {per_update} step(s) per update: {cost:.2f} ms per step at 1,024 ranks "
             "(all detectors)"
         )
+
+
+def foreign_quality(args: argparse.Namespace) -> None:
+    """The foreign generator's scenarios under each of its noise models, checked for honesty and scored."""
+    scored = [
+        foreign.score(build(seed, model), model)
+        for model in FOREIGN_NOISES
+        for seed in range(args.foreign_seeds)
+        for build in foreign.scenarios(args.quick).values()
+    ]
+    print(f"foreign runs: {honesty(scored)}")
+    matches = pd.concat([s.matches for s in scored], ignore_index=True)
+    alarms = pd.concat([s.alarms for s in scored], ignore_index=True)
+    print(f"steps scored: {sum(s.steps for s in scored):,}; runs: {len(scored)}\n")
+    print(precision_recall(matches, alarms, sum(s.steps for s in scored)).to_string(index=False))
+    print("\nrecall by scenario and noise:")
+    print(matches.pivot_table(index="scenario", columns="noise", values="found", aggfunc="mean").round(2).to_string())
+    print("\nrecall by magnitude (spikes: ratio to the trend of their metric; stragglers: factor):")
+    table = matches.pivot_table(index=["kind", "magnitude"], columns="noise", values="found", aggfunc="mean")
+    print(table.round(2).to_string())
+    print("\nnamed rows:")
+    print(named_rows(scored).to_string(index=False))
+
+
+def honesty(scored: list[foreign.Scored]) -> str:
+    """Raise when a labelled fault does not stand out of its run's unlabelled excursions; else the smallest margin."""
+    margins = ((standout(s.run), s.run.name) for s in scored)
+    low = min((margin, name) for margin, name in margins if margin is not None)
+    if low[0] <= 1.0:
+        raise AssertionError(f"{low[1]}: a labelled fault is no larger than the run's unlabelled excursions")
+    return (
+        f"every labelled fault stands out (smallest ratio to the largest unlabelled excursion: {low[0]:.2f}, {low[1]})"
+    )
+
+
+def named_rows(scored: list[foreign.Scored]) -> pd.DataFrame:
+    """Each named row: runs passed, and the figures measured."""
+    rows = []
+    for name, verdict in foreign.NAMED.items():
+        verdicts = [verdict(s) for s in scored if s.run.name == name]
+        figures = pd.Series([figure for _, figure in verdicts]).value_counts()
+        rows.append(
+            {
+                "row": name,
+                "passed": f"{sum(ok for ok, _ in verdicts)} of {len(verdicts)}",
+                "measured": "; ".join(f"{n} x {figure}" for figure, n in figures.items()),
+            }
+        )
+    rows += [clean_rate(scored), moe_rates(scored)]
+    return pd.DataFrame(rows)
+
+
+def per_10k(alarms: int, runs: list[foreign.Scored]) -> float:
+    return alarms / sum(s.steps for s in runs) * 1e4
+
+
+def clean_rate(scored: list[foreign.Scored]) -> dict[str, str]:
+    runs = [s for s in scored if s.run.name == "clean long curve"]
+    rate = per_10k(sum(len(s.alarms) for s in runs), runs)
+    steps = sum(s.steps for s in runs)
+    return {
+        "row": "clean long curve",
+        "passed": "met" if rate <= 0.1 else "NOT MET",
+        "measured": f"{rate:.2f} alarms per 10k steps (target <= 0.1) over {steps:,} steps",
+    }
+
+
+def moe_rates(scored: list[foreign.Scored]) -> dict[str, str]:
+    runs = [s for s in scored if s.run.name == "moe bursts"]
+    found = pd.concat([s.matches for s in runs]).query("kind == 'loss_spike'")["found"]
+    by_kind = pd.concat([s.alarms for s in runs])["kind"].value_counts()
+    rate = per_10k(int(by_kind.sum()), runs)
+    return {
+        "row": "moe bursts",
+        "passed": "met" if rate <= 0.1 and found.all() else "NOT MET",
+        "measured": f"catastrophic spikes found {int(found.sum())} of {len(found)}; {rate:.2f} alarms per 10k steps ("
+        + ", ".join(f"{kind} {per_10k(n, runs):.2f}" for kind, n in by_kind.items())
+        + ")",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--noise", default="gaussian,student,lognormal")
+    parser.add_argument("--ranks", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="fewer magnitudes, shorter long runs")
+    parser.add_argument("--suite", default="simulated,foreign", help="simulated, foreign, or both")
+    parser.add_argument("--foreign-seeds", type=int, default=3, help="seeds per foreign scenario and noise model")
+    args = parser.parse_args()
+    suites = args.suite.split(",")
+    if "simulated" in suites:
+        simulated_quality(args)
+    if "foreign" in suites:
+        print("\n== foreign runs ==")
+        foreign_quality(args)
 
 
 def report(matches: pd.DataFrame, alarms: pd.DataFrame, steps: int) -> None:
