@@ -294,6 +294,7 @@ class BadShardDetector(Detector):
             ),
             active=True,
             detector=self.name,
+            subject=f"shard{shard_id}",
         )
 
 

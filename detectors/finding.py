@@ -96,6 +96,9 @@ class Finding:
     suggested_action: SuggestedAction = NO_ACTION
     active: bool = False
     detector: str = ""
+    subject: str = ""
+    """What else tells this finding from another of its kind, onset and ranks (a data shard: ``shard3``); part
+    of ``finding_id``, so that two shards going bad at the same step are two findings."""
 
     def __post_init__(self) -> None:
         if self.kind not in (kinds := declared_kinds()):
@@ -107,9 +110,10 @@ class Finding:
 
     @property
     def finding_id(self) -> str:
-        """Stable across updates and replays: kind, timeline, onset and ranks."""
+        """Stable across updates and replays: kind, timeline, onset, ranks and subject."""
         ranks = "-".join(map(str, self.ranks[:8])) + ("+" if len(self.ranks) > 8 else "")
-        return f"{self.kind}@{self.timeline}:{self.start_step}" + (f"/r{ranks}" if ranks else "")
+        place = (f"/r{ranks}" if ranks else "") + (f"/{self.subject}" if self.subject else "")
+        return f"{self.kind}@{self.timeline}:{self.start_step}{place}"
 
     def to_json(self) -> dict[str, Any]:
         """The finding as ``bedside detect --json`` prints it: exactly ``JSON_KEYS``."""

@@ -12,6 +12,7 @@ from test_detect_bad_shard import shard_rows
 
 from bedside.detectors.bad_shard import BadShardDetector
 from bedside.detectors.finding import Finding
+from bedside.detectors.runner import DetectorRunner
 from bedside.detectors.telemetry import TelemetryBatch
 
 SHARDS, STREAMS, SIGMA = 64, 4, 0.02
@@ -135,3 +136,27 @@ def test_the_evidence_states_the_serial_factor_that_divides_welchs_t() -> None:
     assert ev["serial_factor"] >= 1.0
     assert ev["t"] == pytest.approx(ev["welch_t"] / ev["serial_factor"])
     assert ev["t"] >= ev["t_alarm"] and finding.score == pytest.approx(ev["peak_t"]) and ev["peak_t"] >= ev["t"] - 1e-3
+
+
+def test_two_shards_going_bad_at_the_same_step_are_two_findings() -> None:
+    # Both are read at the onset step and never together after: before, both findings had the id
+    # kind@timeline:onset, and the runner kept only the later one.
+    rng = np.random.default_rng(4)
+    first, second, onset = 5, 9, 150
+    reads = []
+    for t in range(1, 801):
+        step = {int(s) for s in rng.choice(SHARDS, 8, replace=False)} - {first, second}
+        if t == onset:
+            step |= {first, second}
+        elif rng.random() < 0.25:
+            step.add(first if rng.random() < 0.5 else second)
+        reads.append(sorted(step))
+    frame = run_frame("gaussian", reads, 4, "cosine", first, onset)
+    hit = np.array([second in r for r in reads]) & (np.arange(1, 801) >= onset)
+    frame.loc[hit, "loss"] *= np.exp(6.0 * SIGMA)
+    runner = DetectorRunner([BadShardDetector()])
+    runner.update(TelemetryBatch(steps=frame))
+    runner.finish()
+    ids = sorted(runner.findings)
+    assert ids == [f"bad_shard@0:{onset}/shard{first}", f"bad_shard@0:{onset}/shard{second}"]
+    assert [runner.findings[i].evidence["shard"] for i in ids] == [first, second]
