@@ -1,11 +1,11 @@
-"""Busy but not learning: held-out eval against compute, forecast by a saturating power law.
+"""Busy but not learning: held-out eval against compute, forecast by a saturating law.
 
-Evals of one split and score are fitted, as a function of cumulative compute C, with
-``L(C) = E + A * (C / C0) ** -alpha`` (least squares on log scale, bounded so E lies below
-the best eval seen). New evals are judged against a prediction interval: the residual
-noise over n - 3 degrees of freedom, plus the fit's own uncertainty where it forecasts
-(the leverage of the law's gradient against the fit's Jacobian), times Student t's
-quantile at the normal tail of ``band_z``. Persistence is measured in evals: the last
+Evals of one split and score are fitted, as a function of cumulative compute C, by the power law
+``E + A (C / C0)^-alpha`` and by exponential saturation ``E + A exp(-k C)``, the better by AICc
+(``eval_forecast.py``: least squares on log scale, E below the best eval seen). New evals are
+judged against a prediction interval: the residual noise over n - 3 degrees of freedom, plus the
+fit's own uncertainty where it forecasts (the leverage of the law's gradient against the fit's
+Jacobian), times Student t's quantile at the normal tail of ``band_z``. Persistence is measured in evals: the last
 ``patience``, 2x and 4x ``patience`` evals are held out of the fit and judged together
 (their mean against the band of a mean, widened for autocorrelated residuals), so a stall
 cannot bend the fit to itself one eval at a time. Evals above the band are kept out of the
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import bisect
 import math
-import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import stats
 
 from .detector import Detector
+from .eval_forecast import Forecast, ar1_correlation, forecast_evals, t_quantile
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, POSITIVE, Range, ranges
@@ -36,7 +36,8 @@ from .telemetry import TelemetryBatch
 LOSS_SCORES = ("loss", "eval_loss", "val_loss")
 TREND_Z = 3.0
 """How many standard errors of the eval's trend the training loss must fall by, over the same evals, before
-an eval that does not fall counts as not learning (the eval's noise must not pass for a stall)."""
+an eval that does not fall counts as not learning (the eval's noise must not pass for a stall): the normal
+tail, taken as Student t's quantile there for a noise estimated from few evals."""
 
 
 @dataclass
@@ -46,8 +47,8 @@ class _Series:
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (step, compute, value) fitted
     suspects: list[tuple[int, float, float, float, float]] = field(default_factory=list)  # + forecast, sigma
     finding: Finding | None = None
-    noise: float = 0.0
-    """The eval noise (log scale) of the latest fit; 0 before there is one."""
+    latest: Forecast | None = None
+    """The latest forecast: its law, noise, degrees of freedom and residual autocorrelation."""
     compute_unit: str = "cum_flops"
     """What the compute axis is: ``cum_flops``, ``cum_tokens`` or ``step``, as the latest eval carried it."""
 
@@ -176,7 +177,7 @@ class EvalStallDetector(Detector):
             if forecast is None:
                 break  # longer windows leave even fewer evals to fit
             excess = np.log([w[2] for w in window]) - np.log(forecast.center)
-            width = _t_quantile(self.band_z, forecast.dof) * forecast.mean_sigma
+            width = t_quantile(self.band_z, forecast.dof) * forecast.mean_sigma
             suspects = [(*w, float(f), float(sg)) for w, f, sg in zip(window, forecast.center, forecast.sigma)]
             if excess.mean() > width and excess.min() > 0 and not self._still_improving(suspects, width):
                 series.points, series.suspects = fitted, suspects
@@ -198,7 +199,7 @@ class EvalStallDetector(Detector):
         v = np.array([p[2] for p in fitted])
         forecast = forecast_evals(c, v, np.array([e[1] for e in evals]), min_rel_sigma=self.min_rel_sigma)
         if forecast is not None:
-            series.noise = forecast.noise
+            series.latest = forecast
         return forecast
 
     def _still_improving(self, evals: list[tuple], width: float) -> bool:
@@ -212,7 +213,8 @@ class EvalStallDetector(Detector):
     def _train_falls_eval_flat(self, timeline: int, series: _Series, step: int) -> bool:
         """Over the last ``trend_evals`` evals: eval not improving while the training loss keeps falling."""
         recent = (series.points + [s[:3] for s in series.suspects])[-self.trend_evals :]
-        if len(recent) < self.trend_evals or len(series.points) < self.min_evals or not series.noise:
+        latest = series.latest
+        if len(recent) < self.trend_evals or len(series.points) < self.min_evals or latest is None:
             return False
         evals = np.array([r[2] for r in recent])
         first_step = recent[0][0]
@@ -224,11 +226,10 @@ class EvalStallDetector(Detector):
             return False
         bins = np.array_split(np.array([v for _, v in train]), self.trend_evals)
         medians = np.array([np.median(b) for b in bins])
-        x = np.arange(len(evals)) - (len(evals) - 1) / 2
-        eval_fall = -(len(evals) - 1) * float(x @ np.log(evals)) / float(x @ x)  # least-squares trend, log scale
-        fall_se = (len(evals) - 1) * series.noise / math.sqrt(float(x @ x))
         train_fall = math.log(medians[0] / medians[-1])
-        return eval_fall <= 0.0 and train_fall >= max(-math.log1p(-self.train_drop), TREND_Z * fall_se)
+        eval_fall, fall_se = _trend_fall(evals, latest)
+        needed = max(-math.log1p(-self.train_drop), t_quantile(TREND_Z, latest.dof) * fall_se)
+        return eval_fall <= 0.0 and train_fall >= needed
 
     def _open_or_grow(self, timeline: int, split: str, name: str, series: _Series, rule: str) -> Finding:
         suspects = series.suspects
@@ -255,6 +256,7 @@ class EvalStallDetector(Detector):
             "sigma_log": last[4],
             "excess_sigma": max(excess),
             "fitted_evals": len(series.points),
+            "law": series.latest.law if series.latest else "",
         }
         why = (
             "held-out eval is above the compute forecast"
@@ -280,6 +282,15 @@ class EvalStallDetector(Detector):
         return series.finding
 
 
+def _trend_fall(evals: np.ndarray, latest: Forecast) -> tuple[float, float]:
+    """How far ``evals`` fall, first to last, by their least-squares trend on log scale, and its standard error
+    under the latest fit's noise, correlated as that fit's residuals are (lag-1 autocorrelation)."""
+    x = np.arange(len(evals)) - (len(evals) - 1) / 2
+    weights = (len(evals) - 1) * x / float(x @ x)
+    fall_se = latest.noise * math.sqrt(float(weights @ ar1_correlation(latest.rho, len(x)) @ weights))
+    return -float(weights @ np.log(evals)), fall_se
+
+
 def _cleared(finding: Finding, step: int) -> Finding:
     return replace(finding, active=False, evidence={**finding.evidence, "cleared_at_step": step})
 
@@ -291,116 +302,3 @@ def _compute(row: object) -> tuple[float, str]:
         if value is not None and not (isinstance(value, float) and math.isnan(value)) and value > 0:
             return float(value), name
     return float("nan"), "step"
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """The fitted law at some computes, and how far one new eval there may fall from it.
-
-    ``sigma`` is, on log scale, the standard error of predicting one new eval at each point: the
-    observation noise and the fit's own uncertainty at that compute, ``s * sqrt(1 + h)``. ``dof`` is
-    the residual degrees of freedom of the fit (evals minus three parameters).
-    """
-
-    center: np.ndarray
-    sigma: np.ndarray
-    dof: int
-    noise: float
-    """``s``: the observation noise alone, log scale."""
-    mean_sigma: float
-    """The standard error of the mean of one new eval at each point: ``s * sqrt(1 / m + h_mean)``."""
-
-    def half_width(self, band_z: float) -> np.ndarray:
-        """The band's half-width on log scale: Student t's quantile with ``dof`` degrees of freedom at the
-        normal tail of ``band_z``, times ``sigma`` (a z-band widened for a noise estimated from few evals)."""
-        return _t_quantile(band_z, self.dof) * self.sigma
-
-    def band(self, band_z: float) -> tuple[np.ndarray, np.ndarray]:
-        """(low, high): ``center x exp(-/+ half_width)``."""
-        spread = np.exp(self.half_width(band_z))
-        return self.center / spread, self.center * spread
-
-
-def _t_quantile(band_z: float, dof: int) -> float:
-    return float(stats.t.ppf(stats.norm.cdf(band_z), max(dof, 1)))
-
-
-def forecast_evals(
-    compute: np.ndarray, values: np.ndarray, at: np.ndarray, *, min_rel_sigma: float = 0.001
-) -> Forecast | None:
-    """The saturating power law through (compute, values), evaluated at ``at``, with its prediction interval.
-
-    The fit is least squares on log scale. The noise ``s`` is the root mean square of the log residuals
-    over ``n - 3`` degrees of freedom (unbiased for the variance, unlike a median-based spread from a few
-    points), at least ``min_rel_sigma``; the fit's uncertainty at a compute is the leverage
-    ``h = g (J'J)^+ g'`` of the law's log-gradient ``g`` there against the fit's Jacobian ``J`` (the
-    delta method: the parameter covariance is ``s^2 (J'J)^-1``). None when the fit fails or has no
-    degree of freedom. The detector holds evals to this band; the dashboard draws the same.
-    """
-    n = len(values)
-    fitted = _fit_power_law(compute, values) if n > 3 else None
-    if fitted is None:
-        return None
-    params, jac = fitted
-    residuals = np.log(values) - np.log(_power_law(compute, *params))
-    s = max(math.sqrt(float(residuals @ residuals) / (n - 3)), min_rel_sigma)
-    grad = _log_gradient(at, *params)
-    unit_cov = np.linalg.pinv(jac.T @ jac)
-    leverage = np.maximum(np.einsum("ij,jk,ik->i", grad, unit_cov, grad), 0.0)
-    mean_grad = grad.mean(axis=0)
-    mean_leverage = max(float(mean_grad @ unit_cov @ mean_grad), 0.0)
-    noise_of_mean = _mean_variance_factor(residuals, len(at)) / len(at)
-    return Forecast(
-        _power_law(at, *params), s * np.sqrt(1.0 + leverage), n - 3, s, s * math.sqrt(noise_of_mean + mean_leverage)
-    )
-
-
-def _mean_variance_factor(residuals: np.ndarray, m: int) -> float:
-    """How much more than ``1 / m`` of the noise variance the mean of ``m`` consecutive new evals keeps:
-    ``1 + 2 sum_k (1 - k/m) rho^k`` for the lag-1 autocorrelation ``rho`` of the fit's residuals (in
-    [0, 0.9]: correlated eval noise, or a family that misfits the curve, averages out more slowly)."""
-    centred = residuals - residuals.mean()
-    denominator = float(centred @ centred)
-    rho = float(centred[1:] @ centred[:-1]) / denominator if denominator > 0 else 0.0
-    rho = min(max(rho, 0.0), 0.9)
-    k = np.arange(1, m)
-    return 1.0 + 2.0 * float(np.sum((1.0 - k / m) * rho**k))
-
-
-def _power_law(c: np.ndarray, e: float, a: float, alpha: float, c0: float) -> np.ndarray:
-    return e + a * (c / c0) ** -alpha
-
-
-def _log_gradient(c: np.ndarray, e: float, a: float, alpha: float, c0: float) -> np.ndarray:
-    """d log L / d (E, A, alpha) at each compute: one row per point."""
-    u = (c / c0) ** -alpha
-    law = e + a * u
-    return np.column_stack([1.0 / law, u / law, -a * u * np.log(c / c0) / law])
-
-
-def _fit_power_law(c: np.ndarray, v: np.ndarray) -> tuple[tuple[float, float, float, float], np.ndarray] | None:
-    """(E, A, alpha, C0) of the saturating power law through (c, v), least squares on log scale, and the
-    Jacobian of the log residuals there; None when the fit fails."""
-    c0 = float(c[0])
-    floor = float(v.min())
-    log_v = np.log(v)
-
-    def residuals(p: np.ndarray) -> np.ndarray:
-        return np.log(_power_law(c, p[0], p[1], p[2], c0)) - log_v
-
-    def jacobian(p: np.ndarray) -> np.ndarray:
-        return _log_gradient(c, p[0], p[1], p[2], c0)
-
-    start = np.array([0.5 * floor, max(float(v[0]) - 0.5 * floor, 1e-6), 0.3])
-    try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            fit = optimize.least_squares(
-                residuals, start, jac=jacobian, bounds=([0.0, 1e-12, 0.0], [floor, np.inf, 3.0]), max_nfev=200
-            )
-    except (RuntimeError, ValueError):
-        return None
-    if fit.status <= 0 or not np.all(np.isfinite(fit.jac)):
-        return None
-    e, a, alpha = (float(x) for x in fit.x)
-    return (e, a, alpha, c0), fit.jac
