@@ -210,13 +210,15 @@ def clean_rate(scored: list[foreign.Scored]) -> dict[str, str]:
 
 def moe_rates(scored: list[foreign.Scored]) -> dict[str, str]:
     runs = [s for s in scored if s.run.name == "moe bursts"]
-    found = pd.concat([s.matches for s in runs]).query("kind == 'loss_spike'")["found"]
+    matches = pd.concat([s.matches for s in runs])
     by_kind = pd.concat([s.alarms for s in runs])["kind"].value_counts()
     rate = per_10k(int(by_kind.sum()), runs)
+    found = {kind: matches.loc[matches["kind"] == kind, "found"] for kind in ("loss_spike", "grad_spike")}
     return {
         "row": "moe bursts",
-        "passed": "met" if rate <= 0.1 and found.all() else "NOT MET",
-        "measured": f"catastrophic spikes found {int(found.sum())} of {len(found)}; {rate:.2f} alarms per 10k steps ("
+        "passed": "met" if rate <= 0.1 and all(f.all() for f in found.values()) else "NOT MET",
+        "measured": ", ".join(f"{kind} found {int(f.sum())} of {len(f)}" for kind, f in found.items())
+        + f"; {rate:.2f} alarms per 10k steps ("
         + ", ".join(f"{kind} {per_10k(n, runs):.2f}" for kind, n in by_kind.items())
         + ")",
     }

@@ -78,7 +78,7 @@ def scenarios(quick: bool) -> dict[str, Build]:
             "structural stage", seed, 44 if seed % 2 else 300, model=model, last_stage=1.4
         ),
     }
-    out |= {f"spike x{r:g}": spikes_run(r) for r in ((2.0, 5.0) if quick else (1.3, 2.0, 3.0, 5.0))}
+    out |= {f"spike x{r:g}": spikes_run(r) for r in ((2.0, 5.0) if quick else (1.5, 2.0, 3.0, 5.0))}
     out |= {f"pipeline straggler x{f:g}": straggler_run(f) for f in ((1.3,) if quick else (1.1, 1.3, 2.0))}
     return out
 
