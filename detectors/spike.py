@@ -13,7 +13,9 @@ smaller ones are real but harmless bumps, reported as info.
 After ``diverge_steps`` of an episode, each elevated point tests whether the series is
 coming back: the median excess over the trend in the later half of the last
 ``diverge_steps`` points against the earlier half. Not falling (by ``2`` sigma and by a
-fifth of the excess) is a divergence: the baseline restarts on the new level, and the
+fifth of the excess) is a divergence, as large as the level it settled at (the later
+half's median excess): critical from ``min_ratio`` times the trend, info below (a level
+shift, such as a data-mixture switch, is no incident). The baseline restarts on the new level, and the
 finding stays active until the series returns to the old trend (``recover_steps``
 points below the recovery bar: resolved) or a rewind ends it. A spike already on its
 way down is no divergence, however long it takes.
@@ -55,6 +57,8 @@ class _Episode:
     """Log value over the trend of each elevated point, the last ``diverge_steps`` of them."""
     below: int = 0
     diverged_at: int | None = None
+    level_ratio: float | None = None
+    """Once diverged: where the series settled, as a ratio to the trend (the later half's median excess)."""
     peak_step: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -243,6 +247,8 @@ class SpikeDetector(Detector):
         self._episode = None
         self.trend.restart()
         ep.diverged_at, ep.below = step, 0
+        recent = np.fromiter(ep.excess, float)
+        ep.level_ratio = math.exp(float(np.median(recent[len(recent) // 2 :])))
         self._diverged = ep
         return self._finding(ep, active=True)
 
@@ -262,11 +268,11 @@ class SpikeDetector(Detector):
         return self._finding(ep, active=False, recovered_at=step)
 
     def _severity(self, ep: _Episode, ratio: float) -> Severity:
+        if ep.level_ratio is not None:  # a divergence is as large as the level it settled at, not its peak
+            return Severity.CRITICAL if ep.level_ratio >= self.min_ratio else Severity.INFO
         if ratio < self.min_ratio:
             return Severity.INFO  # statistically clear, practically small: a bump, not an incident
-        if ep.diverged_at is not None or ratio >= self.critical_ratio:
-            return Severity.CRITICAL
-        return Severity.WARNING
+        return Severity.CRITICAL if ratio >= self.critical_ratio else Severity.WARNING
 
     def _finding(self, ep: _Episode, *, active: bool, recovered_at: int | None = None) -> Finding:
         diverged_at = ep.diverged_at
@@ -287,11 +293,18 @@ class SpikeDetector(Detector):
         }
         if diverged_at is not None:
             evidence["diverged_at_step"] = diverged_at
+            evidence["level_ratio"] = ep.level_ratio
         if recovered_at is not None:
             evidence["recovered_at_step"] = recovered_at
         what = f"{self.label} spiked" if ratio >= self.min_ratio else f"{self.label} bumped (below {self.min_ratio:g}x)"
         if diverged_at is not None:
-            what = f"{self.label} diverged: not coming back to the trend {diverged_at - ep.start} steps in"
+            level, steps_in = ep.level_ratio or math.nan, diverged_at - ep.start
+            what = (
+                f"{self.label} diverged: settled at {level:.3g}x the trend, not coming back {steps_in} steps in"
+                if level >= self.min_ratio
+                else f"{self.label} shifted to a new level, {level:.3g}x the trend (below {self.min_ratio:g}x), "
+                f"not coming back {steps_in} steps in"
+            )
             if recovered_at is not None:
                 what += f", back at step {recovered_at}"
         return Finding(

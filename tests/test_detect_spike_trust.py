@@ -166,3 +166,21 @@ def test_a_growing_divergence_is_still_called_at_diverge_steps() -> None:
     frame["loss"] *= np.exp(np.where(frame["step"] >= 700, 0.3 + 0.01 * after, 0.0))
     [finding] = detect("loss", frame).values()
     assert (finding.start_step, finding.evidence["diverged_at_step"], finding.active) == (700, 750, True)
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "student_t3", "ar1"])
+@pytest.mark.parametrize(("metric", "small", "large"), [("loss", 1.08, 1.6), ("grad_norm", 1.3, 2.6)])
+def test_a_small_level_shift_is_info_and_a_large_divergence_critical(
+    noise: str, metric: str, small: float, large: float
+) -> None:
+    # A data-mixture switch moves the loss up a few percent for good; before, the first bump on top of it
+    # (peak over min_ratio) made the shift "critical, diverged". A divergence is as large as its settled level.
+    for shift, severity in ((small, Severity.INFO), (large, Severity.CRITICAL)):
+        frame = clean_run(noise, 1_500, seed=9, sigma=0.005)
+        frame.loc[frame["step"] >= 800, metric] *= shift
+        frame.loc[frame["step"] == 830, metric] *= 1.2 if metric == "loss" else 2.2  # a bump on the new level
+        diverged = [f for f in detect(metric, frame).values() if "diverged_at_step" in f.evidence]
+        assert len(diverged) == 1 and diverged[0].start_step == 800, (shift, [f.summary for f in diverged])
+        finding = diverged[0]
+        assert finding.severity == severity and finding.evidence["level_ratio"] == pytest.approx(shift, rel=0.05)
+        assert ("shifted to a new level" in finding.summary) is (severity == Severity.INFO)
