@@ -19,6 +19,8 @@ shift, such as a data-mixture switch, is no incident). The baseline restarts on 
 finding stays active until the series returns to the old trend (``recover_steps``
 points below the recovery bar: resolved) or a rewind ends it. A spike already on its
 way down is no divergence, however long it takes.
+Before the trend has its forecast errors (a short run), only a point ``EARLY_MIN_RATIO``
+times the line through the points so far opens a spike.
 For ``settle_steps`` after a restart (a checkpoint loaded) the bar is ``settle_factor``
 times higher: a resumed job's small bump is expected, not an incident.
 """
@@ -69,6 +71,11 @@ class _Episode:
         return math.exp(self.line.at(self.start))
 
 
+EARLY_POINTS = 10
+EARLY_MIN_RATIO = 2.0
+"""Before its forecast errors are known, a spike is judged against the line through at least ``EARLY_POINTS``
+points, and only one ``EARLY_MIN_RATIO`` times the line or more opens: in a run's first steps the spread of so
+few points is a rough guide, and a loss falling fast from its start must not page."""
 QUIET_BLOCK = (64, 8192)
 """Rows scored at once outside an episode: from the first, doubling while none opens one, up to the second."""
 DIVERGE_FALL_SIGMAS = 2.0
@@ -168,6 +175,16 @@ class SpikeDetector(Detector):
         self._block = min(2 * self._block, QUIET_BLOCK[1])
         return end - start
 
+    def _early(self, step: int, y: float, score: Score | None) -> Score | None:
+        """Before the forecast errors are known (a short run's first ~70 points): the score against the
+        line through the points so far, when it opens a spike (``EARLY_MIN_RATIO`` times the line and over
+        the bar) or an early spike is in progress; None otherwise, and the point is admitted as usual."""
+        early = score or self.trend.score(step, y, min_points=EARLY_POINTS)
+        if early is None or self._episode is not None:
+            return early if self._episode is not None else None
+        opens = y - early.predicted >= math.log(EARLY_MIN_RATIO) and early.z >= self.z_alarm * early.tail
+        return early if opens else None
+
     def _threshold(self, timeline: int, step: int, score: Score) -> float:
         """The z that opens a spike at ``step``: ``z_alarm`` times the tail factor, higher while settling."""
         threshold = self.z_alarm * score.tail
@@ -182,6 +199,11 @@ class SpikeDetector(Detector):
         y = math.log(value)
         resolved = self._follow_divergence(step, y)
         score = self.trend.score(step, y)
+        early = None if resolved is not None or (score is not None and score.ready) else self._early(step, y, score)
+        if early is not None:
+            if self._episode is None:
+                return self._maybe_open(timeline, step, value, y, early) or changed
+            return self._follow(step, value, y, early)
         if resolved is not None or score is None or not score.ready:
             self.trend.admit(step, y, score)
             return resolved or changed

@@ -102,15 +102,16 @@ class RobustTrend:
             self._points[timeline] = deque((p for p in parent if p[0] < step), maxlen=self.window)
         self._timeline = timeline
 
-    def score(self, step: int, y: float) -> Score | None:
-        """``y`` (a log value) against the baseline at ``step``; None while too few points.
+    def score(self, step: int, y: float, *, min_points: int | None = None) -> Score | None:
+        """``y`` (a log value) against the baseline at ``step``; None while fewer than ``min_points`` points
+        (the trend's own by default).
 
         Not ``ready`` until ``MIN_FORECAST_ERRORS`` forecasts have been checked against
         what came: until then sigma is the line's own spread, too hopeful early in a run.
         Scoring learns nothing: ``admit`` does, for the points the caller accepts.
         """
         points = self._points.get(self._timeline)
-        if points is None or len(points) < self.min_points:
+        if points is None or len(points) < (self.min_points if min_points is None else min_points):
             return None
         steps = np.fromiter((x for _, x, _ in points), float, len(points))
         ys = np.fromiter((v for _, _, v in points), float, len(points))
