@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .robust import MAD_TO_SIGMA, RollingQuantile, mad_sigma
+from .robust import MAD_TO_SIGMA, RollingQuantile, dense_row_median, mad_sigma
 
 GAUSSIAN_UPPER_Q995 = 2.5758
 """The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
@@ -181,13 +181,13 @@ class Lookahead:
         run = _halves_apart(x, n, window)
         self.slopes = np.where(run > 0, _halves_apart(y, n, window) / np.where(run > 0, run, 1.0), 0.0)
         wx, wy = sliding_window_view(x, window)[:n], sliding_window_view(y, window)[:n]
-        self.levels = np.median(wy - self.slopes[:, None] * wx, axis=1)
+        self.levels = dense_row_median(wy - self.slopes[:, None] * wx)
         self.predicted = self.levels + self.slopes * np.asarray(self.xs)
         self.errors = self.ys - self.predicted
         errors = np.concatenate([np.fromiter(trend._residuals, float, len(trend._residuals)), self.errors])
         spread = sliding_window_view(errors, trend.memory)[:n]
         center = _rolling_median(errors, trend.memory)[trend.memory - 1 : -1]
-        self.sigmas = np.maximum(MAD_TO_SIGMA * np.median(np.abs(spread - center[:, None]), axis=1), trend.sigma_floor)
+        self.sigmas = np.maximum(MAD_TO_SIGMA * dense_row_median(np.abs(spread - center[:, None])), trend.sigma_floor)
         self.z = self.errors / self.sigmas
         self._base = trend.admitted
         self.done = 0

@@ -17,6 +17,7 @@ import pytest
 import telemetry_frames as tf
 
 from bedside.detectors.registry import build_detectors
+from bedside.detectors.robust import dense_row_median
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 from bedside.detectors.trend import RobustTrend
 
@@ -77,7 +78,7 @@ def replay_both(name: str, batch: TelemetryBatch) -> tuple[dict, dict]:
 @pytest.mark.parametrize("noise", NOISES)
 @pytest.mark.parametrize(("shape", "n"), [("power_law", 2000), ("warmup_cosine", 1200), ("lr_drop", 400)])
 def test_spikes_found_in_one_batch_are_those_found_a_step_at_a_time(name: str, noise: str, shape: str, n: int) -> None:
-    frame = loss_run(noise, shape, n, seed=hash((noise, shape)) % 1000)
+    frame = loss_run(noise, shape, n, seed=10 * NOISES.index(noise) + SHAPES.index(shape))
     frame = rewound(frame, int(n * 0.8))
     batch = TelemetryBatch(steps=frame, checkpoints=restart_events(frame, n // 3))
     whole, streamed = replay_both(name, batch)
@@ -143,3 +144,10 @@ def test_a_lookahead_waits_for_a_full_baseline() -> None:
     for step in range(99):
         trend.admit(step, 0.7, trend.score(step, 0.7))
     assert trend.lookahead([99], [0.7]) is None
+
+
+@pytest.mark.parametrize("width", [1, 2, 7, 50, 101, 200])
+def test_the_dense_row_median_is_numpys_median_of_each_row(width: int) -> None:
+    rng = np.random.default_rng(width)
+    for values in (rng.standard_normal((300, width)), rng.integers(0, 4, (300, width)).astype(float)):  # ties too
+        assert np.array_equal(dense_row_median(values), np.median(values, axis=1))
