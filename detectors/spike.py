@@ -175,14 +175,14 @@ class SpikeDetector(Detector):
         self._block = min(2 * self._block, QUIET_BLOCK[1])
         return end - start
 
-    def _early(self, step: int, y: float, score: Score | None) -> Score | None:
+    def _early(self, timeline: int, step: int, y: float, score: Score | None) -> Score | None:
         """Before the forecast errors are known (a short run's first ~70 points): the score against the
         line through the points so far, when it opens a spike (``EARLY_MIN_RATIO`` times the line and over
         the bar) or an early spike is in progress; None otherwise, and the point is admitted as usual."""
         early = score or self.trend.score(step, y, min_points=EARLY_POINTS)
         if early is None or self._episode is not None:
             return early if self._episode is not None else None
-        opens = y - early.predicted >= math.log(EARLY_MIN_RATIO) and early.z >= self.z_alarm * early.tail
+        opens = y - early.predicted >= math.log(EARLY_MIN_RATIO) and early.z >= self._threshold(timeline, step, early)
         return early if opens else None
 
     def _threshold(self, timeline: int, step: int, score: Score) -> float:
@@ -199,7 +199,11 @@ class SpikeDetector(Detector):
         y = math.log(value)
         resolved = self._follow_divergence(step, y)
         score = self.trend.score(step, y)
-        early = None if resolved is not None or (score is not None and score.ready) else self._early(step, y, score)
+        early = (
+            None
+            if resolved is not None or (score is not None and score.ready)
+            else self._early(timeline, step, y, score)
+        )
         if early is not None:
             if self._episode is None:
                 return self._maybe_open(timeline, step, value, y, early) or changed
