@@ -181,7 +181,7 @@ class SpikeDetector(Detector):
         the bar) or an early spike is in progress; None otherwise, and the point is admitted as usual."""
         early = score or self.trend.score(step, y, min_points=EARLY_POINTS)
         if early is None or self._episode is not None:
-            return early if self._episode is not None else None
+            return early
         opens = y - early.predicted >= math.log(EARLY_MIN_RATIO) and early.z >= self._threshold(timeline, step, early)
         return early if opens else None
 
