@@ -25,6 +25,7 @@ CHECKPOINT_COLORS = {
     "verified": "#16a34a",
     "saved": "#2563eb",
     "saving": "#94a3b8",
+    "abandoned": "#cbd5e1",
     "failed": "#f97316",
     "corrupt": "#dc2626",
 }
@@ -294,11 +295,14 @@ def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:
                 mode="markers",
                 name=state,
                 marker={"size": size, "color": CHECKPOINT_COLORS.get(state, "#94a3b8")},
-                customdata=np.stack([points["duration_s"].fillna(0), points["bytes"].fillna(0) / 2**20], axis=-1),
-                hovertemplate="step %{y}<br>%{customdata[0]:.2f} s, %{customdata[1]:.1f} MiB<extra></extra>",
+                customdata=list(
+                    zip(points["duration_s"].fillna(0), points["bytes"].fillna(0) / 2**30, points["path"].fillna(""))
+                ),
+                hovertemplate=f"{state}, step %{{y}}<br>%{{customdata[0]:.2f}} s, %{{customdata[1]:.3f}} GiB"
+                "<br>%{customdata[2]}<extra></extra>",
             )
         )
-    fig.update_xaxes(title="time")
+    fig.update_xaxes(title="started (UTC)")
     fig.update_yaxes(title="step")
     return _layout(fig, "Checkpoints")
 

@@ -134,6 +134,25 @@ def checkpoint_advice(checkpoints: pd.DataFrame, restarts: pd.DataFrame) -> Chec
     return advise(float(saved["duration_s"].median()), elapsed, int(span["restarts"]), interval)
 
 
+def checkpoint_rows(checkpoints: pd.DataFrame) -> pd.DataFrame:
+    """The checkpoints table as the on-call reads it, newest first: wall-clock start, save seconds, size in GiB
+    and the full path last (the ``checkpoints`` query's rows)."""
+    table = checkpoints.sort_values("started_at", ascending=False)
+    return pd.DataFrame(
+        {
+            "started": pd.to_datetime(table["started_at"], unit="s", utc=True),
+            "timeline": table["timeline"],
+            "step": table["step"],
+            "state": table["state"],
+            "save_s": table["duration_s"],
+            "size_gib": table["bytes"] / 2**30,
+            "loaded": table["loaded"],
+            "deleted": table["deleted"],
+            "path": table["path"],
+        }
+    ).reset_index(drop=True)
+
+
 def _value(row: pd.Series | None, name: str) -> float | None:
     if row is None or name not in row or pd.isna(row[name]):
         return None

@@ -1,5 +1,5 @@
 -- Dashboard: the newest good checkpoint (verified, else saved; never one a `corrupt` event names by path) and
--- the work since it on the live timeline.
+-- the work since it on the live timeline (0 FLOPs when no step came after it; NULL when steps report none).
 WITH corrupt AS (
     SELECT DISTINCT path FROM checkpoint_events WHERE event = 'corrupt' AND path IS NOT NULL
 ), sound AS (
@@ -15,5 +15,5 @@ WITH corrupt AS (
 SELECT g.step AS checkpoint_step, g.time AS checkpoint_time,
        (SELECT max(step) FROM live) - g.step AS steps_at_risk,
        (SELECT max(time) FROM live) - g.time AS seconds_at_risk,
-       (SELECT sum(flops) FROM live WHERE step > g.step) AS flops_at_risk
+       (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(flops) END FROM live WHERE step > g.step) AS flops_at_risk
 FROM last_good g;
