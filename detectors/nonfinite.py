@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector
+from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction, json_number
 from .kinds import Family, FindingKind
 from .limits import COUNT, ranges
@@ -22,8 +21,6 @@ from .telemetry import TelemetryBatch, numbers
 
 JOB_METRICS = ("loss", "grad_norm", "lr")
 RANK_METRICS = ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm")
-MASK = "_nonfinite"
-"""The column, added to per-rank rows, whose bit k is set when metric k of the row is non-finite."""
 JOB = -1
 """The label of job-level values (per-rank values carry their rank)."""
 EVIDENCE_RANKS = 8
@@ -32,19 +29,20 @@ Decoded = dict[str, float | str | None]
 """A rank's non-finite metrics by name, as strict JSON carries them."""
 
 
-def nonfinite_mask(frame: pd.DataFrame, metrics: tuple[str, ...], measured: np.ndarray) -> np.ndarray:
-    """Per row, bit k set where ``metrics[k]`` is non-finite; ``measured`` (per metric) is updated in place.
+def nonfinite_mask(values: dict[str, np.ndarray], metrics: tuple[str, ...], measured: np.ndarray) -> np.ndarray:
+    """Per step (row) and label (column), bit k set where ``metrics[k]`` is non-finite; ``measured`` (per
+    metric) is updated in place.
 
     The frames carry a metric that was not reported as NaN too, so a NaN only counts once
-    the metric has been finite on an earlier row: a metric a trainer never reports stays quiet.
+    the metric has been finite at an earlier step: a metric a trainer never reports stays quiet.
     An infinity always counts.
     """
-    mask = np.zeros(len(frame), dtype=np.int64)
+    mask = np.zeros(values[metrics[0]].shape, dtype=np.int64)
     for k, name in enumerate(metrics):
-        x = numbers(frame[name])
-        finite = np.isfinite(x)
+        x = values[name]
+        finite = np.isfinite(x).any(axis=1)
         before = measured[k] | np.concatenate(([False], np.logical_or.accumulate(finite)[:-1]))
-        mask |= (np.isinf(x) | (np.isnan(x) & before)).astype(np.int64) << k
+        mask |= (np.isinf(x) | (np.isnan(x) & before[:, None])).astype(np.int64) << k
         measured[k] |= finite.any()
     return mask
 
@@ -113,10 +111,11 @@ class _Stream:
         return cls(metrics, _LastFinite(metrics), np.zeros(len(metrics), bool))
 
 
-class NonFiniteDetector(Detector):
+class NonFiniteDetector(CrossRankDetector):
     """NaN or Inf in ``loss``, ``grad_norm``, ``lr`` or any rank's timings and local gradient norm."""
 
     name = "nonfinite"
+    rank_metrics = RANK_METRICS
     kinds = (FindingKind("nonfinite", Family.TRAINING, tolerance=2),)
     limits = ranges(lag=COUNT)
 
@@ -125,24 +124,15 @@ class NonFiniteDetector(Detector):
         self.lag = lag
         self._job = _Stream.of(JOB_METRICS)
         self._ranks = _Stream.of(RANK_METRICS)
-        self._assembler = StepAssembler((*RANK_METRICS, MASK), lag=lag)
 
-    def update(self, batch: TelemetryBatch) -> list[Finding]:
-        changed = self._job_rows(batch.steps)
-        rows = batch.rank_steps
-        if len(rows):
-            rows = rows.assign(**{MASK: nonfinite_mask(rows, RANK_METRICS, self._ranks.measured)})
-        matrix = self._assembler.add(rows, self.run)
-        return _latest(changed + self._released(matrix))
-
-    def finish(self) -> list[Finding]:
-        return _latest(self._released(self._assembler.flush(self.run)))
+    def take(self, batch: TelemetryBatch, matrix: StepMatrix | None) -> list[Finding]:
+        return _latest(self._job_rows(batch.steps) + self._released(matrix))
 
     def _job_rows(self, rows: pd.DataFrame) -> list[Finding]:
         if not len(rows):
             return []
-        mask = nonfinite_mask(rows, JOB_METRICS, self._job.measured)[:, None]
         values = {name: numbers(rows[name])[:, None] for name in JOB_METRICS}
+        mask = nonfinite_mask(values, JOB_METRICS, self._job.measured)
         return self._scan(
             self._job,
             numbers(rows["timeline"]).astype(int),
@@ -156,7 +146,7 @@ class NonFiniteDetector(Detector):
         if matrix is None:
             return []
         values = {name: matrix.values[name] for name in RANK_METRICS}
-        mask = np.nan_to_num(matrix.values[MASK], nan=0.0).astype(np.int64)
+        mask = np.where(matrix.present, nonfinite_mask(values, RANK_METRICS, self._ranks.measured), 0)
         return self._scan(self._ranks, matrix.timelines, matrix.steps, matrix.ranks, values, mask)
 
     def _scan(

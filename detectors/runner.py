@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .crossrank import CrossRankDetector, SharedSteps
 from .detector import Detector
 from .finding import Finding
 from .registry import build_detectors
@@ -11,23 +12,27 @@ from .telemetry import RunState, TelemetryBatch
 
 
 class DetectorRunner:
-    """Feeds each batch to every detector (sharing one ``RunState``); findings by ``finding_id``."""
+    """Feeds each batch to every detector (sharing one ``RunState``, and the steps assembled across ranks);
+    findings by ``finding_id``."""
 
     def __init__(self, detectors: Iterable[Detector] | None = None, run: RunState | None = None) -> None:
         self.run = run or RunState()
         self.detectors = list(build_detectors() if detectors is None else detectors)
         for detector in self.detectors:
             detector.bind(self.run)
+        self._steps = SharedSteps(d for d in self.detectors if isinstance(d, CrossRankDetector))
         self.findings: dict[str, Finding] = {}
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
         """Feed new rows; the findings opened or changed by them (latest version of each)."""
         self.run.observe(batch)
-        return self._keep(f for d in self.detectors for f in d.update(batch))
+        shared = self._steps.take(batch, self.run)
+        return self._keep(f for d in self.detectors for f in (shared[d] if d in shared else d.update(batch)))
 
     def finish(self) -> list[Finding]:
         """The data ended (a finished run, or batch mode): what that settles."""
-        return self._keep(f for d in self.detectors for f in d.finish())
+        shared = self._steps.settle(self.run)
+        return self._keep(f for d in self.detectors for f in (shared[d] if d in shared else d.finish()))
 
     def tick(self, now: float) -> list[Finding]:
         """Time passed without new rows (live runs)."""

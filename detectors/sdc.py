@@ -23,8 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector
+from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, FRACTION, NON_NEGATIVE, OPTIONAL_COUNT, POSITIVE, ranges
@@ -156,10 +155,12 @@ class _Case:
         return self.gradient["hits"] if self.gradient else 0
 
 
-class SdcDetector(Detector):
+class SdcDetector(CrossRankDetector):
     """Silent data corruption: replica checksum mismatches and one-rank local gradient norm outliers."""
 
     name = "sdc"
+    rank_metrics = ("local_grad_norm",)
+    checksums = True
     kinds = (
         FindingKind(
             "sdc",
@@ -195,7 +196,6 @@ class SdcDetector(Detector):
         self.min_ratio_log2 = min_ratio_log2
         self.gap = gap
         self.lag = lag
-        self._assembler = StepAssembler(("local_grad_norm",), lag=lag, with_checksums=True)
         self._tail = PooledTail(half_life)
         self._cases: dict[int, _Case] = {}
         self._agreed: dict[int, int] = {}
@@ -204,11 +204,8 @@ class SdcDetector(Detector):
         self._unanimous: set[int] = set()
         self._splits: dict[int, Finding] = {}
 
-    def update(self, batch: TelemetryBatch) -> list[Finding]:
-        return self._released(self._assembler.add(batch.rank_steps, self.run))
-
-    def finish(self) -> list[Finding]:
-        return self._released(self._assembler.flush(self.run))
+    def take(self, batch: TelemetryBatch, matrix: StepMatrix | None) -> list[Finding]:
+        return self._released(matrix)
 
     def _released(self, matrix: StepMatrix | None) -> list[Finding]:
         if matrix is None:

@@ -44,8 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import bdtrc, ndtr, ndtri
 
-from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector
+from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, NON_NEGATIVE, POSITIVE, Range, ranges
@@ -177,10 +176,11 @@ def others_median(values: np.ndarray) -> np.ndarray:
     return np.where((count >= 2) & ~np.isnan(values), result, np.nan)
 
 
-class StragglerDetector(Detector):
+class StragglerDetector(CrossRankDetector):
     """Persistently slow ranks and nodes from per-rank phase times (see the module docstring)."""
 
     name = "straggler"
+    rank_metrics = METRICS
     kinds = (
         FindingKind("straggler", Family.PERFORMANCE, tolerance=1000, cause="slow worker(s)", precedence=40, lead=100),
     )
@@ -215,7 +215,7 @@ class StragglerDetector(Detector):
         self.k, self.false_alarm_steps, self.clear_h = k, false_alarm_steps, clear_h
         self.warmup_steps, self.horizon_steps = warmup_steps, horizon_steps
         self.group_fraction, self.structural_min = group_fraction, structural_min
-        self._assembler = StepAssembler(METRICS, lag=lag)
+        self.lag = lag
         self._reference = _Reference(reference_size, outlier_sigmas)
         self._warm: list[tuple[np.ndarray, np.ndarray]] | None = []
         self._first: tuple[int, int] | None = None
@@ -231,11 +231,11 @@ class StragglerDetector(Detector):
         self._z_scale = 1.0
 
     # -- streaming -----------------------------------------------------------------------
-    def update(self, batch: TelemetryBatch) -> list[Finding]:
-        return self._consume(self._assembler.add(batch.rank_steps, self.run))
+    def take(self, batch: TelemetryBatch, matrix: StepMatrix | None) -> list[Finding]:
+        return self._consume(matrix)
 
-    def finish(self) -> list[Finding]:
-        return self._consume(self._assembler.flush(self.run), final=True)
+    def settle(self, matrix: StepMatrix | None) -> list[Finding]:
+        return self._consume(matrix, final=True)
 
     def _consume(self, matrix: StepMatrix | None, *, final: bool = False) -> list[Finding]:
         changed: dict[int, _Episode] = {}

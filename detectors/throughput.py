@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .crossrank import StepAssembler, StepMatrix
-from .detector import Detector
+from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, FRACTION, OPTIONAL_COUNT, POSITIVE, ranges
@@ -56,10 +55,11 @@ class _Drop:
     active: bool = True
 
 
-class ThroughputDetector(Detector):
+class ThroughputDetector(CrossRankDetector):
     """Sustained drops of tokens per second against a rolling robust baseline (see the module docstring)."""
 
     name = "throughput_drop"
+    rank_metrics = ("step_time",)
     kinds = (
         FindingKind("throughput_drop", Family.PERFORMANCE, tolerance=200, cause="throughput", precedence=90, lead=50),
     )
@@ -80,7 +80,6 @@ class ThroughputDetector(Detector):
         super().__init__()
         self.window, self.baseline_steps, self.min_drop, self.z = window, baseline_steps, min_drop, z
         self.warmup_steps, self.lag = warmup_steps, lag
-        self._assembler = StepAssembler(("step_time",), lag=lag)
         self._durations: dict[Key, float] = {}
         self._released: Key = (-1, -1)
         self._queue: deque[tuple[Key, float, float]] = deque()  # (key, time, tokens) of step records not yet rated
@@ -91,8 +90,8 @@ class ThroughputDetector(Detector):
         self._drop: _Drop | None = None
         self._source = "median rank step_time"
 
-    def update(self, batch: TelemetryBatch) -> list[Finding]:
-        self._take_durations(self._assembler.add(batch.rank_steps, self.run))
+    def take(self, batch: TelemetryBatch, matrix: StepMatrix | None) -> list[Finding]:
+        self._take_durations(matrix)
         rows = batch.steps
         columns = (rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), numbers(rows["time"]))
         timelines, steps, times = (column.tolist() for column in columns)
@@ -101,8 +100,8 @@ class ThroughputDetector(Detector):
         )
         return self._drain(final=False)
 
-    def finish(self) -> list[Finding]:
-        self._take_durations(self._assembler.flush(self.run))
+    def settle(self, matrix: StepMatrix | None) -> list[Finding]:
+        self._take_durations(matrix)
         return self._drain(final=True)
 
     def _take_durations(self, matrix: StepMatrix | None) -> None:
