@@ -121,6 +121,20 @@ class IncidentBook:
         )
 
 
+def id_ranges(ids: Iterable[int], *, runs: int = 8, sep: str = ", ", more: str = ", and {} more") -> str:
+    """Ranks (or batches) as runs of consecutive ids, at most ``runs`` of them: ``768-1023``, ``1, 3, 5-7``, then
+    how many more (``more`` formatted with their count)."""
+    spans: list[list[int]] = []
+    for n in sorted({int(i) for i in ids}):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = sep.join(str(a) if a == b else f"{a}-{b}" for a, b in spans[:runs])
+    hidden = sum(b - a + 1 for a, b in spans[runs:])
+    return text + (more.format(hidden) if hidden else "")
+
+
 def worst_of(findings: Iterable[Finding]) -> Finding:
     """The finding that speaks for an incident: the most severe, then the highest score."""
     return max(findings, key=lambda f: (f.severity.level, f.score))
@@ -132,7 +146,7 @@ def _cause(members: list[Finding]) -> str:
     declared = {kind.name: kind for f in members if (kind := finding_kinds()[f.kind]).cause}
     if declared:
         best = min(declared.values(), key=lambda kind: kind.precedence)
-        return best.cause.format(ranks=", ".join(map(str, _ranks_of(members, best))))
+        return best.cause.format(ranks=id_ranges(_ranks_of(members, best)))
     first = {kind: min(f.start_step for f in members if f.kind == kind) for kind in {f.kind for f in members}}
     if {"loss_spike", "grad_spike"} <= set(first) and first["grad_spike"] < first["loss_spike"]:
         return f"optimisation: the gradient norm led the loss by {first['loss_spike'] - first['grad_spike']} steps"

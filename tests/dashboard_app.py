@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,13 @@ def serve(target: Path, *, token: str = "", live: bool = False, config: Path | N
     """Point the dashboard at ``target`` as ``bedside serve`` would (not live unless asked), with ``token`` for
     operators and alerts from ``config`` (else the run's bedside.toml)."""
     return registry.install(registry.Desk.for_target(target, config=config, live=live, token=token))
+
+
+def serving(target: Path) -> Iterator[Path]:
+    """For a module's fixture: serve ``target`` (``yield from serving(folder)``), then let its stores go."""
+    serve(target)
+    yield target
+    registry.close_all()
 
 
 def open_page(page: str, **query: str) -> AppTest:

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from dashboard_app import assert_rendered, chart, copy_run, from_store, open_page, serve, table, texts, tiles
+from dashboard_app import assert_rendered, chart, copy_run, from_store, open_page, serving, table, texts, tiles
 
-from bedside.app.dashboard import registry
 from bedside.app.dashboard.common import age
 from bedside.collectors.layout import RunLayout
 
@@ -35,18 +34,11 @@ def start_a_save_the_rewind_abandons(run: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Iterator[Path]:
+def served(tmp_path_factory) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("runs")
     copy_run(FAULTS, folder)
     start_a_save_the_rewind_abandons(copy_run(REWIND, folder))
-    yield folder
-    registry.close_all()
-
-
-@pytest.fixture
-def served(runs: Path) -> Path:
-    serve(runs)
-    return runs
+    yield from serving(folder)
 
 
 def test_the_table_reads_in_wall_clock_time_and_gib_newest_first(served: Path) -> None:

@@ -349,12 +349,21 @@ def test_a_link_picks_the_run_it_names(served: Path, run: str) -> None:
     assert tiles(app)["Step"] == {FAULTS: "200", REWIND: "160"}[run]
 
 
-def test_a_link_to_an_unknown_run_or_incident_opens_the_defaults(served: Path) -> None:
-    app = open_page("incidents", run="no-such-run", incident="no-such-incident")
+def test_a_link_to_an_unknown_run_opens_the_first_and_to_an_unknown_incident_says_so(served: Path) -> None:
+    app = open_page("incidents", run="no-such-run")
     assert_rendered(app)
     assert app.sidebar.selectbox(key="run").value == app.sidebar.selectbox(key="run").options[0]
     app = open_page("incidents", run=FAULTS, incident="no-such-incident")
-    assert app.selectbox(key="incident").value == table(app, "id")["id"][0]
+    assert_rendered(app)
+    assert [w.value for w in app.warning] == [
+        "This run has no incident 'no-such-incident' (resolved and gone, or another run's?): choose one below."
+    ]
+    assert app.selectbox(key="incident").value is None  # none opened in its place
+    assert not app.get("plotly_chart") and "Findings" not in [e.label for e in app.expander]
+    first = table(app, "id")["id"][0]
+    app.selectbox(key="incident").set_value(first).run()
+    assert_rendered(app)
+    assert not app.warning and chart_keys(app) == ["incident_evidence"]
 
 
 def test_the_run_chosen_in_the_sidebar_wins_over_the_link(served: Path) -> None:

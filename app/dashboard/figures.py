@@ -235,7 +235,19 @@ def incident_window(
     if not ranks.empty:  # a job-level incident has no ranks
         _rank_lines(fig, ranks, focus)
     fig.add_vrect(x0=start - 0.5, x1=end + 0.5, line_width=0, fillcolor="#f59e0b", opacity=0.15)
+    _evidence_axes(fig, rows)
     return _layout(fig, "Evidence", height=300 * rows)
+
+
+def _evidence_axes(fig: go.Figure, rows: int) -> None:
+    """Axis titles with units, whole steps on x (no "1.2k") and short numbers on y (no "2.3456")."""
+    fig.update_xaxes(tickformat="d", showticklabels=True)
+    fig.update_xaxes(title="step", row=rows, col=1)
+    fig.update_yaxes(tickformat=".3~g")
+    fig.update_yaxes(title="loss", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title="gradient norm", row=1, col=1, secondary_y=True, showgrid=False)
+    if rows > 1:
+        fig.update_yaxes(title="step time (s)", row=2, col=1)
 
 
 def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...]) -> None:

@@ -3,6 +3,7 @@ checkpoint advice. Pure functions of DataFrames, so they are tested without Stre
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +11,7 @@ import pandas as pd
 
 from bedside.detectors.checkpointing import CheckpointAdvice, advise
 from bedside.detectors.eval_stall import EvalStallDetector, forecast_evals
+from bedside.detectors.incidents import id_ranges
 
 BAND_Z = float(EvalStallDetector.defaults()["band_z"])
 MIN_EVALS_FOR_BAND = int(EvalStallDetector.defaults()["min_evals"])
@@ -151,6 +153,64 @@ def checkpoint_rows(checkpoints: pd.DataFrame) -> pd.DataFrame:
             "path": table["path"],
         }
     ).reset_index(drop=True)
+
+
+def incident_name(incident_id: str, ranks: Iterable[int]) -> str:
+    """An incident's id as the on-call reads it: its ranks as ranges (``straggler@0:500/r768-1023``), not the
+    id's first eight ranks and a ``+``. The id itself is unchanged: alerts, links and acknowledgements carry it."""
+    ranks = list(ranks)
+    head, sep, place = incident_id.partition("/r")
+    if not sep or not ranks:
+        return incident_id
+    subject = place.partition("/")[2]
+    return f"{head}/r{id_ranges(ranks, runs=4, sep=',', more='+{}')}" + (f"/{subject}" if subject else "")
+
+
+def incident_rows(incidents: pd.DataFrame) -> pd.DataFrame:
+    """The incidents table in the ``incidents`` query's triage order: the onset in UTC (the step the fault began
+    at, not when the detectors saw it; ``onset_s`` to tell its age from), steps and ranks as ranges."""
+    onset = incidents["onset_at"].astype(float).fillna(incidents["opened_at"].astype(float))
+    return pd.DataFrame(
+        {
+            "severity": incidents["severity"],
+            "status": incidents["status"],
+            "incident": [incident_name(i, r) for i, r in zip(incidents["incident_id"], incidents["ranks"])],
+            "title": incidents["title"],
+            "onset": pd.to_datetime(onset, unit="s", utc=True),
+            "onset_s": onset,
+            "steps": incidents["start_step"].astype(str) + "-" + incidents["end_step"].astype(str),
+            "timeline": incidents["timeline"],
+            "ranks": [id_ranges(r) if len(r) else "all (job)" for r in incidents["ranks"]],
+            "findings": incidents["findings"],
+            "id": incidents["incident_id"],
+        }
+    ).reset_index(drop=True)
+
+
+def data_read(window: pd.DataFrame, start: int, end: int) -> pd.DataFrame:
+    """Each data shard read in an incident's window (the ``window_data`` query): in how many of the incident's
+    steps and of the other steps around it, most over-read during the incident first (a bad shard's sign)."""
+    inside = window["step"].between(start, end)
+    per_step = window.assign(inside=inside).explode("shards").dropna(subset=["shards"])
+    counts = per_step.groupby(["shards", "inside"]).size().unstack(fill_value=0)
+    table = pd.DataFrame(
+        {
+            "shard": counts.index.astype(int),
+            "incident_steps": counts.get(True, pd.Series(0, index=counts.index)).to_numpy(dtype=int),
+            "other_steps": counts.get(False, pd.Series(0, index=counts.index)).to_numpy(dtype=int),
+        }
+    )
+    steps_in, steps_out = max(int(inside.sum()), 1), max(int((~inside).sum()), 1)
+    table["share_incident"] = table["incident_steps"] / steps_in
+    table["share_other"] = table["other_steps"] / steps_out
+    lift = table["share_incident"] - table["share_other"]
+    return table.assign(lift=lift).sort_values(["lift", "shard"], ascending=[False, True]).drop(columns="lift")
+
+
+def batch_span(window: pd.DataFrame, start: int, end: int) -> str:
+    """The global batches the incident's steps read, as ranges ("batches 79-93"), or '' when the run reports none."""
+    batches = window.loc[window["step"].between(start, end), "batch"].dropna()
+    return f"batches {id_ranges(batches.astype(int))}" if not batches.empty else ""
 
 
 def _value(row: pd.Series | None, name: str) -> float | None:

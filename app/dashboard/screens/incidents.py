@@ -8,14 +8,20 @@ import time
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import figures
+from bedside.app.dashboard import figures, summaries
 from bedside.app.dashboard.actions import ACTION_LABELS, onset, prefilled_args, request_status, what_is_lost
 from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator
 from bedside.app.dashboard.registry import desk
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.format import RUN_END_STATUSES
+from bedside.detectors.incidents import id_ranges
 
 WINDOW_MARGIN = 30
+INCIDENT_COLUMNS = {
+    "onset": st.column_config.DatetimeColumn("onset (UTC)", format="YYYY-MM-DD HH:mm:ss", timezone="UTC"),
+    "age": st.column_config.TextColumn("age", help="since the onset: the step the fault began at"),
+    "id": st.column_config.TextColumn("id", help="the exact id alerts, links and the audit trail carry"),
+}
 
 
 def note_text(note: object) -> str:
@@ -39,20 +45,9 @@ def incident_list(listed: frozenset[str]) -> None:
         else:  # read from the raw telemetry: the incidents are in the process holding the store
             st.warning(data.note)
         return
-    now = time.time()
-    shown = pd.DataFrame(
-        {
-            "severity": incidents["severity"],
-            "status": incidents["status"],
-            "title": incidents["title"],
-            "steps": incidents["start_step"].astype(str) + "-" + incidents["end_step"].astype(str),
-            "timeline": incidents["timeline"],
-            "age": incidents["opened_at"].map(lambda t: age(now - t)),
-            "findings": incidents["findings"],
-            "id": incidents["incident_id"],
-        }
-    )
-    st.dataframe(shown, hide_index=True, key="incident_table")
+    shown = summaries.incident_rows(incidents)
+    shown.insert(shown.columns.get_loc("onset_s"), "age", (time.time() - shown.pop("onset_s")).map(age))
+    st.dataframe(shown, hide_index=True, column_config=INCIDENT_COLUMNS, key="incident_table")
 
 
 incidents = data.frame("incidents")
@@ -64,11 +59,23 @@ ids = incidents["incident_id"].tolist()
 by_id = incidents.set_index("incident_id")
 # The incident looked at stays chosen when others appear (a widget whose options change starts again):
 # the picker's own state, else the last one chosen here, else the one a link names.
-wanted = st.session_state.get("incident", st.session_state.get("incident_chosen", st.query_params.get("incident")))
+linked = st.query_params.get("incident")
+wanted = st.session_state.get("incident", st.session_state.get("incident_chosen", linked))
 if wanted in ids:
     st.session_state["incident"] = wanted
-chosen = st.selectbox("Incident", ids, key="incident", format_func=lambda i: f"{i}: {by_id.loc[i, 'title']}")
+elif wanted == linked and linked:  # a link to an incident this run does not have: say so, open none
+    st.warning(f"This run has no incident {linked!r} (resolved and gone, or another run's?): choose one below.")
+    st.session_state["incident"] = None
+chosen = st.selectbox(
+    "Incident",
+    ids,
+    key="incident",
+    format_func=lambda i: f"{summaries.incident_name(i, by_id.loc[i, 'ranks'])}: {by_id.loc[i, 'title']}",
+    placeholder="choose an incident",
+)
 st.session_state["incident_chosen"] = chosen
+if chosen is None:
+    st.stop()
 incident = by_id.loc[chosen]
 suggestion = json.loads(incident["suggested_action"])
 
@@ -99,8 +106,29 @@ st.plotly_chart(
     ),
     key="incident_evidence",
 )
+read = data.frame("window_data", timeline=int(incident["timeline"]), first=first, last=last)
+if read["shards"].map(len).any() or read["batch"].notna().any():
+    st.markdown(
+        f"**Data read** in steps {int(incident['start_step'])}-{int(incident['end_step'])}: "
+        f"{summaries.batch_span(read, int(incident['start_step']), int(incident['end_step'])) or 'batches not reported'}; "
+        f"shards by how much more the incident's steps read them than steps {first}-{last} around it:"
+    )
+    st.dataframe(
+        summaries.data_read(read, int(incident["start_step"]), int(incident["end_step"])),
+        hide_index=True,
+        column_config={
+            "share_incident": st.column_config.ProgressColumn("in the incident's steps", format="percent"),
+            "share_other": st.column_config.ProgressColumn("in the steps around", format="percent"),
+        },
+        key="incident_data_read",
+    )
 with st.expander("Findings", expanded=False):
-    st.dataframe(data.frame("incident_findings", incident_id=chosen), hide_index=True, key="incident_findings")
+    found = data.frame("incident_findings", incident_id=chosen)
+    st.dataframe(
+        found.assign(ranks=found["ranks"].map(lambda r: id_ranges(r) if len(r) else "")),
+        hide_index=True,
+        key="incident_findings",
+    )
 
 st.subheader("Act")
 if not desk().operator_token:
