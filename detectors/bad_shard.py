@@ -115,10 +115,8 @@ class BadShardDetector(Detector):
         if rows.empty or "shards" not in rows:
             return []
         out: dict[int, Finding] = {}
-        losses = rows["loss"].to_numpy(dtype=float, na_value=np.nan)
-        for timeline, step, loss, shards in zip(
-            rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), losses, rows["shards"]
-        ):
+        timelines, steps = batch.ints("steps", "timeline"), batch.ints("steps", "step")
+        for timeline, step, loss, shards in zip(timelines, steps, batch.floats("steps", "loss"), rows["shards"]):
             read = _shard_ids(shards)
             if not read:  # a step that names no shard says nothing of one, and teaches the trend nothing
                 continue

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import pandas as pd
 
 from .detector import Detector
 from .finding import Finding
-from .telemetry import RunState, TelemetryBatch, numbers
+from .telemetry import RunState, TelemetryBatch
 
 KEY_BITS = {"timeline": 19, "step": 24, "rank": 20}
 """Bits of the one-integer sort key of a row; a batch with a larger value is sorted by three keys instead."""
@@ -60,26 +59,26 @@ class StepAssembler:
         self._ranks_seen: set[int] = set()
         self._released: tuple[int, int] = (-1, -1)
 
-    def add(self, rows: pd.DataFrame, run: RunState) -> StepMatrix | None:
-        """Take new ``rank_steps`` rows; the steps this completes (None when none).
+    def add(self, batch: TelemetryBatch, run: RunState) -> StepMatrix | None:
+        """Take the batch's new ``rank_steps`` rows; the steps this completes (None when none).
 
         A step some rank never reported is given up only while ``run.caught_up``: with a
         backlog, that rank's rows may simply not have been read yet.
         """
-        if len(rows):
-            self._append(self._columns(rows), count_ranks=run.world_size is None)
+        if len(batch.rank_steps):
+            self._append(self._columns(batch), count_ranks=run.world_size is None)
         return self._release(run.world_size, final=False, give_up=run.caught_up)
 
     def flush(self, run: RunState) -> StepMatrix | None:
         """Release every pending step (the data ended)."""
         return self._release(run.world_size, final=True, give_up=True)
 
-    def _columns(self, rows: pd.DataFrame) -> dict[str, np.ndarray]:
-        columns = {name: rows[name].to_numpy(dtype=np.int64) for name in ("timeline", "step", "rank")}
+    def _columns(self, batch: TelemetryBatch) -> dict[str, np.ndarray]:
+        columns = {name: batch.ints("rank_steps", name) for name in ("timeline", "step", "rank")}
         for name in self.metrics:
-            columns[name] = numbers(rows[name])
+            columns[name] = batch.floats("rank_steps", name)
         if self.with_checksums:
-            columns["param_checksum"] = rows["param_checksum"].to_numpy(dtype=object)
+            columns["param_checksum"] = batch.rank_steps["param_checksum"].to_numpy(dtype=object)
         return columns
 
     def _append(self, columns: dict[str, np.ndarray], *, count_ranks: bool) -> None:
@@ -172,7 +171,7 @@ class CrossRankDetector(Detector):
         return self.take(TelemetryBatch(), matrix)
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
-        return self.take(batch, self._own_assembler().add(batch.rank_steps, self.run))
+        return self.take(batch, self._own_assembler().add(batch, self.run))
 
     def finish(self) -> list[Finding]:
         return self.settle(self._own_assembler().flush(self.run))
@@ -207,7 +206,7 @@ class SharedSteps:
         """Assemble ``batch`` once per lag; each cross-rank detector's findings from it."""
         found: dict[CrossRankDetector, list[Finding]] = {}
         for assembler, group in self._groups:
-            matrix = assembler.add(batch.rank_steps, run)
+            matrix = assembler.add(batch, run)
             found.update((detector, detector.take(batch, matrix)) for detector in group)
         return found
 

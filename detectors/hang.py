@@ -28,7 +28,7 @@ from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import FRACTION, POSITIVE, ranges
-from .telemetry import TelemetryBatch
+from .telemetry import FrameName, TelemetryBatch
 
 EDGES = np.logspace(-4, 6, 201)
 """Bins of the step-interval histogram: 20 per decade from 0.1 ms to 11.6 days."""
@@ -50,6 +50,14 @@ def _keys(timelines: np.ndarray, steps: np.ndarray) -> np.ndarray:
     return np.asarray(timelines, dtype=np.int64) * 2**40 + np.asarray(steps, dtype=np.int64)
 
 
+def _among(keys: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """``np.isin(keys, known)`` for a sorted ``known`` of unique keys: one binary search per key, no sort."""
+    if not len(known):
+        return np.zeros(len(keys), bool)
+    at = np.searchsorted(known, keys)
+    return known[np.minimum(at, len(known) - 1)] == keys
+
+
 @dataclass
 class _Timing:
     """What the run's own records teach: a histogram of step intervals, the pause steps, the longest pauses."""
@@ -67,7 +75,9 @@ class _Timing:
 
     def learn_pauses(self, batch: TelemetryBatch) -> None:
         """Checkpoint and eval steps of this batch; the eval cadence (smallest gap of the last evals seen)."""
-        ck = batch.checkpoints[batch.checkpoints["event"].isin(("save_started", "saved"))]
+        ck = batch.checkpoints
+        if len(ck):
+            ck = ck[ck["event"].isin(("save_started", "saved"))]
         for name, frame in (("checkpoint", ck), ("eval", batch.evals)):
             if len(frame):
                 keys = _keys(frame["timeline"].to_numpy(int), frame["step"].to_numpy(int))
@@ -89,7 +99,7 @@ class _Timing:
     def pauses(self, timelines: np.ndarray, steps: np.ndarray) -> dict[str, np.ndarray]:
         """Whether each (timeline, step) is a checkpoint step, and an eval step (seen or due)."""
         keys = _keys(timelines, steps)
-        found = {name: np.isin(keys, self.at[name]) for name in PAUSES}
+        found = {name: _among(keys, self.at[name]) for name in PAUSES}
         if self.eval_every:
             found["eval"] |= (np.asarray(steps) - self.last_eval) % self.eval_every == 0
         return found
@@ -341,18 +351,23 @@ class HangDetector(Detector):
 def _records(batch: TelemetryBatch) -> Columns | None:
     """Every record of the batch as columns: ``rank``, ``time``, ``step``, ``timeline``, ``progress`` (a step
     record), ``end`` (run_end); None when there is none."""
-    sources = ((batch.steps, True), (batch.rank_steps, True), (batch.checkpoints, False), (batch.events, False))
+    sources: tuple[tuple[FrameName, bool], ...] = (
+        ("steps", True),
+        ("rank_steps", True),
+        ("checkpoints", False),
+        ("events", False),
+    )
     parts = [
         {
-            "rank": f["rank"].to_numpy(np.int64),
-            "time": f["time"].to_numpy(float),
-            "step": f["step"].to_numpy(np.int64),
-            "timeline": f["timeline"].to_numpy(np.int64),
+            "rank": batch.ints(name, "rank"),
+            "time": batch.floats(name, "time"),
+            "step": batch.ints(name, "step"),
+            "timeline": batch.ints(name, "timeline"),
             "progress": np.full(len(f), progress),
-            "end": f["kind"].eq("run_end").to_numpy(bool) if f is batch.events else np.zeros(len(f), bool),
+            "end": f["kind"].eq("run_end").to_numpy(bool) if name == "events" else np.zeros(len(f), bool),
         }
-        for f, progress in sources
-        if len(f)
+        for name, progress in sources
+        if len(f := getattr(batch, name))
     ]
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} if parts else None
 
@@ -365,43 +380,45 @@ def _rows(new: Columns, state: Columns) -> Columns:
     time; ``gap``, ``step_gap``: seconds since its previous record, and (step rows) since its previous step.
     """
     n = len(state["rank"])
-    real = np.r_[np.zeros(n, bool), np.ones(len(new["rank"]), bool)]
+    real = np.concatenate((np.zeros(n, bool), np.ones(len(new["rank"]), bool)))
     rows = {
-        "rank": np.r_[state["rank"], new["rank"]],
-        "time": np.r_[state["time"], new["time"]],
-        "step": np.r_[state["ps"], new["step"]],
-        "timeline": np.r_[state["ptl"], new["timeline"]],
-        "progress": np.r_[np.zeros(n, bool), new["progress"]],
-        "end": np.r_[state["end"], new["end"]],
+        "rank": np.concatenate((state["rank"], new["rank"])),
+        "time": np.concatenate((state["time"], new["time"])),
+        "step": np.concatenate((state["ps"], new["step"])),
+        "timeline": np.concatenate((state["ptl"], new["timeline"])),
+        "progress": np.concatenate((np.zeros(n, bool), new["progress"])),
+        "end": np.concatenate((state["end"], new["end"])),
         "real": real,
-        "pt": np.r_[state["pt"], new["time"]],
-        "stepped": np.r_[state["stepped"], new["progress"]],
+        "pt": np.concatenate((state["pt"], new["time"])),
+        "stepped": np.concatenate((state["stepped"], new["progress"])),
     }
     order = np.lexsort((rows["time"], rows["real"], rows["rank"]))
     rows = {name: values[order] for name, values in rows.items()}
-    first = np.r_[True, rows["rank"][1:] != rows["rank"][:-1]]
+    first = np.concatenate(([True], rows["rank"][1:] != rows["rank"][:-1]))
     known = ~rows["real"] | rows["progress"] | first  # rows that set the last step; the others inherit it
     source = np.maximum.accumulate(np.where(known, np.arange(len(first)), 0))
     for name, column in (("pt", "pt"), ("ps", "step"), ("ptl", "timeline"), ("stepped", "stepped")):
         rows[name] = rows[column][source]
-    before = np.r_[np.nan, rows["time"][:-1]]
-    rows["next"] = np.where(np.r_[~first[1:], False], np.r_[rows["time"][1:], np.inf], np.inf)
+    before = np.concatenate(([np.nan], rows["time"][:-1]))
+    rows["next"] = np.where(np.append(~first[1:], False), np.append(rows["time"][1:], np.inf), np.inf)
     rows["gap"] = np.where(first, np.inf, rows["time"] - before)
-    rows["step_gap"] = np.where(first | ~rows["progress"], np.inf, rows["time"] - np.r_[np.nan, rows["pt"][:-1]])
+    rows["step_gap"] = np.where(
+        first | ~rows["progress"], np.inf, rows["time"] - np.concatenate(([np.nan], rows["pt"][:-1]))
+    )
     return rows
 
 
 def _segments(rows: Columns) -> Columns:
     """Each rank's stretches from one step to the next: where they start and end in ``rows``, their step,
     ``until`` (the next step's time, or the rank's run_end, or inf) and the next step."""
-    first = np.r_[True, (rows["rank"][1:] != rows["rank"][:-1]) | (rows["pt"][1:] != rows["pt"][:-1])]
+    first = np.concatenate(([True], (rows["rank"][1:] != rows["rank"][:-1]) | (rows["pt"][1:] != rows["pt"][:-1])))
     start = np.flatnonzero(first)
     seg = {name: rows[name][start] for name in ("rank", "pt", "ps", "ptl", "stepped")}
-    seg["first_row"], seg["last_row"] = start, np.r_[start[1:], len(first)] - 1
+    seg["first_row"], seg["last_row"] = start, np.append(start[1:], len(first)) - 1
     seg["ended_at"] = np.minimum.reduceat(np.where(rows["end"], rows["time"], np.inf), start)
-    same = np.r_[seg["rank"][1:] == seg["rank"][:-1], False]
+    same = np.append(seg["rank"][1:] == seg["rank"][:-1], False)
     for name in ("pt", "ps", "ptl"):
-        following = np.r_[seg[name][1:], seg[name][:1]]
+        following = np.concatenate((seg[name][1:], seg[name][:1]))
         seg[f"next_{name}"] = np.where(same, following, np.inf if name == "pt" else -1)
     seg["until"] = np.minimum(seg["next_pt"], seg["ended_at"])
     return seg

@@ -11,13 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction, json_number
 from .kinds import Family, FindingKind
 from .limits import COUNT, ranges
-from .telemetry import TelemetryBatch, numbers
+from .telemetry import TelemetryBatch
 
 JOB_METRICS = ("loss", "grad_norm", "lr")
 RANK_METRICS = ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm")
@@ -126,21 +125,15 @@ class NonFiniteDetector(CrossRankDetector):
         self._ranks = _Stream.of(RANK_METRICS)
 
     def take(self, batch: TelemetryBatch, matrix: StepMatrix | None) -> list[Finding]:
-        return _latest(self._job_rows(batch.steps) + self._released(matrix))
+        return _latest(self._job_rows(batch) + self._released(matrix))
 
-    def _job_rows(self, rows: pd.DataFrame) -> list[Finding]:
-        if not len(rows):
+    def _job_rows(self, batch: TelemetryBatch) -> list[Finding]:
+        if not len(batch.steps):
             return []
-        values = {name: numbers(rows[name])[:, None] for name in JOB_METRICS}
+        values = {name: batch.floats("steps", name)[:, None] for name in JOB_METRICS}
         mask = nonfinite_mask(values, JOB_METRICS, self._job.measured)
-        return self._scan(
-            self._job,
-            numbers(rows["timeline"]).astype(int),
-            numbers(rows["step"]).astype(int),
-            np.array([JOB]),
-            values,
-            mask,
-        )
+        timelines, steps = batch.ints("steps", "timeline"), batch.ints("steps", "step")
+        return self._scan(self._job, timelines, steps, np.array([JOB]), values, mask)
 
     def _released(self, matrix: StepMatrix | None) -> list[Finding]:
         if matrix is None:

@@ -134,8 +134,8 @@ class SpikeDetector(Detector):
         if rows.empty:
             return []
         out: list[Finding] = []
-        timelines, steps = rows["timeline"].to_numpy(int), rows["step"].to_numpy(int)
-        values = rows[self.metric].to_numpy(dtype=float, na_value=np.nan)
+        timelines, steps = batch.ints("steps", "timeline"), batch.ints("steps", "step")
+        values = batch.floats("steps", self.metric)
         i = 0
         while i < len(rows):
             quiet = self._admit_quiet(timelines, steps, values, i)

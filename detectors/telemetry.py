@@ -29,6 +29,7 @@ EVAL_COLUMNS = ("timeline", "step", "time", "split", "name", "value", "cum_token
 CHECKPOINT_COLUMNS = ("timeline", "step", "time", "rank", "event", "duration_s", "path", "message")
 EVENT_COLUMNS = ("timeline", "step", "time", "rank", "kind")
 TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
+FrameName = Literal["steps", "rank_steps", "evals", "checkpoints", "events"]
 
 
 class Place(TypedDict, total=False):
@@ -84,6 +85,25 @@ class TelemetryBatch:
     evals: pd.DataFrame = field(default_factory=lambda: empty_frame(EVAL_COLUMNS))
     checkpoints: pd.DataFrame = field(default_factory=lambda: empty_frame(CHECKPOINT_COLUMNS))
     events: pd.DataFrame = field(default_factory=lambda: empty_frame(EVENT_COLUMNS))
+    _arrays: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def floats(self, frame: FrameName, name: str) -> np.ndarray:
+        """Column ``name`` of ``frame`` as floats (``numbers``: missing and unparseable values NaN), read-only:
+        converted once per batch, however many detectors read it."""
+        return self._array(frame, name, "float")
+
+    def ints(self, frame: FrameName, name: str) -> np.ndarray:
+        """Column ``name`` of ``frame`` (a key such as ``timeline``, ``step`` or ``rank``) as int64, read-only."""
+        return self._array(frame, name, "int")
+
+    def _array(self, frame: FrameName, name: str, kind: Literal["float", "int"]) -> np.ndarray:
+        key = (frame, name, kind)
+        if key not in self._arrays:
+            column = getattr(self, frame)[name]
+            values = numbers(column) if kind == "float" else column.to_numpy(dtype=np.int64)
+            values.setflags(write=False)
+            self._arrays[key] = values
+        return self._arrays[key]
 
     def __len__(self) -> int:
         return sum(len(f) for f in (self.steps, self.rank_steps, self.evals, self.checkpoints, self.events))

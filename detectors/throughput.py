@@ -27,7 +27,7 @@ from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, FRACTION, OPTIONAL_COUNT, POSITIVE, ranges
 from .robust import mad_sigma, row_median
-from .telemetry import TelemetryBatch, numbers
+from .telemetry import TelemetryBatch
 
 Key = tuple[int, int]
 _Rated = tuple[Key, float, str, float]
@@ -92,12 +92,14 @@ class ThroughputDetector(CrossRankDetector):
 
     def take(self, batch: TelemetryBatch, matrix: StepMatrix | None) -> list[Finding]:
         self._take_durations(matrix)
-        rows = batch.steps
-        columns = (rows["timeline"].to_numpy(int), rows["step"].to_numpy(int), numbers(rows["time"]))
-        timelines, steps, times = (column.tolist() for column in columns)
-        self._queue.extend(
-            ((tl, s), t, n) for tl, s, t, n in zip(timelines, steps, times, numbers(rows["tokens"]).tolist())
+        columns = (
+            batch.ints("steps", "timeline"),
+            batch.ints("steps", "step"),
+            batch.floats("steps", "time"),
+            batch.floats("steps", "tokens"),
         )
+        timelines, steps, times, tokens = (column.tolist() for column in columns)
+        self._queue.extend(((tl, s), t, n) for tl, s, t, n in zip(timelines, steps, times, tokens))
         return self._drain(final=False)
 
     def settle(self, matrix: StepMatrix | None) -> list[Finding]:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .robust import MAD_TO_SIGMA, RollingQuantile, dense_row_median, mad_sigma
+from .robust import MAD_TO_SIGMA, RollingQuantile, dense_row_median, mad_sigma, median
 
 GAUSSIAN_UPPER_Q995 = 2.5758
 """The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
@@ -116,10 +116,10 @@ class RobustTrend:
         steps = np.fromiter((x for _, x, _ in points), float, len(points))
         ys = np.fromiter((v for _, _, v in points), float, len(points))
         half = len(ys) // 2
-        run = np.median(steps[half:]) - np.median(steps[:half])
-        slope = (np.median(ys[half:]) - np.median(ys[:half])) / run if run > 0 else 0.0
+        run = median(steps[half:]) - median(steps[:half])
+        slope = (median(ys[half:]) - median(ys[:half])) / run if run > 0 else 0.0
         detrended = ys - slope * steps
-        line = Line(float(np.median(detrended)), float(slope))
+        line = Line(median(detrended), float(slope))
         predicted = line.at(step)
         ready = len(self._residuals) >= MIN_FORECAST_ERRORS
         spread = np.fromiter(self._residuals, float) if ready else detrended - line.level

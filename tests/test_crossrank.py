@@ -43,7 +43,7 @@ def reference(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def released(assembler: StepAssembler, batches: list[pd.DataFrame], run: RunState) -> list[StepMatrix]:
-    out = [assembler.add(batch, run) for batch in batches] + [assembler.flush(run)]
+    out = [assembler.add(TelemetryBatch(rank_steps=batch), run) for batch in batches] + [assembler.flush(run)]
     return [m for m in out if m is not None]
 
 
@@ -93,15 +93,17 @@ def test_a_step_waits_for_a_missing_rank_until_it_is_hopeless_and_the_gap_is_not
     rows = rank_rows(0, steps=40, ranks=np.arange(4), timelines=1)
     rows = rows[~((rows["rank"] == 2) & (rows["step"] == 10))]  # rank 2 never reported step 10
     assembler, run = StepAssembler(METRICS, lag=20), RunState(world_size=4)
-    early = assembler.add(rows[rows["step"] < 25], run)
+    early = assembler.add(TelemetryBatch(rank_steps=rows[rows["step"] < 25]), run)
     assert early is not None and early.steps.max() == 9, "step 10 waits while only 15 newer steps exist"
-    late = assembler.add(rows[rows["step"] >= 25], run)
+    late = assembler.add(TelemetryBatch(rank_steps=rows[rows["step"] >= 25]), run)
     assert late is not None and late.steps[0] == 10 and late.steps.max() == 39
     gap = late.present[0, list(late.ranks).index(2)]
     assert not gap and np.isnan(late.values["compute_time"][0, 2])
     backlog = RunState(world_size=4, caught_up=False)
     held = StepAssembler(METRICS, lag=20)
-    assert held.add(rows, backlog).steps.max() == 9, "with a backlog, the missing row may just be unread"
+    assert held.add(TelemetryBatch(rank_steps=rows), backlog).steps.max() == 9, (
+        "with a backlog, the missing row may just be unread"
+    )
 
 
 CONFIGS = {

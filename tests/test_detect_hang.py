@@ -185,7 +185,7 @@ def test_tick_waits_through_an_eval_at_the_eval_cadence() -> None:
     quiet = float(steps.loc[steps["step"] == 700, "time"].max())  # the eval of step 700 starts: no heartbeats
     detector = HangDetector()
     replay(
-        TelemetryBatch(**{name: frame[frame["time"] <= quiet] for name, frame in vars(batch).items()}),
+        TelemetryBatch(*(frame[frame["time"] <= quiet] for frame in batch.frames())),
         detector=detector,
     )
     assert detector.tick(quiet + 250) == []

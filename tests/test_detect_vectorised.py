@@ -17,7 +17,7 @@ import pytest
 import telemetry_frames as tf
 
 from bedside.detectors.registry import build_detectors
-from bedside.detectors.robust import dense_row_median
+from bedside.detectors.robust import MAD_TO_SIGMA, dense_row_median, mad_sigma, median
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 from bedside.detectors.trend import RobustTrend
 
@@ -151,3 +151,18 @@ def test_the_dense_row_median_is_numpys_median_of_each_row(width: int) -> None:
     rng = np.random.default_rng(width)
     for values in (rng.standard_normal((300, width)), rng.integers(0, 4, (300, width)).astype(float)):  # ties too
         assert np.array_equal(dense_row_median(values), np.median(values, axis=1))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 8, 31, 100, 401])
+def test_the_one_dimensional_median_and_mad_are_numpys(size: int) -> None:
+    """The streaming path's median and MAD scale give numpy's numbers exactly: heavy tails, ties, NaNs."""
+    rng = np.random.default_rng(size)
+    for _ in range(40):
+        values = rng.standard_t(2, size) * 10 ** rng.uniform(-6, 6)
+        ties = rng.integers(0, 3, size).astype(float)
+        holed = np.where(rng.random(size) < 0.2, np.nan, values)
+        for x in (values, ties, holed):
+            assert median(x) == np.median(x) or (np.isnan(median(x)) and np.isnan(np.median(x)))
+            if not np.isnan(x).all():
+                centre = np.nanmedian(x)
+                assert mad_sigma(x) == MAD_TO_SIGMA * np.nanmedian(np.abs(x - centre))
