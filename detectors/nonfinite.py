@@ -22,6 +22,8 @@ JOB_METRICS = ("loss", "grad_norm", "lr")
 RANK_METRICS = ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm")
 JOB = -1
 """The label of job-level values (per-rank values carry their rank)."""
+FOLD_STEPS = 64
+"""Steps of rows ``_LastFinite`` gathers before it reads them."""
 EVIDENCE_RANKS = 8
 """At most this many ranks are detailed in a finding's evidence (all are counted)."""
 Decoded = dict[str, float | str | None]
@@ -36,38 +38,65 @@ def nonfinite_mask(values: dict[str, np.ndarray], metrics: tuple[str, ...], meas
     the metric has been finite at an earlier step: a metric a trainer never reports stays quiet.
     An infinity always counts.
     """
-    mask = np.zeros(values[metrics[0]].shape, dtype=np.int64)
-    for k, name in enumerate(metrics):
-        x = values[name]
-        finite = np.isfinite(x).any(axis=1)
-        before = measured[k] | np.concatenate(([False], np.logical_or.accumulate(finite)[:-1]))
-        mask |= (np.isinf(x) | (np.isnan(x) & before[:, None])).astype(np.int64) << k
-        measured[k] |= finite.any()
-    return mask
+    grid = np.stack([values[name] for name in metrics])  # metric x step x label
+    finite = np.isfinite(grid).any(axis=2)  # metric x step
+    before = measured[:, None] | np.logical_or.accumulate(finite, axis=1)
+    before = np.concatenate([measured[:, None], before[:, :-1]], axis=1)
+    bad = np.isinf(grid) | (np.isnan(grid) & before[:, :, None])
+    measured |= finite.any(axis=1)
+    bits = np.left_shift(1, np.arange(len(metrics), dtype=np.int64))
+    return np.tensordot(bits, bad, axes=1)
 
 
 class _LastFinite:
-    """The last finite value of each metric, and its step, per label (rank, or ``JOB``)."""
+    """The last finite value of each metric, and its step, per label (rank, or ``JOB``).
+
+    Rows are read only when asked (``of``) or once ``FOLD_STEPS`` have gathered, then many steps at once: a
+    streamed step costs a list append, and a clean run asks for nothing.
+    """
 
     def __init__(self, metrics: tuple[str, ...]) -> None:
         self.metrics = metrics
         self.steps = np.full((0, len(metrics)), -1, dtype=np.int64)
         self.values = np.full((0, len(metrics)), np.nan)
+        self._unread: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
+        self._unread_steps = 0
 
     def update(self, steps: np.ndarray, labels: np.ndarray, values: dict[str, np.ndarray]) -> None:
         """Take rows of ``values[name][i, j]`` (step ``steps[i]``, label ``labels[j]``), in step order."""
-        if not len(steps):
-            return
+        if len(steps):
+            self._unread.append((steps, labels, values))
+            self._unread_steps += len(steps)
+        if self._unread_steps >= FOLD_STEPS:
+            self._read()
+
+    def _read(self) -> None:
+        """Fold the unread rows in, consecutive ones over the same labels together."""
+        unread, self._unread, self._unread_steps = self._unread, [], 0
+        while unread:
+            steps, labels, values = unread.pop(0)
+            same = [values]
+            while unread and np.array_equal(unread[0][1], labels):
+                more_steps, _, more = unread.pop(0)
+                steps = np.concatenate([steps, more_steps])
+                same.append(more)
+            if len(same) > 1:
+                values = {name: np.concatenate([v[name] for v in same]) for name in self.metrics}
+            self._fold(steps, labels, values)
+
+    def _fold(self, steps: np.ndarray, labels: np.ndarray, values: dict[str, np.ndarray]) -> None:
         slots = labels + 1
         self._grow(int(slots.max()) + 1)
-        for k, name in enumerate(self.metrics):
-            finite = np.isfinite(values[name])
-            has = finite.any(axis=0)
-            last = len(steps) - 1 - np.argmax(finite[::-1], axis=0)
-            self.steps[slots[has], k] = steps[last[has]]
-            self.values[slots[has], k] = values[name][last[has], np.flatnonzero(has)]
+        grid = np.stack([values[name] for name in self.metrics], axis=-1)  # step x label x metric
+        finite = np.isfinite(grid)
+        last = len(steps) - 1 - np.argmax(finite[::-1], axis=0)  # label x metric: its last finite step
+        has = finite.any(axis=0)
+        newest = np.take_along_axis(grid, last[None], axis=0)[0]
+        self.steps[slots] = np.where(has, steps[last], self.steps[slots])
+        self.values[slots] = np.where(has, newest, self.values[slots])
 
     def of(self, label: int, name: str) -> dict[str, float] | None:
+        self._read()
         slot, k = label + 1, self.metrics.index(name)
         if slot >= len(self.steps) or self.steps[slot, k] < 0:
             return None
