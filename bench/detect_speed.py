@@ -11,7 +11,8 @@ Two figures (issue targets in docs/performance.md, "Detection speed"):
 - **Streaming, many ranks**: a generated RANKS-rank run (``detectors.datasets``) fed to one ``DetectorRunner`` a step
   at a time, as a live follow does; the median milliseconds per step, next to the numpy baseline of one step's
   cross-rank work (a median and MAD of every rank's compute time). Target: <= 1 ms per step at 1,024 ranks, growing
-  at most linearly in the ranks.
+  at most linearly in the ranks. Under it, each detector's median ms per step, and ``assembly``: the rest of the
+  runner's step (the one step assembly it shares among the cross-rank detectors, and the run state).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import argparse
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from bedside.detectors import detect
 from bedside.detectors.datasets import SimulationConfig, simulate
+from bedside.detectors.detector import Detector
 from bedside.detectors.registry import build_detectors
 from bedside.detectors.runner import DetectorRunner
 from bedside.detectors.telemetry import RunState, TelemetryBatch
@@ -67,12 +70,33 @@ def batch_figures(steps: int) -> tuple[float, float, dict[str, int]]:
     return steps / ours, steps / baseline, dict(Counter(f.severity.value for f in found[0].findings))
 
 
-def stream_figures(ranks: int, steps: int) -> tuple[float, float]:
-    """(median ms per streamed step through every detector, the numpy baseline's ms per step)."""
+def timed(detector: Detector, spent: list[float]) -> None:
+    """Make ``detector`` add the seconds of each of its updates to ``spent`` (whichever path the runner takes)."""
+    for name in ("update", "take"):
+        method = getattr(detector, name, None)
+        if method is not None:
+
+            def clocked(*args: object, method: Callable = method) -> object:
+                started = time.perf_counter()
+                try:
+                    return method(*args)
+                finally:
+                    spent.append(time.perf_counter() - started)
+
+            setattr(detector, name, clocked)
+
+
+def stream_figures(ranks: int, steps: int) -> tuple[float, float, dict[str, float]]:
+    """(median ms per streamed step through every detector, the numpy baseline's ms per step, each detector's
+    median ms per step; ``assembly`` is the rest: the shared step assembly and the run state)."""
     run = simulate(SimulationConfig(ranks=ranks, steps=steps, seed=1, ranks_per_host=8))
     frames = run.frames()
     state = RunState(world_size=frames["world_size"], topology=frames["topology"])
-    runner = DetectorRunner(build_detectors(), state)
+    detectors = build_detectors()
+    spent: dict[str, list[float]] = {d.name: [] for d in detectors}
+    for detector in detectors:
+        timed(detector, spent[detector.name])
+    runner = DetectorRunner(detectors, state)
     telemetry = {name: frames[name] for name in ("steps", "rank_steps", "evals", "checkpoints", "events")}
     per_step = []
     for step in range(steps):
@@ -83,7 +107,10 @@ def stream_figures(ranks: int, steps: int) -> tuple[float, float]:
         seconds(lambda row=row: (np.median(row), np.median(np.abs(row - np.median(row))))) * 1e3 for row in compute
     ]
     warm = len(per_step) // 3  # the first steps fill windows and warm caches
-    return statistics.median(per_step[warm:]), statistics.median(baseline[warm:])
+    each = {name: 1e3 * statistics.median(times[warm:]) for name, times in spent.items()}
+    whole = [total - 1e3 * sum(times[i] for times in spent.values()) for i, total in enumerate(per_step)]
+    each["assembly"] = statistics.median(whole[warm:])
+    return statistics.median(per_step[warm:]), statistics.median(baseline[warm:]), each
 
 
 def main() -> None:
@@ -100,11 +127,12 @@ def main() -> None:
         f"target >= {BATCH_TARGET_STEPS_PER_S:,} steps/s: {'met' if ours >= BATCH_TARGET_STEPS_PER_S else 'NOT met'}"
     )
     for ranks in args.ranks:
-        ms, base_ms = stream_figures(ranks, args.stream_steps)
+        ms, base_ms, each = stream_figures(ranks, args.stream_steps)
         print(
             f"streaming, {ranks} ranks: {ms:.2f} ms per step through every detector, numpy baseline "
             f"{base_ms:.3f} ms; target <= {STREAM_TARGET_MS:g} ms at 1,024 ranks"
         )
+        print("  " + ", ".join(f"{name} {value:.2f}" for name, value in sorted(each.items(), key=lambda kv: -kv[1])))
 
 
 if __name__ == "__main__":
