@@ -293,14 +293,15 @@ def test_the_runs_page_lists_both_runs_and_overlays_their_evals(served: Path) ->
 def test_the_sql_page_runs_an_example_and_offers_the_result_as_csv(served: Path) -> None:
     app = open_page("sql", run=FAULTS)
     app.selectbox(key="example").select("loss around a step").run()
-    assert "BETWEEN 80 AND 100" in app.text_area(key="sql").value
+    [[onset]] = from_store(served / FAULTS, "SELECT max(start_step) FROM incidents").values
+    assert f"BETWEEN {onset - 10} AND {onset + 10}" in app.text_area(key="sql").value
     app.button(key="run_sql").click().run()
     assert_rendered(app)
     result = table(app, "step", "loss", "grad_norm", "shards")
-    assert list(result["step"]) == list(range(80, 101))
+    assert list(result["step"]) == list(range(onset - 10, onset + 11))
     assert "21 rows" in [c.value for c in app.caption]
     [download] = app.download_button
-    assert download.label == "Download CSV" and download.proto.url.endswith(".csv")
+    assert download.label == "Download CSV" and download.proto.deferred_file_id
 
 
 @pytest.mark.parametrize(

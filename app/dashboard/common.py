@@ -53,6 +53,25 @@ def current_run() -> RunData:
     return data
 
 
+NARROW_SCREEN_CSS = """<style>
+@media (max-width: 640px) {  /* a phone: a row of tiles wraps two by two, not one per row */
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] [data-testid="stMetric"]) {
+    flex-wrap: wrap !important;
+  }
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] [data-testid="stMetric"]) > [data-testid="stColumn"] {
+    flex: 1 1 calc(50% - 1rem) !important;
+    min-width: calc(50% - 1rem) !important;
+    width: calc(50% - 1rem) !important;
+  }
+}
+</style>"""
+
+
+def narrow_screens() -> None:
+    """Every page's rows of tiles two per row on a narrow screen (Streamlit stacks columns one per row there)."""
+    st.html(NARROW_SCREEN_CSS)
+
+
 def trouble_banner() -> None:
     """Above every page: each run whose owner failed and is starting again, or whose store is damaged."""
     try:

@@ -8,6 +8,7 @@ refresh, without findings (those live in the owner's store).
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from pathlib import Path
@@ -20,14 +21,23 @@ from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.query import ReadView, open_for_reading
 from bedside.collectors.store import Store
-from bedside.collectors.store.console import ConsoleLimits, ConsoleResult, run_console_query
+from bedside.collectors.store.console import (
+    ConsoleLimits,
+    ConsoleResult,
+    CsvExport,
+    run_console_query,
+    write_console_csv,
+)
 
 from ..service.owner import RunOwner
 from ..service.schema import SCHEMAS
 
 CACHED_VERSIONS = 1
 ENDED = ("finished", "failed", "aborted")
-CONSOLE_LIMITS = ConsoleLimits(timeout_s=10.0, max_rows=100_000, max_bytes=64 << 20)
+PREVIEW_LIMITS = ConsoleLimits(timeout_s=10.0, max_rows=1_000, max_bytes=16 << 20)
+"""What the SQL page shows of a result: the browser gets at most this, whatever the query."""
+CSV_LIMITS = ConsoleLimits(timeout_s=60.0, max_rows=20_000_000, max_bytes=256 << 20)
+"""What a CSV download of a result may hold: written on the server a batch at a time, bounded in memory."""
 
 
 class RunData:
@@ -96,11 +106,23 @@ class RunData:
             return self._cache[key]
 
     def user_query(self, sql: str) -> ConsoleResult:
-        """A viewer's SELECT over the documented views, in a sandbox that cannot write (``store.console``)."""
+        """A viewer's SELECT over the documented views, in a sandbox that cannot write (``store.console``): its
+        first ``PREVIEW_LIMITS`` rows, and whether there are more."""
         if self.owner:
-            return run_console_query(self.owner.store, sql, CONSOLE_LIMITS)
+            return run_console_query(self.owner.store, sql, PREVIEW_LIMITS)
         with self._lock:  # a read-only copy stays open while the query runs
-            return run_console_query(self.store(), sql, CONSOLE_LIMITS)
+            return run_console_query(self.store(), sql, PREVIEW_LIMITS)
+
+    def user_csv(self, sql: str) -> tuple[bytes, CsvExport]:
+        """The whole result of a viewer's SELECT as CSV (within ``CSV_LIMITS``), run again in a new sandbox and
+        written a batch at a time, and what it holds."""
+        out = io.BytesIO()
+        if self.owner:
+            export = write_console_csv(self.owner.store, sql, out, CSV_LIMITS)
+        else:
+            with self._lock:
+                export = write_console_csv(self.store(), sql, out, CSV_LIMITS)
+        return out.getvalue(), export
 
     def action_refusal(self, incident_id: str | None) -> str | None:
         """Why no control request may be filed now (the run has ended, the incident is resolved); None if one may."""

@@ -30,6 +30,8 @@ CHECKPOINT_COLORS = {
     "corrupt": "#dc2626",
 }
 FADED = 0.35
+TITLE_PX = 44
+"""The height a chart's title takes at its top; the legend starts below it."""
 
 
 def downsample_minmax(frame: pd.DataFrame, x: str, y: str, max_points: int = MAX_POINTS) -> pd.DataFrame:
@@ -330,11 +332,16 @@ def runs_overlay(curves: dict[str, pd.DataFrame], metric: str) -> go.Figure:
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
+    """Title at the top, the legend in rows below it and the plot below both, at any width: the legend is placed
+    from the top of the figure (not of the plot, where its rows grew up over the title on a narrow screen) and
+    the top margin grows to hold it."""
     fig.update_layout(
-        title=title,
+        title={"text": title, "x": 0, "xref": "paper", "xanchor": "left", "y": 1, "yref": "container"}
+        | {"yanchor": "top", "pad": {"t": 12}},
         height=height,
-        margin={"l": 40, "r": 20, "t": 80, "b": 40},
-        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
+        margin={"l": 40, "r": 20, "t": TITLE_PX, "b": 40},
+        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1 - TITLE_PX / height, "yref": "container"}
+        | {"yanchor": "top"},
         template="plotly_white",
     )
     return fig

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from bedside.app.dashboard.common import trouble_banner
+from bedside.app.dashboard.common import narrow_screens, trouble_banner
 
 PAGES = Path(__file__).parent / "screens"  # not "pages": Streamlit would list that folder as pages of its own
 
@@ -22,5 +22,6 @@ page = st.navigation(
         st.Page(PAGES / "sql.py", title="SQL", icon=":material/database:", url_path="sql"),
     ]
 )
+narrow_screens()
 trouble_banner()
 page.run()

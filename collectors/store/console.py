@@ -12,27 +12,33 @@ documented views (the outbox, sources, the migrations) are not there to read.
 The statement check is a second wall: exactly one SELECT, whose parse tree holds no
 data-changing node, names only documented views and calls no table function that reads
 files or runs SQL text. Results are capped in rows and bytes (the frame says when it was
-cut), and a time limit interrupts the sandbox.
+cut), and a time limit interrupts the sandbox. A result can also be written out as CSV a
+batch at a time (``write_console_csv``), so an export of millions of rows holds one batch
+in memory, not the result.
 """
 
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from ..defaults import DEFAULT_MAX_ROWS, DEFAULT_QUERY_TIMEOUT_S
 from ..errors import QueryError
 from . import Store, open_sandbox, sql
 
 BATCH_ROWS = 65_536
+NESTED_TYPES = {"map", "list", "array", "struct", "union"}
 READING_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
 SQL_RUNNING_FUNCTIONS = {"query", "query_table"}
 FILE_FUNCTION_PREFIXES = ("read_", "parquet_", "iceberg_", "delta_")
@@ -71,6 +77,27 @@ class ConsoleResult:
         )
 
 
+@dataclass(frozen=True)
+class CsvExport:
+    """What ``write_console_csv`` wrote: rows and CSV bytes, and whether the limits cut the result."""
+
+    rows: int
+    bytes: int
+    truncated: bool = False
+
+
+def console_examples(*, timeline: int, first: int, last: int, recent: int) -> dict[str, str]:
+    """The console's example queries by title (``queries/console_examples.sql``), with the run's numbers in."""
+    examples: dict[str, str] = {}
+    title = None
+    for line in sql("console_examples").splitlines():
+        if line.startswith("-- example: "):
+            title = line.removeprefix("-- example: ").strip()
+        elif title and line.strip():
+            examples[title] = line.format(timeline=int(timeline), first=int(first), last=int(last), recent=int(recent))
+    return examples
+
+
 def console_views(store: Store) -> list[str]:
     """The views a console query may read: every view of the store's schema (each one documented in docs/schema.md)."""
     return list(store.fetch_named("console_views")["view_name"])
@@ -79,6 +106,49 @@ def console_views(store: Store) -> list[str]:
 def run_console_query(store: Store, query: str, limits: ConsoleLimits | None = None) -> ConsoleResult:
     """Run a user's read-only query over ``store``'s documented views in a sandbox; QueryError names any problem."""
     limits = limits or ConsoleLimits()
+    with console_reader(store, query, limits) as reader:
+        return _capped(reader, limits)
+
+
+def write_console_csv(store: Store, query: str, out: BinaryIO, limits: ConsoleLimits | None = None) -> CsvExport:
+    """Write a user's read-only query's result to ``out`` as CSV (a header, then the rows), batch by batch as the
+    sandbox produces them: memory holds one batch, not the result. Stops at the last whole batch within
+    ``limits`` (rows, CSV bytes) and says so."""
+    limits = limits or ConsoleLimits()
+    rows = size = 0
+    buffer = io.BytesIO()  # one batch's CSV, written on to ``out`` once it is known to fit
+
+    def drained() -> bytes:
+        chunk = buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+        return chunk
+
+    with console_reader(store, query, limits, flat=True) as reader, pa_csv.CSVWriter(buffer, reader.schema) as writer:
+        header = drained()
+        out.write(header)
+        size = len(header)
+        for batch in reader:
+            cut = rows + batch.num_rows > limits.max_rows
+            batch = batch.slice(0, limits.max_rows - rows) if cut else batch
+            writer.write_batch(batch)
+            chunk = drained()
+            if size + len(chunk) > limits.max_bytes:
+                return CsvExport(rows, size, truncated=True)
+            out.write(chunk)
+            rows, size = rows + batch.num_rows, size + len(chunk)
+            if cut:
+                return CsvExport(rows, size, truncated=True)
+    return CsvExport(rows, size)
+
+
+@contextmanager
+def console_reader(
+    store: Store, query: str, limits: ConsoleLimits, *, flat: bool = False
+) -> Iterator[pa.RecordBatchReader]:
+    """The result of a user's query, checked and run in a fresh sandbox, as a stream of Arrow batches; the sandbox
+    is interrupted after ``limits.timeout_s`` and closed when the block ends. ``flat``: nested values (a map, a
+    list, a struct) as their text, as a CSV holds them. QueryError names any problem."""
     views = console_views(store)
     sandbox = open_sandbox()
     cursors: list[duckdb.DuckDBPyConnection] = []
@@ -88,7 +158,8 @@ def run_console_query(store: Store, query: str, limits: ConsoleLimits | None = N
         timer.start()
         for view in sorted(counts):
             cursors.append(_stream_view(store, sandbox, view, materialize=counts[view] > 1))
-        return _capped(sandbox.sql(query).to_arrow_reader(BATCH_ROWS), limits)
+        result = sandbox.sql(query)
+        yield (_flattened(result) if flat else result).to_arrow_reader(BATCH_ROWS)
     except duckdb.InterruptException as exc:
         raise QueryError(f"query stopped after {limits.timeout_s:g} s") from exc
     except duckdb.Error as exc:
@@ -98,6 +169,15 @@ def run_console_query(store: Store, query: str, limits: ConsoleLimits | None = N
         for cursor in cursors:
             cursor.close()
         sandbox.close()
+
+
+def _flattened(result: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
+    """The result with each nested column cast to its text (in order, under its own name)."""
+    columns = []
+    for name, kind in zip(result.columns, result.types):
+        quoted = '"' + name.replace('"', '""') + '"'
+        columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if kind.id in NESTED_TYPES else quoted)
+    return result.select(", ".join(columns)) if columns else result
 
 
 def check_statement(sandbox: duckdb.DuckDBPyConnection, query: str, views: list[str]) -> dict[str, int]:

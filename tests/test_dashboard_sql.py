@@ -1,0 +1,103 @@
+"""The SQL page under AppTest: a preview of the result in the page, the whole result as CSV written on the server
+in bounded memory, examples with the run's own numbers, and the console still read-only."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from dashboard_app import assert_rendered, copy_run, from_store, open_page, serving, table, texts
+
+from bedside.app.dashboard import registry
+from bedside.app.dashboard.data import PREVIEW_LIMITS
+from bedside.app.simulation import SimulationConfig, simulate_run
+from bedside.collectors.errors import QueryError
+from bedside.collectors.store.console import ConsoleLimits, write_console_csv
+
+FAULTS, REWIND, WIDE = "tiny-faults", "tiny-rewind", "sixteen-ranks"
+EVERY_RANK_STEP = "SELECT * EXCLUDE (extra) FROM rank_step_metrics"  # AppTest cannot decode a MAP column
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("runs")
+    copy_run(FAULTS, folder)
+    copy_run(REWIND, folder)
+    simulate_run(SimulationConfig(ranks=16, steps=200, ranks_per_host=8, nuisances=False), folder / WIDE)
+    yield from serving(folder)
+
+
+def run_sql(app, sql: str):
+    app.text_area(key="sql").input(sql)
+    return app.button(key="run_sql").click().run()
+
+
+def test_the_page_shows_a_preview_not_the_whole_result(served: Path) -> None:
+    [[rows]] = from_store(served / WIDE, "SELECT count(*) FROM rank_step_metrics").values
+    assert rows == 16 * 200 > PREVIEW_LIMITS.max_rows
+    app = run_sql(open_page("sql", run=WIDE), EVERY_RANK_STEP)
+    assert_rendered(app)
+    shown = table(app, "rank", "step", "compute_time")
+    assert len(shown) == PREVIEW_LIMITS.max_rows == 1_000
+    assert "First 1,000 rows shown: the result has more (Download CSV holds them all)." in texts(app)
+    [download] = app.download_button
+    assert download.label == "Download CSV" and download.proto.deferred_file_id  # made on the server when clicked
+    assert not download.proto.url  # nothing of it sent with the page
+
+
+def test_the_csv_holds_the_whole_result_written_a_batch_at_a_time(served: Path) -> None:
+    data = registry.desk().data(served / WIDE)
+    csv, export = data.user_csv("SELECT * FROM rank_step_metrics ORDER BY step, rank")
+    written = pd.read_csv(io.BytesIO(csv))
+    stored = from_store(
+        served / WIDE, "SELECT rank, step, compute_time, extra FROM rank_step_metrics ORDER BY step, rank"
+    )
+    assert (export.rows, export.bytes, export.truncated) == (len(stored), len(csv), False)
+    assert list(written[["rank", "step"]].itertuples(index=False)) == list(
+        stored[["rank", "step"]].itertuples(index=False)
+    )
+    assert written["compute_time"].tolist() == pytest.approx(stored["compute_time"].tolist())
+
+
+def test_a_csv_past_its_limits_stops_at_a_whole_row_and_says_so(served: Path) -> None:
+    owner = registry.desk().owner(served / WIDE)
+    out = io.BytesIO()
+    export = write_console_csv(owner.store, EVERY_RANK_STEP, out, ConsoleLimits(max_rows=700))
+    assert (export.rows, export.truncated) == (700, True) and len(pd.read_csv(io.BytesIO(out.getvalue()))) == 700
+    out = io.BytesIO()
+    export = write_console_csv(owner.store, EVERY_RANK_STEP, out, ConsoleLimits(max_bytes=100_000))
+    assert export.truncated and export.bytes == len(out.getvalue()) <= 100_000
+    assert len(pd.read_csv(io.BytesIO(out.getvalue()))) == export.rows  # whole rows only
+
+
+@pytest.mark.parametrize("sql", ["DELETE FROM steps", "SELECT * FROM read_csv('/etc/passwd')", "COPY steps TO 'x'"])
+def test_the_csv_is_read_only_too(served: Path, sql: str) -> None:
+    with pytest.raises(QueryError):
+        registry.desk().data(served / FAULTS).user_csv(sql)
+    [[steps]] = from_store(served / FAULTS, "SELECT count(*) FROM steps").values
+    assert steps == 200
+
+
+@pytest.mark.parametrize(
+    ("run", "timeline", "first", "last"),
+    [
+        pytest.param(REWIND, 1, 140, 160, id="no incident: the live timeline's last steps"),
+        pytest.param(FAULTS, 0, None, None, id="around the newest incident"),
+    ],
+)
+def test_the_examples_use_the_run_s_own_steps(served: Path, run: str, timeline: int, first, last) -> None:
+    if first is None:
+        [[onset]] = from_store(served / run, "SELECT max(start_step) FROM incidents").values
+        first, last = onset - 10, onset + 10
+    app = open_page("sql", run=run)
+    app.selectbox(key="example").select("loss around a step").run()
+    assert f"timeline = {timeline} AND step BETWEEN {first} AND {last}" in app.text_area(key="sql").value
+    app.button(key="run_sql").click().run()
+    assert list(table(app, "step", "loss", "shards")["step"]) == list(range(first, last + 1))
+    app.selectbox(key="example").select("slowest ranks").run()
+    app.button(key="run_sql").click().run()
+    assert_rendered(app)
+    assert len(table(app, "rank", "compute_s")) == 2  # both ranks of the run
