@@ -25,12 +25,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+import pandas as pd
 import pytest
 from chromium import CHROMIUM, launch
 from sql_attacks import ATTACKS
 
 from bedside.app.cli import build_parser
 from bedside.app.service.schema import SCHEMAS
+from bedside.app.simulation import SimulationConfig, simulate_run
 from bedside.app.train import torchrun_command
 from bedside.collectors.control import request_action
 from bedside.collectors.errors import QueryError
@@ -412,3 +414,51 @@ def assert_store_intact(run: Path, reference: Path) -> None:
 
     served, collected = facts(run), facts(reference)
     assert served == {**collected, "outbox": 0}
+
+
+def test_the_sql_page_previews_a_large_result_and_downloads_all_of_it_as_csv(tmp_path: Path, serve, page) -> None:
+    """A 16-rank run's 3,200 rank steps: the page shows the first 1,000; the CSV, written on the server when the
+    button is clicked, holds every one."""
+    run = tmp_path / "sixteen-ranks"
+    simulate_run(SimulationConfig(ranks=16, steps=200, ranks_per_host=8, nuisances=False), run)
+    page.goto(f"{serve(run, token=None)}/sql?run={run.name}")
+    run_sql(page, "SELECT rank, step, compute_time, extra FROM rank_step_metrics ORDER BY step, rank")
+    expect_visible(page.get_by_text("First 1,000 rows shown: the result has more"))
+    with page.expect_download(timeout=WIDGET_S * 1000) as download:
+        page.get_by_role("button", name="Download CSV").click()
+    written = pd.read_csv(download.value.path())
+    assert len(written) == 16 * 200 and list(written.columns) == ["rank", "step", "compute_time", "extra"]
+    assert list(written["step"][:16]) == [1] * 16 and list(written["rank"][:16]) == list(range(16))
+    expect_visible(page.get_by_text("First 1,000 rows shown"))  # the download did not rerun the page away
+
+
+NARROW = {"width": 400, "height": 1600}
+
+
+def test_at_400_px_tiles_go_two_by_two_and_each_legend_sits_below_its_title(tmp_path: Path, serve, browser) -> None:
+    run = shutil.copytree(SAMPLE_RUN.with_name("tiny-rewind"), tmp_path / "tiny-rewind")  # two timelines: legends
+    url = serve(run, token=None)
+    context = browser.new_context(viewport=NARROW)
+    tab = context.new_page()
+    tab.set_default_timeout(WIDGET_S * 1000)
+    try:
+        for path, tiles in (("", 8), ("checkpoints", 8)):
+            tab.goto(f"{url}/{path}?run={run.name}")
+            metrics = tab.locator("[data-testid=stMetric]")
+            expect(metrics).to_have_count(tiles, timeout=INCIDENT_S * 1000)
+            tab.locator(".js-plotly-plot .gtitle").first.wait_for()
+            rows: dict[int, list[float]] = {}
+            for box in (metrics.nth(i).bounding_box() for i in range(tiles)):
+                rows.setdefault(round(box["y"]), []).append(box["x"])
+            assert sorted(len(xs) for xs in rows.values()) == [2] * (tiles // 2), (path, rows)
+            for chart in tab.locator(".js-plotly-plot").all():
+                if not chart.locator(".legend").count():  # one trace: plotly draws no legend
+                    continue
+                title, legend = chart.locator(".gtitle").bounding_box(), chart.locator(".legend").bounding_box()
+                plot = chart.locator(".nsewdrag").first.bounding_box()
+                assert legend["y"] >= title["y"] + title["height"], (path, title, legend)
+                assert plot["y"] >= legend["y"] + legend["height"], (path, legend, plot)
+            ARTIFACTS.mkdir(exist_ok=True)
+            tab.screenshot(path=str(ARTIFACTS / f"dashboard-400px-{path or 'overview'}.png"), full_page=True)
+    finally:
+        context.close()
