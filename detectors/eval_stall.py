@@ -1,6 +1,7 @@
 """Busy but not learning: held-out eval against compute, forecast by a saturating law.
 
-Evals of one split and score are fitted, as a function of cumulative compute C, by the power law
+Evals of one split and score are fitted, as a function of the progress C the run made (the LR-weighted
+progress ``sum(lr x tokens)`` where the run reports its LR, ``eval_progress.py``; else cumulative compute), by the power law
 ``E + A (C / C0)^-alpha`` and by exponential saturation ``E + A exp(-k C)``, the better by AICc
 (``eval_forecast.py``: least squares on log scale, E below the best eval seen). New evals are
 judged against a prediction interval: the residual noise over n - 3 degrees of freedom, plus the
@@ -14,12 +15,16 @@ inside, or when the last ``trend_evals`` of them keep falling by more than the b
 early fit that saturated too soon: the forecast was wrong, not the eval). A second rule
 sees the same failure without a forecast: over the last ``trend_evals`` evals the held-out
 score's trend does not fall while the training loss falls, by ``train_drop`` and by
-``TREND_Z`` standard errors of that trend (the job memorises what it is fed).
+``TREND_Z`` standard errors of that trend (the job memorises what it is fed). A third judges the eval
+against the training loss (``eval_gap.py``): the gap of the latest ``patience``, 2x and 4x ``patience`` evals
+to the training loss at their steps, against the band of the gaps of the fitted evals before them, while the
+eval does not improve. The newest eval of a window counts up to its own band (one jump cannot open a
+finding), and an excess over the forecast that the training loss shares (it rose by over half of it, the gap by
+under half: a spike or divergence of the training) opens none and clears one open.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field, replace
 
@@ -28,12 +33,17 @@ from scipy import stats
 
 from .detector import Detector
 from .eval_forecast import Forecast, ar1_correlation, forecast_evals, t_quantile
+from .eval_gap import GapBand, gap_band
+from .eval_progress import TrainingRecord
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, POSITIVE, Range, ranges
 from .telemetry import TelemetryBatch
 
 LOSS_SCORES = ("loss", "eval_loss", "val_loss")
+GAP_REFERENCE = 12
+"""How many of the latest fitted evals give the reference band of the eval's gap to the training loss: enough
+for a noise estimate (t's quantile with 11 degrees of freedom), few enough to follow a gap that drifts."""
 TREND_Z = 3.0
 """How many standard errors of the eval's trend the training loss must fall by, over the same evals, before
 an eval that does not fall counts as not learning (the eval's noise must not pass for a stall): the normal
@@ -50,7 +60,14 @@ class _Series:
     latest: Forecast | None = None
     """The latest forecast: its law, noise, degrees of freedom and residual autocorrelation."""
     compute_unit: str = "cum_flops"
-    """What the compute axis is: ``cum_flops``, ``cum_tokens`` or ``step``, as the latest eval carried it."""
+    """What the compute axis is: ``lr_tokens`` or ``lr_steps`` (the LR-weighted progress), ``cum_flops``,
+    ``cum_tokens`` or ``step``, as the latest eval had it."""
+    steps: list[int] = field(default_factory=list)
+    """The step of every eval seen, in order."""
+    gaps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """step -> (the training loss at the eval, log scale; the eval's gap to it), where the run has one."""
+    gap_hold: int | None = None
+    """While the gap rule holds a stall: the step of its first eval (the gaps before it are the reference)."""
 
 
 class EvalStallDetector(Detector):
@@ -89,35 +106,23 @@ class EvalStallDetector(Detector):
         self.min_evals, self.band_z, self.min_rel_sigma = min_evals, band_z, min_rel_sigma
         self.patience, self.trend_evals, self.train_drop = patience, trend_evals, train_drop
         self._series: dict[tuple[int, str, str], _Series] = {}
-        self._train: dict[int, list[tuple[int, float]]] = {}
+        self._train = TrainingRecord()
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
-        self._take_train_loss(batch)
+        self._train.take(batch.steps)
         evals = batch.evals
         if evals.empty:
             return []
         evals = evals[evals["name"].isin(LOSS_SCORES)]
         out = []
         for row in evals.itertuples(index=False):
-            compute, unit = _compute(row)
+            compute, unit = self._train.progress(int(row.timeline), int(row.step)) or _compute(row)
             found = self._observe(
                 int(row.timeline), str(row.split), str(row.name), int(row.step), compute, unit, float(row.value)
             )
             if found is not None:
                 out.append(found)
         return out
-
-    def _take_train_loss(self, batch: TelemetryBatch) -> None:
-        """Each timeline's finite training losses, kept in step order: a step written again (a restart
-        resumed from an earlier checkpoint) replaces what followed it."""
-        steps = batch.steps
-        for timeline, group in steps.groupby("timeline", sort=True) if len(steps) else ():
-            keep = np.isfinite(group["loss"].to_numpy(dtype=float, na_value=np.nan))
-            losses = self._train.setdefault(int(timeline), [])
-            for step, loss in zip(group["step"].to_numpy(int)[keep], group["loss"].to_numpy(float)[keep]):
-                if losses and step <= losses[-1][0]:
-                    del losses[bisect.bisect_left(losses, (step, -math.inf)) :]
-                losses.append((int(step), float(loss)))
 
     def _observe(
         self, timeline: int, split: str, name: str, step: int, compute: float, unit: str, value: float
@@ -126,17 +131,22 @@ class EvalStallDetector(Detector):
             return None
         series = self._series_for(timeline, split, name, step)
         series.compute_unit = unit
+        self._take_gap(timeline, series, step, value)
         evaluation = (step, compute, value)
         above = self._judge_alone(series, evaluation) if series.suspects else self._judge_window(series, evaluation)
         if not above:
             series.points.extend(s[:3] for s in series.suspects)  # back in the band: they were noise
             series.suspects.clear()
+        gap_up = self._judge_gap(series)
         learning_stopped = self._train_falls_eval_flat(timeline, series, step)
-        if above and len(series.suspects) >= self.patience:
+        shared = above and len(series.suspects) >= self.patience and self._train_rose_with_eval(series)
+        if above and len(series.suspects) >= self.patience and not shared:
             return self._open_or_grow(timeline, split, name, series, "forecast")
+        if gap_up:
+            return self._open_or_grow(timeline, split, name, series, "eval_vs_train")
         if learning_stopped and (series.finding is None or not series.finding.active):  # a cleared one may reopen
             return self._open_or_grow(timeline, split, name, series, "train_vs_eval")
-        if series.finding is not None and series.finding.active and not above and not learning_stopped:
+        if series.finding is not None and series.finding.active and (shared or not above) and not learning_stopped:
             series.finding = _cleared(series.finding, step)
             return series.finding
         return None
@@ -147,8 +157,81 @@ class EvalStallDetector(Detector):
         if key not in self._series:
             parents = [k for k in self._series if k[1:] == (split, name) and k[0] < timeline]
             parent = self._series[max(parents)] if parents else _Series()
-            self._series[key] = _Series(points=[p for p in parent.points if p[0] < step])
+            self._series[key] = _Series(
+                points=[p for p in parent.points if p[0] < step],
+                steps=[s for s in parent.steps if s < step],
+                gaps={s: g for s, g in parent.gaps.items() if s < step},
+            )
         return self._series[key]
+
+    def _take_gap(self, timeline: int, series: _Series, step: int, value: float) -> None:
+        """The eval's step, and its gap to the training loss at that step (when the run has one there)."""
+        if series.steps and step <= series.steps[-1]:
+            return  # an eval written again: the first one stands
+        series.steps.append(step)
+        if len(series.steps) >= 3:
+            level = self._train.level(timeline, (series.steps[-3], series.steps[-2], step))
+            if level is not None:
+                series.gaps[step] = (level, math.log(value) - level)
+
+    def _reference(self, series: _Series, before: int) -> GapBand | None:
+        """The band of the gaps of the latest ``GAP_REFERENCE`` fitted evals before step ``before``."""
+        fitted = [p[0] for p in series.points if p[0] < before and p[0] in series.gaps][-GAP_REFERENCE:]
+        if len(fitted) < self.min_evals - 1:
+            return None
+        return gap_band([series.gaps[s][1] for s in fitted], min_rel_sigma=self.min_rel_sigma)
+
+    def _judge_gap(self, series: _Series) -> bool:
+        """Eval against the training loss: has the gap of the latest evals risen out of its band while the eval
+        did not improve? While it holds, each new eval must stay above the band of one gap, or it clears."""
+        latest = series.steps[-1]
+        if latest not in series.gaps:
+            series.gap_hold = None
+            return False
+        if series.gap_hold is not None:
+            band = self._reference(series, series.gap_hold)
+            if band is not None and series.gaps[latest][1] - band.level > band.width(1, self.band_z):
+                return True
+            series.gap_hold = None
+            return False
+        for m in self.windows():
+            window = series.steps[-m:]
+            if len(window) < m or any(s not in series.gaps for s in window):
+                break
+            band = self._reference(series, window[0])
+            if band is None:
+                break
+            excess = _newest_capped(
+                np.array([series.gaps[s][1] for s in window]) - band.level, band.width(1, self.band_z)
+            )
+            if excess.mean() > band.width(m, self.band_z) and excess.min() > 0 and self._eval_flat(series, window):
+                series.gap_hold = window[0]
+                return True
+        return False
+
+    def _eval_flat(self, series: _Series, window: list[int]) -> bool:
+        """The evals of ``window`` are, on average, no lower than the last eval before it (log scale: eval =
+        gap + training level)."""
+        before = [s for s in series.steps if s < window[0] and s in series.gaps]
+        if not before:
+            return False
+        mean = float(np.mean([sum(series.gaps[s]) for s in window]))
+        return mean >= sum(series.gaps[before[-1]])
+
+    def _train_rose_with_eval(self, series: _Series) -> bool:
+        """The suspects' excess over the forecast is the training loss's: the training loss at them rose above
+        its level at each of the last three fitted evals by over half their excess, and their gap to it by under
+        half (a spike or a divergence of the training itself, which the loss detectors report; not a stall)."""
+        suspects = [s for s in series.suspects if s[0] in series.gaps]
+        band = self._reference(series, series.suspects[0][0])
+        fitted = [p[0] for p in series.points if p[0] in series.gaps]
+        if len(suspects) < len(series.suspects) or band is None or not fitted:
+            return False
+        excess = float(np.mean([math.log(s[2] / s[3]) for s in suspects]))
+        gap_rise = float(np.mean([series.gaps[s[0]][1] for s in suspects])) - band.level
+        before = max(series.gaps[s][0] for s in fitted[-3:])
+        train_rise = float(np.mean([series.gaps[s[0]][0] for s in suspects])) - before
+        return train_rise > excess / 2 > gap_rise
 
     def _judge_alone(self, series: _Series, evaluation: tuple[int, float, float]) -> bool:
         """While evals are above the band: is this one too (then it joins the suspects)?"""
@@ -176,7 +259,9 @@ class EvalStallDetector(Detector):
             forecast = self._forecast(series, fitted, window)
             if forecast is None:
                 break  # longer windows leave even fewer evals to fit
-            excess = np.log([w[2] for w in window]) - np.log(forecast.center)
+            excess = _newest_capped(
+                np.log([w[2] for w in window]) - np.log(forecast.center), forecast.half_width(self.band_z)
+            )
             width = t_quantile(self.band_z, forecast.dof) * forecast.mean_sigma
             suspects = [(*w, float(f), float(sg)) for w, f, sg in zip(window, forecast.center, forecast.sigma)]
             if excess.mean() > width and excess.min() > 0 and not self._still_improving(suspects, width):
@@ -218,13 +303,10 @@ class EvalStallDetector(Detector):
             return False
         evals = np.array([r[2] for r in recent])
         first_step = recent[0][0]
-        losses = self._train.get(timeline, [])  # in step order: bisect rather than scan the whole run
-        train = losses[
-            bisect.bisect_left(losses, (first_step, -math.inf)) : bisect.bisect_right(losses, (step, math.inf))
-        ]
+        train = self._train.losses(timeline, first_step, step)
         if len(train) < 2 * self.trend_evals:
             return False
-        bins = np.array_split(np.array([v for _, v in train]), self.trend_evals)
+        bins = np.array_split(np.array(train), self.trend_evals)
         medians = np.array([np.median(b) for b in bins])
         train_fall = math.log(medians[0] / medians[-1])
         eval_fall, fall_se = _trend_fall(evals, latest)
@@ -232,14 +314,17 @@ class EvalStallDetector(Detector):
         return eval_fall <= 0.0 and train_fall >= needed
 
     def _open_or_grow(self, timeline: int, split: str, name: str, series: _Series, rule: str) -> Finding:
-        suspects = series.suspects
+        suspects = series.suspects if rule == "forecast" else []
+        first = {"forecast": suspects[0][0] if suspects else None, "eval_vs_train": series.gap_hold}.get(rule)
         start = (
             series.finding.start_step
             if series.finding and series.finding.active
-            else (suspects[0][0] if suspects else series.points[-self.trend_evals][0])
+            else (first if first is not None else series.points[-self.trend_evals][0])
         )
         last = suspects[-1] if suspects else (*series.points[-1], float("nan"), float("nan"))
-        excess = [math.log(v / f) / sigma for _, _, v, f, sigma in suspects] or [0.0]
+        if not suspects and series.suspects and series.suspects[-1][0] > last[0]:
+            last = series.suspects[-1]
+        excess = [math.log(v / f) / sigma for _, _, v, f, sigma in suspects] or self._gap_excess(series) or [0.0]
         evidence = {
             "split": split,
             "score": name,
@@ -258,11 +343,10 @@ class EvalStallDetector(Detector):
             "fitted_evals": len(series.points),
             "law": series.latest.law if series.latest else "",
         }
-        why = (
-            "held-out eval is above the compute forecast"
-            if rule == "forecast"
-            else "training loss falls while held-out eval does not"
-        )
+        why = {
+            "forecast": "held-out eval is above the compute forecast",
+            "eval_vs_train": "held-out eval rose against the training loss and did not improve",
+        }.get(rule, "training loss falls while held-out eval does not")
         series.finding = Finding(
             kind="eval_stall",
             severity=Severity.WARNING,
@@ -280,6 +364,23 @@ class EvalStallDetector(Detector):
             detector=self.name,
         )
         return series.finding
+
+    def _gap_excess(self, series: _Series) -> list[float]:
+        """While the gap rule holds: each held eval's gap above the reference, in the reference's noise."""
+        band = self._reference(series, series.gap_hold) if series.gap_hold is not None else None
+        if band is None:
+            return []
+        held = [s for s in series.steps if s >= (series.gap_hold or 0) and s in series.gaps]
+        return [(series.gaps[s][1] - band.level) / band.noise for s in held]
+
+
+def _newest_capped(excess: np.ndarray, width: np.ndarray | float) -> np.ndarray:
+    """The excesses of a window of evals, the newest counted up to its own band ``width``: one eval far above
+    cannot carry a window by itself, however far it jumped (a spike of the training at the eval's step, which
+    the training loss shows only after it), so a jump opens a finding one eval later, with its cause known."""
+    capped = excess.copy()
+    capped[-1] = min(float(capped[-1]), float(np.atleast_1d(width)[-1]))
+    return capped
 
 
 def _trend_fall(evals: np.ndarray, latest: Forecast) -> tuple[float, float]:

@@ -32,6 +32,7 @@ NOISES = ("gaussian", "student_t3", "ar1")
 STEPS_PER_EVAL = 10
 FLOPS_PER_STEP = 1e15
 TRAIN_SIGMA = 0.01
+PEAK_LR = 3e-4
 DETECTABLE_SIGMA = 6.0
 """A stall is *detectable* when the clean curve would have fallen by at least this many noise sigmas over the
 3 eval intervals after its onset: less than that is within the noise of a few evals, and no test can be asked to
@@ -50,6 +51,8 @@ class Curve:
     stall_at: int | None
     clean: np.ndarray
     """The noise-free held-out loss at each eval, without the stall."""
+    lr: np.ndarray
+    """The learning rate over the steps before each eval, relative to its peak (what the run reports)."""
 
     def detectable(self) -> bool:
         if self.stall_at is None:
@@ -65,19 +68,20 @@ def draw(seed: int, *, stalled: bool) -> Curve:
     noise = NOISES[rng.integers(len(NOISES))]
     sigma = float(np.exp(rng.uniform(np.log(0.002), np.log(0.02))))
     evals = int(rng.integers(10, 61))
-    clean = _clean(rng, shape, evals)
+    clean, lr = _clean(rng, shape, evals)
     stall_at = int(rng.integers(max(6, evals // 3), evals - 3)) if stalled else None
-    return Curve(seed, shape, noise, sigma, evals, stall_at, clean)
+    return Curve(seed, shape, noise, sigma, evals, stall_at, clean, lr)
 
 
-def _clean(rng: np.random.Generator, shape: str, evals: int) -> np.ndarray:
+def _clean(rng: np.random.Generator, shape: str, evals: int) -> tuple[np.ndarray, np.ndarray]:
+    """The noise-free held-out loss at each eval, and the LR (relative to its peak) of the steps before it."""
     t = np.arange(1, evals + 1, dtype=float)  # eval index; compute is proportional to it
     floor = rng.uniform(1.5, 3.0)
     amplitude = floor * rng.uniform(0.3, 2.0)
+    lr = np.ones(evals)
     if shape == "exponential":
         tau = evals / rng.uniform(1.0, 4.0)
-        return floor + amplitude * np.exp(-t / tau)
-    lr = np.ones(evals)
+        return floor + amplitude * np.exp(-t / tau), lr
     if shape == "warmup":
         lr = np.minimum(1.0, t / rng.integers(2, max(3, evals // 5) + 1))
     elif shape == "cosine":
@@ -90,7 +94,7 @@ def _clean(rng: np.random.Generator, shape: str, evals: int) -> np.ndarray:
     curve = floor + amplitude * (progress / x0) ** -alpha
     if shape in ("cosine", "lr_drop"):  # the annealing bonus: the loss falls as the LR does
         curve -= 0.3 * amplitude * (progress[-1] / x0) ** -alpha * (1.0 - lr)
-    return curve
+    return curve, lr
 
 
 def log_noise(rng: np.random.Generator, kind: str, n: int, sigma: float) -> np.ndarray:
@@ -104,8 +108,9 @@ def log_noise(rng: np.random.Generator, kind: str, n: int, sigma: float) -> np.n
     return sigma * eps
 
 
-def telemetry(curve: Curve) -> TelemetryBatch:
-    """The curve's evals (``heldout`` ``loss`` every ``STEPS_PER_EVAL`` steps) and the training loss between them."""
+def telemetry(curve: Curve, *, report_lr: bool = True) -> TelemetryBatch:
+    """The curve's evals (``heldout`` ``loss`` every ``STEPS_PER_EVAL`` steps) and the training loss between them,
+    with the learning rate of its schedule (``report_lr``; else none, as an import that logged no LR)."""
     rng = np.random.default_rng([curve.seed, 1])
     values = curve.clean.copy()
     if curve.stall_at is not None:
@@ -135,7 +140,7 @@ def telemetry(curve: Curve) -> TelemetryBatch:
             "seq": steps,
             "loss": train,
             "grad_norm": 1.0,
-            "lr": 3e-4,
+            "lr": PEAK_LR * np.repeat(curve.lr, STEPS_PER_EVAL) if report_lr else np.nan,
             "tokens": 65_536.0,
             "flops": FLOPS_PER_STEP,
             "shards": None,
@@ -144,10 +149,10 @@ def telemetry(curve: Curve) -> TelemetryBatch:
     return TelemetryBatch(steps=train_rows, evals=evals)
 
 
-def first_reports(curve: Curve, **settings: float) -> list[int]:
+def first_reports(curve: Curve, *, report_lr: bool = True, **settings: float) -> list[int]:
     """The eval index at which each finding was first reported, in order."""
     reported: dict[str, int] = {}
-    for finding in EvalStallDetector(**settings).update(telemetry(curve)):
+    for finding in EvalStallDetector(**settings).update(telemetry(curve, report_lr=report_lr)):
         reported.setdefault(finding.finding_id, finding.end_step // STEPS_PER_EVAL - 1)
     return sorted(reported.values())
 
@@ -175,13 +180,14 @@ class Calibration:
         return self.found_within_3 / max(self.detectable, 1)
 
 
-def calibrate(runs: int, *, first_seed: int = 0, **settings: float) -> Calibration:
-    """``runs`` stall-free curves (seeds ``first_seed`` on) and ``runs`` stalled ones (the next seeds)."""
+def calibrate(runs: int, *, first_seed: int = 0, report_lr: bool = True, **settings: float) -> Calibration:
+    """``runs`` stall-free curves (seeds ``first_seed`` on) and ``runs`` stalled ones (the next seeds), their
+    telemetry with the LR of their schedule or (``report_lr`` False) without any."""
     false_by_shape: dict[str, list[int]] = {s: [0, 0] for s in SHAPES}
     false_stalls = 0
     for seed in range(first_seed, first_seed + runs):
         curve = draw(seed, stalled=False)
-        flagged = bool(first_reports(curve, **settings))
+        flagged = bool(first_reports(curve, report_lr=report_lr, **settings))
         false_stalls += flagged
         false_by_shape[curve.shape][0] += flagged
         false_by_shape[curve.shape][1] += 1
@@ -189,7 +195,9 @@ def calibrate(runs: int, *, first_seed: int = 0, **settings: float) -> Calibrati
     for seed in range(first_seed + runs, first_seed + 2 * runs):
         curve = draw(seed, stalled=True)
         assert curve.stall_at is not None
-        after = [j - curve.stall_at for j in first_reports(curve, **settings) if j > curve.stall_at]
+        after = [
+            j - curve.stall_at for j in first_reports(curve, report_lr=report_lr, **settings) if j > curve.stall_at
+        ]
         hit = bool(after) and after[0] <= 3
         ever += bool(after)
         within_3_all += hit

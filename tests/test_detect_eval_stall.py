@@ -265,11 +265,22 @@ def test_a_cleared_finding_does_not_silence_the_train_versus_eval_rule() -> None
 # -- compute, bad values, rewinds, batching -------------------------------------------------------------------
 
 
+def no_lr(batch: TelemetryBatch) -> TelemetryBatch:
+    """``batch`` as a run that logs no learning rate."""
+    return TelemetryBatch(steps=batch.steps.assign(lr=np.nan), evals=batch.evals)
+
+
 @pytest.mark.parametrize("compute", ("tokens", "step"))
-def test_without_cum_flops_compute_falls_back_to_tokens_then_step(compute: str) -> None:
+def test_without_an_lr_or_cum_flops_compute_falls_back_to_tokens_then_step(compute: str) -> None:
     values = flat_from(12)
-    with_flops = detect(build_run("gaussian", 5, evals=values))
-    without = detect(build_run("gaussian", 5, evals=values, compute=compute))
+    with_flops = detect(no_lr(build_run("gaussian", 5, evals=values)))
+    without = detect(no_lr(build_run("gaussian", 5, evals=values, compute=compute)))
+    # with a constant LR the progress it made is proportional to the tokens: the same findings
+    with_lr = detect(build_run("gaussian", 5, evals=values))
+    assert {f.evidence["last_eval"]["compute_unit"] for f in with_lr.values()} == {"lr_tokens"}
+    assert [(f.start_step, f.end_step) for f in with_lr.values()] == [
+        (f.start_step, f.end_step) for f in with_flops.values()
+    ]
     assert with_flops
     assert {k: (f.start_step, f.end_step, f.active) for k, f in without.items()} == {
         k: (f.start_step, f.end_step, f.active) for k, f in with_flops.items()
