@@ -47,9 +47,17 @@ class TrainingRecord:
         replaces what followed it; a new timeline starts from its parent's progress before its first step."""
         if not len(steps):
             return
-        for timeline, group in steps.groupby("timeline", sort=True):
-            group = group.drop_duplicates("step", keep="last")
-            self._take(self._timeline(int(timeline), int(group["step"].min())), group)
+        columns = {name: steps[name].to_numpy(np.int64) for name in ("timeline", "step")}
+        columns |= {name: numbers(steps[name]) for name in ("loss", "lr", "tokens")}
+        timelines = columns["timeline"]
+        for timeline in np.unique(timelines).tolist():
+            rows = np.flatnonzero(timelines == timeline) if timelines[0] != timelines[-1] else slice(None)
+            group = {name: values[rows] for name, values in columns.items()}
+            step = group["step"]
+            if len(step) > 1 and not (step[1:] > step[:-1]).all():  # a step written twice: the last copy counts
+                written = len(step) - 1 - np.unique(step[::-1], return_index=True)[1]
+                group = {name: values[np.sort(written)] for name, values in group.items()}
+            self._take(self._timeline(timeline, int(group["step"].min())), group)
 
     def _timeline(self, timeline: int, first_step: int) -> _Timeline:
         if timeline not in self._timelines:
@@ -64,9 +72,8 @@ class TrainingRecord:
         return self._timelines[timeline]
 
     @staticmethod
-    def _take(line: _Timeline, group: pd.DataFrame) -> None:
-        step = group["step"].to_numpy(int)
-        loss, lr, tokens = (numbers(group[name]) for name in ("loss", "lr", "tokens"))
+    def _take(line: _Timeline, group: dict[str, np.ndarray]) -> None:
+        step, loss, lr, tokens = (group[name] for name in ("step", "loss", "lr", "tokens"))
         for s, v in zip(step.tolist(), loss.tolist()):
             if line.losses and s <= line.losses[-1][0]:
                 del line.losses[bisect.bisect_left(line.losses, (s, -math.inf)) :]
@@ -75,7 +82,9 @@ class TrainingRecord:
         if line.steps and step[0] <= line.steps[-1]:
             i = bisect.bisect_left(line.steps, int(step[0]))
             del line.steps[i:], line.progress[i:]
-        lr = pd.Series(np.where(np.isfinite(lr) & (lr >= 0), lr, np.nan)).ffill().fillna(line.lr).to_numpy()
+        known = np.isfinite(lr) & (lr >= 0)
+        last_known = np.maximum.accumulate(np.where(known, np.arange(len(lr)), -1))
+        lr = np.where(last_known >= 0, lr[np.maximum(last_known, 0)], line.lr)  # carried forward
         line.lr = float(lr[-1])
         line.weighted |= bool(np.isfinite(tokens).any())
         weights = np.where(np.isfinite(tokens) & (tokens > 0), tokens, 1.0) * lr
