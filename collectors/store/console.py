@@ -86,11 +86,11 @@ class CsvExport:
     truncated: bool = False
 
 
-def console_examples(*, timeline: int, first: int, last: int, recent: int) -> dict[str, str]:
-    """The console's example queries by title (``queries/console_examples.sql``), with the run's numbers in."""
+def console_examples(text: str, *, timeline: int, first: int, last: int, recent: int) -> dict[str, str]:
+    """Example queries by title from ``text`` (each after a ``-- example:`` line), with the run's numbers in."""
     examples: dict[str, str] = {}
     title = None
-    for line in sql("console_examples").splitlines():
+    for line in text.splitlines():
         if line.startswith("-- example: "):
             title = line.removeprefix("-- example: ").strip()
         elif title and line.strip():

@@ -6,6 +6,7 @@ import streamlit as st
 
 from bedside.app.dashboard.common import current_run
 from bedside.app.dashboard.data import CSV_LIMITS, PREVIEW_LIMITS, RunData
+from bedside.app.service.schema import SERVICE
 from bedside.collectors.errors import QueryError
 from bedside.collectors.store.console import console_examples
 
@@ -26,7 +27,8 @@ def examples(data: RunData) -> dict[str, str]:
         first, last = max(onset - AROUND, 0), onset + AROUND
     else:
         first = max(last - 2 * AROUND, 0)
-    return console_examples(timeline=timeline, first=first, last=last, recent=max(last - RECENT, 0))
+    text = SERVICE.query("console_examples") or ""
+    return console_examples(text, timeline=timeline, first=first, last=last, recent=max(last - RECENT, 0))
 
 
 def csv_of(data: RunData, query: str) -> bytes:
