@@ -95,9 +95,8 @@ class StepAssembler:
             return None
         timeline, step, rank = pending["timeline"], pending["step"], pending["rank"]
         order = _row_order(timeline, step, rank)
-        kept = order if order is None else order[_run_ends(timeline[order], step[order], rank[order])]
-        # kept: the newest row of each (timeline, step, rank), sorted; None when that is every row, as they are
-        t, s = (timeline, step) if kept is None else (timeline[kept], step[kept])
+        kept = order[_run_ends(timeline[order], step[order], rank[order])]  # the newest row of each, sorted
+        t, s = timeline[kept], step[kept]
         ends = np.flatnonzero(_run_ends(t, s))
         counts = np.diff(ends, prepend=-1)
         steps_t, steps_s = t[ends], s[ends]
@@ -113,9 +112,6 @@ class StepAssembler:
         late = (timeline < self._released[0]) | ((timeline == self._released[0]) & (step <= self._released[1]))
         self._pending = None if done.all() else {name: column[~done] for name, column in pending.items()}
         self._released = last
-        if kept is None and done.all() and not late.any():
-            return self._matrix(pending)
-        kept = np.arange(len(rank)) if kept is None else kept
         take = kept[done[kept] & ~late[kept]]
         return self._matrix({name: column[take] for name, column in pending.items()})
 
@@ -219,15 +215,12 @@ class SharedSteps:
         return found
 
 
-def _row_order(timeline: np.ndarray, step: np.ndarray, rank: np.ndarray) -> np.ndarray | None:
-    """The stable order of rows by (timeline, step, rank); None when they are in it, each (timeline, step, rank)
-    once."""
+def _row_order(timeline: np.ndarray, step: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """The stable order of rows by (timeline, step, rank), with no sort for rows already in it."""
     keys = (timeline, step, rank)
     if all(k.min() >= 0 and int(k.max()) < 2**bits for k, bits in zip(keys, KEY_BITS.values())):
         key = (timeline << (KEY_BITS["step"] + KEY_BITS["rank"])) | (step << KEY_BITS["rank"]) | rank
-        if bool((key[1:] > key[:-1]).all()):
-            return None
-        return np.argsort(key, kind="stable")
+        return np.arange(len(key)) if bool((key[1:] >= key[:-1]).all()) else np.argsort(key, kind="stable")
     return np.lexsort((np.arange(len(rank)), rank, step, timeline))
 
 

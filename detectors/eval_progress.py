@@ -50,8 +50,9 @@ class TrainingRecord:
         columns = {name: steps[name].to_numpy(np.int64) for name in ("timeline", "step")}
         columns |= {name: numbers(steps[name]) for name in ("loss", "lr", "tokens")}
         timelines = columns["timeline"]
-        for timeline in np.unique(timelines).tolist():
-            rows = np.flatnonzero(timelines == timeline) if timelines[0] != timelines[-1] else slice(None)
+        distinct = np.unique(timelines).tolist()
+        for timeline in distinct:
+            rows = np.flatnonzero(timelines == timeline) if len(distinct) > 1 else slice(None)
             group = {name: values[rows] for name, values in columns.items()}
             step = group["step"]
             if len(step) > 1 and not (step[1:] > step[:-1]).all():  # a step written twice: the last copy counts

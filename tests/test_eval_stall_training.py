@@ -71,3 +71,18 @@ def test_progress_is_the_sum_of_lr_times_tokens_in_any_batching_and_after_a_rewi
     no_lr = TrainingRecord()
     no_lr.take(steps_frame(step, np.full(100, np.nan), tokens))
     assert no_lr.progress(0, 80) is None
+
+
+def test_a_batch_whose_rows_interleave_two_timelines_takes_each_timeline_alone() -> None:
+    """Rows of timeline 1 between rows of timeline 0 (two ranks' files read in one pass) count on their own
+    timeline only, whatever timeline the batch begins and ends with."""
+    first = steps_frame(np.arange(1, 41), np.full(40, 1e-4), np.full(40, 10.0))
+    second = steps_frame(np.arange(20, 31), np.full(11, 2e-4), np.full(11, 10.0), timeline=1)
+    mixed = pd.concat([first.iloc[:30], second, first.iloc[30:]], ignore_index=True)
+    together, apart = TrainingRecord(), TrainingRecord()
+    together.take(mixed)
+    apart.take(first)
+    apart.take(second)
+    for timeline, step in ((0, 40), (1, 30)):
+        assert together.progress(timeline, step) == apart.progress(timeline, step)
+    assert together.progress(0, 40)[0] == pytest.approx(40 * 1e-4 * 10.0)
