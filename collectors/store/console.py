@@ -38,7 +38,9 @@ from ..errors import QueryError
 from . import Store, open_sandbox, sql
 
 BATCH_ROWS = 65_536
-NESTED_TYPES = {"map", "list", "array", "struct", "union"}
+AS_TEXT_TYPES = {"map", "list", "array", "struct", "union", "variant", "interval", "bit", "time with time zone", "blob"}
+"""Column types a CSV holds as DuckDB's text of them: nested values, and those Arrow's CSV writer refuses
+(an interval, a bit string, bytes that are not UTF-8) or writes without their time zone."""
 READING_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
 SQL_RUNNING_FUNCTIONS = {"query", "query_table"}
 FILE_FUNCTION_PREFIXES = ("read_", "parquet_", "iceberg_", "delta_")
@@ -172,11 +174,11 @@ def console_reader(
 
 
 def _flattened(result: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
-    """The result with each nested column cast to its text (in order, under its own name)."""
+    """The result with each ``AS_TEXT_TYPES`` column cast to its text (in order, under its own name)."""
     columns = []
     for name, kind in zip(result.columns, result.types):
         quoted = '"' + name.replace('"', '""') + '"'
-        columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if kind.id in NESTED_TYPES else quoted)
+        columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if kind.id in AS_TEXT_TYPES else quoted)
     return result.select(", ".join(columns)) if columns else result
 
 
