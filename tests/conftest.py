@@ -155,3 +155,26 @@ def receiver() -> Iterator[Receiver]:
     server = Receiver()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Iterator[Path]:
+    """A directory with copies of both sample runs for the dashboard; the desk serving it lives for the module."""
+    from dashboard_app import FAULTS, REWIND, copy_run
+
+    from bedside.app.dashboard import registry
+
+    folder = tmp_path_factory.mktemp("runs")
+    copy_run(FAULTS, folder)
+    copy_run(REWIND, folder)
+    yield folder
+    registry.close_all()
+
+
+@pytest.fixture
+def served(runs: Path) -> Path:
+    """The dashboard pointed at the directory of runs, without an operator token."""
+    from dashboard_app import serve
+
+    serve(runs)
+    return runs

@@ -21,6 +21,8 @@ SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 MAIN = Path(dashboard.__file__).parent / "main.py"
 SCREENS = "screens"
 """Where main.py's pages are, relative to it (their file names are their url paths)."""
+FAULTS, REWIND = "tiny-faults", "tiny-rewind"
+"""The two sample runs the page tests serve together."""
 PAGES = ("overview", "ranks", "incidents", "checkpoints", "runs", "sql")
 RUN_TIMEOUT_S = 60
 

@@ -5,18 +5,18 @@ the links alerts send (``/incidents?run=NAME&incident=ID``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from dashboard_app import (
+    FAULTS,
     PAGES,
+    REWIND,
     assert_rendered,
     chart,
     chart_keys,
-    copy_run,
     from_store,
     go_to,
     open_page,
@@ -29,9 +29,7 @@ from dashboard_app import (
 from bedside.app.dashboard import registry
 from bedside.app.dashboard.common import age, linked_run
 from bedside.app.dashboard.figures import FADED, RANK_LINES
-from bedside.app.simulation import SimulationConfig, simulate_run
 
-FAULTS, REWIND = "tiny-faults", "tiny-rewind"
 OVERVIEW_TILES = [
     "Status",
     "Step",
@@ -43,41 +41,6 @@ OVERVIEW_TILES = [
     "Open incidents",
 ]
 YOUNG_DALY_TILES = ["Save cost (median)", "Interruptions seen", "Recommended interval", "Current interval"]
-SLOW_RANK = 5
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Iterator[Path]:
-    """A directory with copies of both sample runs; the desk serving it lives for the module, then lets go."""
-    folder = tmp_path_factory.mktemp("runs")
-    copy_run(FAULTS, folder)
-    copy_run(REWIND, folder)
-    yield folder
-    registry.close_all()
-
-
-@pytest.fixture
-def served(runs: Path, monkeypatch) -> Path:
-    """The dashboard pointed at the directory of runs, without an operator token."""
-    serve(runs)
-    return runs
-
-
-@pytest.fixture(scope="module")
-def straggling(tmp_path_factory) -> Path:
-    """A simulated clean 8-rank run (4 per host) whose rank 5 computes twice as slowly from the first step."""
-    run = tmp_path_factory.mktemp("straggling") / "straggling"
-    simulate_run(
-        SimulationConfig(
-            ranks=8,
-            steps=150,
-            ranks_per_host=4,
-            nuisances=False,
-            inject=(f"straggler:rank={SLOW_RANK},factor=2,from=1",),
-        ),
-        run,
-    )
-    return run
 
 
 # -- every page ---------------------------------------------------------------------------------------------------
@@ -211,35 +174,6 @@ def test_the_incidents_page_says_so_when_a_run_has_none(served: Path) -> None:
     assert not app.get("plotly_chart") and app.sidebar.selectbox(key="run").value == REWIND
 
 
-# -- ranks --------------------------------------------------------------------------------------------------------
-
-
-def test_the_ranks_page_orders_ranks_by_place_and_shows_their_slowdown(served: Path) -> None:
-    app = open_page("ranks", run=FAULTS)
-    assert_rendered(app)
-    assert chart_keys(app) == ["rank_heatmap", "phase_breakdown"]
-    places = from_store(served / FAULTS, "SELECT rank FROM ranks ORDER BY host, pp, tp, dp, rank")["rank"]
-    assert chart(app, "rank_heatmap")["data"][0]["y"] == [f"rank {r}" for r in places]
-    slowdowns = table(app, "rank", "compute_slowdown", "step_slowdown")
-    assert sorted(slowdowns["rank"]) == sorted(places)
-    assert list(slowdowns["compute_slowdown"]) == sorted(slowdowns["compute_slowdown"], reverse=True)
-    assert "Straggler incidents" in [h.value for h in app.subheader]
-    straggler = from_store(served / FAULTS, "SELECT summary FROM incidents WHERE list_contains(kinds, 'straggler')")
-    assert straggler["summary"][0] in texts(app)
-
-
-def test_the_ranks_page_puts_a_rank_twice_as_slow_first(straggling: Path, monkeypatch) -> None:
-    serve(straggling)
-    app = open_page("ranks")
-    assert_rendered(app)
-    heat = chart(app, "rank_heatmap")["data"][0]
-    assert heat["y"] == [f"rank {r}" for r in range(8)]  # host, then stage and replica: rank order here
-    slowdowns = table(app, "rank", "compute_slowdown")
-    assert slowdowns["rank"][0] == SLOW_RANK
-    assert slowdowns["compute_slowdown"][0] == pytest.approx(2.0, rel=0.1)
-    assert slowdowns["compute_slowdown"][1:].between(0.9, 1.1).all()
-
-
 # -- checkpoints --------------------------------------------------------------------------------------------------
 
 
@@ -261,30 +195,6 @@ def test_the_checkpoints_page_shows_the_work_at_risk_and_the_young_daly_interval
     assert shown["Interruptions seen"] == "0"
     assert shown["Recommended interval"] == age(optimal_s)
     assert shown["Current interval"] == age(interval_s)
-
-
-# -- runs ---------------------------------------------------------------------------------------------------------
-
-
-def test_the_runs_page_lists_both_runs_and_overlays_their_evals(served: Path) -> None:
-    app = open_page("runs")
-    assert_rendered(app)
-    listed = table(app, "name", "status", "last_step")
-    assert sorted(zip(listed["name"], listed["status"], listed["last_step"])) == [
-        (FAULTS, "finished", 200),
-        (REWIND, "finished", 160),
-    ]
-    assert sorted(app.multiselect(key="compare").value) == [FAULTS, REWIND]
-    overlay = chart(app, "runs_overlay")
-    assert sorted(t["name"] for t in overlay["data"]) == [FAULTS, REWIND]
-    for line in overlay["data"]:
-        evals = from_store(
-            served / line["name"], "SELECT cum_flops FROM eval_scores WHERE name = 'excess_loss' ORDER BY cum_flops"
-        )
-        np.testing.assert_allclose(line["x"], evals["cum_flops"])
-
-    app.multiselect(key="compare").unselect(REWIND).run()
-    assert [t["name"] for t in chart(app, "runs_overlay")["data"]] == [FAULTS]
 
 
 # -- SQL ----------------------------------------------------------------------------------------------------------
