@@ -104,19 +104,21 @@ class _Timing:
             found["eval"] |= (np.asarray(steps) - self.last_eval) % self.eval_every == 0
         return found
 
-    def thresholds(self, timelines: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Seconds of silence that make a hang after each (timeline, step)."""
-        thr = np.full(len(steps), self.base)
-        for name, hit in self.pauses(timelines, steps).items():
+    def thresholds(self, pauses: dict[str, np.ndarray], base: float | None = None) -> np.ndarray:
+        """Seconds of silence that make a hang after each (timeline, step) whose ``pauses`` are given
+        (``base``: ``self.base``, when known)."""
+        thr = np.full(len(pauses["eval"]), self.base if base is None else base)
+        for name, hit in pauses.items():
             longest = self.longest.get(name)
             thr += hit * (self.first_pause_s if longest is None else self.pause_factor * longest)
         return thr
 
-    def learn(self, timelines: np.ndarray, steps: np.ndarray, lengths: np.ndarray) -> None:
-        """Step intervals that start at ``steps``: a pause's to its kind's longest, the rest to the histogram."""
+    def learn(self, pauses: dict[str, np.ndarray], lengths: np.ndarray) -> None:
+        """Step intervals that start at steps with these ``pauses``: a pause's to its kind's longest, the rest to
+        the histogram."""
         plain = lengths > 0
-        for name, hit in self.pauses(timelines, steps).items():
-            hit &= plain
+        for name, hit in pauses.items():
+            hit = hit & plain
             if hit.any():
                 self.longest[name] = max(self.longest.get(name, 0.0), float(lengths[hit].max()))
             plain &= ~hit
@@ -169,9 +171,12 @@ class HangDetector(Detector):
             return []
         rows = _rows(new, self._state)
         seg = _segments(rows)
-        self._learn_intervals(seg)
-        evidence = self._evidence(rows)
-        changed = {id(h): h for h in self._detect(rows, seg, evidence) + self._close(rows, seg)}
+        pauses = self.timing.pauses(rows["ptl"], rows["ps"])
+        self._learn_intervals(seg, {name: hit[seg["first_row"]] for name, hit in pauses.items()})
+        base = self.timing.base
+        evidence = self._evidence(rows, base)
+        thresholds = self.timing.thresholds(pauses, base)
+        changed = {id(h): h for h in self._detect(rows, seg, evidence, thresholds) + self._close(rows, seg)}
         last = np.append(rows["rank"][1:] != rows["rank"][:-1], True)
         self._state = {name: rows[name][last] for name in STATE}
         self._newest = {name: max(self._newest[name], times.max(initial=-np.inf)) for name, times in evidence.items()}
@@ -182,7 +187,7 @@ class HangDetector(Detector):
         live = {name: values[~self._state["end"]] for name, values in self._state.items()}
         if not len(live["rank"]) or self._open:
             return []
-        thr = self.timing.thresholds(live["ptl"], live["ps"])
+        thr = self.timing.thresholds(self.timing.pauses(live["ptl"], live["ps"]))
         if not (now - live["time"] > thr).all():
             return []
         newest = live["ptl"] == live["ptl"].max()
@@ -206,28 +211,30 @@ class HangDetector(Detector):
         self._open[(None, timeline, step)] = hang
         return [self._finding(hang)]
 
-    def _learn_intervals(self, seg: Columns) -> None:
-        """Intervals between each rank's consecutive steps (its last step before this batch included)."""
+    def _learn_intervals(self, seg: Columns, pauses: dict[str, np.ndarray]) -> None:
+        """Intervals between each rank's consecutive steps (its last step before this batch included), each
+        segment's ``pauses`` given."""
         keep = (
             seg["stepped"]
             & np.isfinite(seg["next_pt"])
             & ((seg["next_ps"] != seg["ps"]) | (seg["next_ptl"] != seg["ptl"]))
         )  # a step written twice counts once
-        self.timing.learn(seg["ptl"][keep], seg["ps"][keep], seg["next_pt"][keep] - seg["pt"][keep])
+        self.timing.learn({name: hit[keep] for name, hit in pauses.items()}, seg["next_pt"][keep] - seg["pt"][keep])
 
-    def _evidence(self, rows: Columns) -> dict[str, np.ndarray]:
+    def _evidence(self, rows: Columns, base: float) -> dict[str, np.ndarray]:
         """Times at which a rank shows it is going on: any record (``any``), a step (``step``), each within the
         step-interval threshold of its own previous one (so a job resuming after a pause everywhere is not
         evidence against the ranks that resume a moment later)."""
-        base = self.timing.base
         return {
             "any": rows["time"][rows["real"] & (rows["gap"] <= base)],
             "step": rows["time"][rows["real"] & (rows["step_gap"] <= base)],
         }
 
     # -- detection -----------------------------------------------------------------------
-    def _detect(self, rows: Columns, seg: Columns, evidence: dict[str, np.ndarray]) -> list[_Hang]:
-        """Open a hang for each stretch without steps in which either test fires."""
+    def _detect(
+        self, rows: Columns, seg: Columns, evidence: dict[str, np.ndarray], thresholds: np.ndarray
+    ) -> list[_Hang]:
+        """Open a hang for each stretch without steps in which either test fires (``thresholds``: each row's)."""
         times = {
             name: np.sort(np.concatenate([found, self._held[name], [self._newest[name]]]))
             for name, found in evidence.items()
@@ -237,10 +244,12 @@ class HangDetector(Detector):
         mark = np.inf if self.run.caught_up else _watermark(rows)
         self._held = {name: found[found > mark] for name, found in times.items()}
         times = {name: found[found <= mark] for name, found in times.items()}
-        stopped = self._first_after(times["step"], seg["pt"], seg["ptl"], seg["ps"], seg["until"])
-        silent = self._first_after(times["any"], rows["time"], rows["ptl"], rows["ps"], rows["next"])
+        stopped = _first_after(times["step"], seg["pt"] + thresholds[seg["first_row"]], seg["until"])
+        silent = _first_after(times["any"], rows["time"] + thresholds, rows["next"])
         silent[rows["end"]] = np.inf
-        first_silent = np.minimum.reduceat(silent, seg["first_row"])
+        first_silent = (
+            np.minimum.reduceat(silent, seg["first_row"]) if np.isfinite(silent).any() else silent[seg["first_row"]]
+        )
         opened = []
         for i in np.flatnonzero(np.isfinite(stopped) | np.isfinite(first_silent)):
             key = (int(seg["rank"][i]), int(seg["ptl"][i]), int(seg["ps"][i]))
@@ -248,27 +257,28 @@ class HangDetector(Detector):
                 continue
             row = seg["first_row"][i] + int(np.argmin(silent[seg["first_row"][i] : seg["last_row"][i] + 1]))
             self._open[key] = self._rank_hang(
-                key, seg["pt"][i], (stopped[i], seg["pt"][i]), (first_silent[i], rows["time"][row])
+                key,
+                seg["pt"][i],
+                (stopped[i], seg["pt"][i]),
+                (first_silent[i], rows["time"][row]),
+                float(thresholds[seg["first_row"][i]]),
             )
             opened.append(self._open[key])
         return opened
 
-    def _first_after(
-        self, times: np.ndarray, start: np.ndarray, timelines: np.ndarray, steps: np.ndarray, until: np.ndarray
-    ) -> np.ndarray:
-        """Per gap: the first of ``times`` past the gap's threshold and before it ends (inf: none)."""
-        thr = self.timing.thresholds(timelines, steps)
-        first = np.append(times, np.inf)[np.searchsorted(times, start + thr, side="right")]
-        return np.where(first < until, first, np.inf)
-
     def _rank_hang(
-        self, key: tuple[int, int, int], last_step_time: float, stop: tuple[float, float], silence: tuple[float, float]
+        self,
+        key: tuple[int, int, int],
+        last_step_time: float,
+        stop: tuple[float, float],
+        silence: tuple[float, float],
+        thr: float,
     ) -> _Hang:
-        """A rank's hang; ``stop`` and ``silence``: (when that test fired (inf: never), since when)."""
+        """A rank's hang after a step whose threshold is ``thr``; ``stop`` and ``silence``: (when that test fired
+        (inf: never), since when)."""
         rank, timeline, step = key
         stopped = stop[0] <= silence[0]
         detected, since = stop if stopped else silence
-        thr = float(self.timing.thresholds(np.array([timeline]), np.array([step]))[0])
         return _Hang(
             (rank,),
             timeline,
@@ -346,6 +356,12 @@ class HangDetector(Detector):
             hang.end_step is None,
             self.name,
         )
+
+
+def _first_after(times: np.ndarray, due: np.ndarray, until: np.ndarray) -> np.ndarray:
+    """Per gap: the first of the sorted ``times`` past the gap's ``due`` time and before it ends (inf: none)."""
+    first = np.append(times, np.inf)[np.searchsorted(times, due, side="right")]
+    return np.where(first < until, first, np.inf)
 
 
 def _records(batch: TelemetryBatch) -> Columns | None:

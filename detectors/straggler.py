@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -142,7 +143,9 @@ class _Positions:
     declared: bool
     stage: dict[int, int | None]  # label -> pipeline stage
 
+    @cached_property
     def groups(self) -> list[tuple[int, np.ndarray]]:
+        """Each position's label and its ranks (worked out once: the positions last until the topology changes)."""
         return [(int(g), np.flatnonzero(self.label == g)) for g in np.unique(self.label) if g >= 0]
 
 
@@ -276,7 +279,8 @@ class StragglerDetector(CrossRankDetector):
             full[name] = np.full((len(matrix), size), np.nan)
             full[name][:, matrix.ranks] = matrix.values[name]
         compute, data = full["compute_time"], full["data_time"]
-        phases = np.where(np.isnan(compute) & np.isnan(data), np.nan, np.nan_to_num(compute) + np.nan_to_num(data))
+        both = compute + data
+        phases = np.where(np.isnan(both), np.fmax(compute, data), both)  # a phase not reported adds 0
         phased = ~np.isnan(phases).all(axis=1, keepdims=True)
         work = np.where(phased, phases, full["step_time"])
         work[~(work > 0)] = np.nan
@@ -306,7 +310,7 @@ class StragglerDetector(CrossRankDetector):
         """Log of each rank's work over the median of its peers' (the other ranks of its position; the other
         ranks of the job for a rank alone in its position), and the log median work of the job: of the other
         ranks when there are two (the median of two would move with the slow one)."""
-        groups = self._positions().groups()
+        groups = self._positions().groups
         whole = len(groups) == 1 and len(groups[0][1]) == log_work.shape[1]
         job_wide = whole or log_work.shape[1] <= 2 or any(len(members) < 2 for _, members in groups)
         others = others_median(log_work) if job_wide else np.full_like(log_work, np.nan)
@@ -424,7 +428,7 @@ class StragglerDetector(CrossRankDetector):
         alarm, too high one only delays, and the running mean takes a truly fast rank down.
         """
         b = dev.copy()
-        for _, members in places.groups():
+        for _, members in places.groups:
             values = dev[members]
             tau2 = max(0.0, float(mad_sigma(values)) ** 2 - se**2) if (~np.isnan(values)).any() else 0.0
             b[members] = np.where(values > 4 * se, values, values * tau2 / (tau2 + se**2))
@@ -435,7 +439,7 @@ class StragglerDetector(CrossRankDetector):
     ) -> list[tuple[int | None, np.ndarray]]:
         """Declared positions slower than the job as a whole: (pipeline stage, ranks present)."""
         found = []
-        for label, members in places.groups():
+        for label, members in places.groups:
             members = members[~np.isnan(position[members])]
             if places.declared and len(members) and position[members[0]] > floor:
                 found.append((places.stage[label], members))
@@ -649,7 +653,7 @@ def _position_offsets(raw: np.ndarray, places: _Positions) -> np.ndarray:
     """Each rank's position offset: the lower median of its position's warm-up offsets (one sick rank of two
     leaves the position at its healthy peer's)."""
     position = np.full_like(raw, np.nan)
-    for _, members in places.groups():
+    for _, members in places.groups:
         values = np.sort(_valid(raw[members]))
         if len(values):
             position[members] = values[(len(values) - 1) // 2]
