@@ -1,36 +1,112 @@
-"""Runs: every run in the directory with its status, and their evals against compute side by side."""
+"""Runs: every run in the directory, live ones first (a row opens its Overview), and any metric of the runs you
+pick side by side, by step, tokens, FLOPs or wall time."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import figures
-from bedside.app.dashboard.common import STATUS_LABELS, current_run
+from bedside.app.dashboard import run_compare
+from bedside.app.dashboard.common import current_run
+from bedside.app.dashboard.data import RunData
 from bedside.app.dashboard.registry import desk
+
+OVERVIEW = "screens/overview.py"
+COLUMNS = {
+    "folder": st.column_config.TextColumn("run"),
+    "last_loss": st.column_config.NumberColumn("last loss", help="the training loss of the latest step"),
+    "tokens_per_s": st.column_config.NumberColumn("tokens/s", help="over the last 50 steps"),
+    "open_incidents": st.column_config.NumberColumn("open incidents", help="not resolved, acknowledged included"),
+    "last_step": st.column_config.NumberColumn("last step"),
+    "world_size": st.column_config.NumberColumn("ranks"),
+    "last_seen": st.column_config.DatetimeColumn("last record", format="YYYY-MM-DD HH:mm:ss z"),
+    "run_id": st.column_config.TextColumn("run id"),
+}
 
 current_run()
 st.title("Runs")
 served = desk()
-runs = served.runs()
-# From each run's store (cached per store version), not from the rank files: reading 1,024 files' tails
-# on every refresh cost seconds.
-table = pd.concat(
-    [served.data(path).frame("run").assign(folder=path.name, path=str(path)) for path in runs], ignore_index=True
-)
-table["status"] = table["status"].map(lambda s: STATUS_LABELS.get(s, s))
-table["last_seen"] = pd.to_datetime(table["last_seen"], unit="s", utc=True).dt.floor("s")
-st.dataframe(
-    table[["folder", "name", "run_id", "status", "world_size", "last_step", "timeline", "last_seen", "path"]],
-    hide_index=True,
-    key="runs_table",
-)
 
-chosen = st.multiselect("Compare", [r.name for r in runs], default=[r.name for r in runs][:5], key="compare")
-metric = st.selectbox("Held-out metric", ["excess_loss", "loss", "accuracy"], key="overlay_metric")
-curves = {path.name: served.data(path).frame("eval_overlay", name=metric) for path in runs if path.name in chosen}
-curves = {name: curve for name, curve in curves.items() if not curve.empty}
-if curves:
-    st.plotly_chart(figures.runs_overlay(curves, metric), key="runs_overlay")
-else:
-    st.info(f"None of the chosen runs has a held-out {metric} yet.")
+
+def runs_table() -> pd.DataFrame:
+    """Every run's row, read from its store (cached per store version), not from the rank files: reading 1,024
+    files' tails on every refresh cost seconds."""
+    return run_compare.runs_table([row(served.data(path), path) for path in served.runs()])
+
+
+def row(data: RunData, path: Path) -> dict[str, object]:
+    # read-only, the incidents are in the process holding the store; before detection ran: unknown, not 0
+    detected = data.owner is not None and data.owner.detected_at is not None
+    return run_compare.summary_row(
+        path.name,
+        str(path),
+        data.frame("run"),
+        data.frame("progress", window=50),
+        data.frame("compare_summary"),
+        data.frame("open_incidents") if detected else None,
+    )
+
+
+@st.fragment(run_every=served.refresh_s)
+def table() -> None:
+    shown = runs_table()
+    picked = st.dataframe(
+        run_compare.styled(shown),
+        hide_index=True,
+        column_config=COLUMNS,
+        key="runs_table",
+        on_select="rerun",
+        selection_mode="single-row",
+    )
+    st.caption("Click a row to open that run.")
+    if picked.selection.rows:
+        open_run(str(shown["folder"].iloc[picked.selection.rows[0]]))
+
+
+def open_run(folder: str) -> None:
+    """The Overview of ``folder``: as a link to it opens it, the sidebar's pick giving way to the link's run."""
+    del st.session_state["run"]
+    st.switch_page(OVERVIEW, query_params={"run": folder})
+
+
+def compare(folders: list[str]) -> None:
+    chosen = st.multiselect("Compare", folders, default=folders[:5], key="compare")
+    paths = {path.name: path for path in served.runs()}
+    catalogs = {name: served.data(paths[name]).frame("compare_metrics") for name in chosen if name in paths}
+    choices = run_compare.metric_choices(catalogs)
+    if not choices:
+        st.info("None of the chosen runs reports a metric yet.")
+        return
+    left, right = st.columns([2, 3])
+    labels = list(choices)
+    label = left.selectbox(
+        "Metric", labels, index=labels.index(run_compare.default_metric(choices)), key="compare_metric"
+    )
+    axes = list(run_compare.X_AXES)
+    x = right.radio(
+        "x axis",
+        axes,
+        index=axes.index(run_compare.DEFAULT_X),
+        format_func=run_compare.X_AXES.get,
+        horizontal=True,
+        key="compare_x",
+    )
+    metric = choices[label]
+    left_out = run_compare.dropped(catalogs, metric, x)
+    curves = {
+        name: served.data(paths[name]).frame("compare_series", **metric.params(), x=x, buckets=run_compare.BUCKETS)
+        for name in catalogs
+        if name not in left_out
+    }
+    left_out |= {name: "has no points yet" for name, curve in curves.items() if curve.empty}
+    if left_out:
+        st.warning("Not drawn: " + "; ".join(f"**{name}** {why}" for name, why in left_out.items()) + ".")
+    drawn = {name: curve for name, curve in curves.items() if not curve.empty}
+    if drawn:
+        st.plotly_chart(run_compare.compare_figure(drawn, metric, x), key="runs_compare")
+
+
+table()
+compare(runs_table()["folder"].tolist())
