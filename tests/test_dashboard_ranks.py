@@ -1,58 +1,147 @@
-"""The Ranks page under AppTest: where a slow rank sits, what its step is spent on, and the straggler incidents."""
+"""The Ranks page under AppTest: which rank is slow against its peers, on any timeline, what its step is spent on,
+and the straggler incidents."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from dashboard_app import FAULTS, assert_rendered, chart, chart_keys, from_store, open_page, serve, table, texts
+from dashboard_app import FAULTS, REWIND, assert_rendered, chart, chart_keys, from_store, open_page, serve, table, texts
 
+from bedside.app.dashboard.rank_view import NO_PHASES, PHASE_RANKS
 from bedside.app.simulation import SimulationConfig, simulate_run
+from bedside.collectors.importers import import_csv
 
-SLOW_RANK = 5
+SLOW_RANK, DATA_RANK = 5, 2
+BIG_RANKS, BIG_STEPS, BIG_SLOW, BIG_ONSET = 1024, 150, 637, 110
 
 
 @pytest.fixture(scope="module")
 def straggling(tmp_path_factory) -> Path:
-    """A simulated clean 8-rank run (4 per host) whose rank 5 computes twice as slowly from the first step."""
+    """A simulated 8-rank run in two pipeline stages (4 ranks per host), with its nuisances (the last stage computes
+    12% longer), whose rank 5 computes twice as slowly from the first step and rank 2 reads its data slowly."""
     run = tmp_path_factory.mktemp("straggling") / "straggling"
     simulate_run(
         SimulationConfig(
             ranks=8,
             steps=150,
             ranks_per_host=4,
-            nuisances=False,
-            inject=(f"straggler:rank={SLOW_RANK},factor=2,from=1",),
+            pp=2,
+            inject=(f"straggler:rank={SLOW_RANK},factor=2,from=1", f"straggler:rank={DATA_RANK},phase=data,from=1"),
         ),
         run,
     )
     return run
 
 
-# -- ranks --------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    """A simulated 1,024-rank run in four pipeline stages, 8 ranks per host, whose rank 637 computes 30% longer
+    from step 110 on."""
+    run = tmp_path_factory.mktemp("big") / "big"
+    config = SimulationConfig(
+        ranks=BIG_RANKS, steps=BIG_STEPS, pp=4, inject=(f"straggler:rank={BIG_SLOW},factor=1.3,from={BIG_ONSET}",)
+    )
+    simulate_run(config, run)
+    return run
 
 
-def test_the_ranks_page_orders_ranks_by_place_and_shows_their_slowdown(served: Path) -> None:
+def heat(app) -> tuple[np.ndarray, list[int], list[str]]:
+    """The heatmap's colour values (rows x steps), its steps and its row labels."""
+    drawn = chart(app, "rank_heatmap")["data"][0]
+    return np.asarray(drawn["z"], dtype=float), list(drawn["x"]), drawn["y"]
+
+
+def test_the_ranks_page_orders_ranks_by_place_and_shows_their_slowdown_with_units(served: Path) -> None:
     app = open_page("ranks", run=FAULTS)
     assert_rendered(app)
     assert chart_keys(app) == ["rank_heatmap", "phase_breakdown"]
     places = from_store(served / FAULTS, "SELECT rank FROM ranks ORDER BY host, pp, tp, dp, rank")["rank"]
     assert chart(app, "rank_heatmap")["data"][0]["y"] == [f"rank {r}" for r in places]
-    slowdowns = table(app, "rank", "compute_slowdown", "step_slowdown")
+    slowdowns = table(app, "rank", "compute_slowdown", "compute_ms", "step_ms", "comm_ms")
+    assert "step_slowdown" not in slowdowns  # 1.00x on every rank of a synchronous job
     assert sorted(slowdowns["rank"]) == sorted(places)
     assert list(slowdowns["compute_slowdown"]) == sorted(slowdowns["compute_slowdown"], reverse=True)
-    assert "Straggler incidents" in [h.value for h in app.subheader]
+    assert slowdowns["step_ms"].between(1, 1000).all()  # milliseconds
     straggler = from_store(served / FAULTS, "SELECT summary FROM incidents WHERE list_contains(kinds, 'straggler')")
+    assert "Straggler incidents on timeline 0" in texts(app)
     assert straggler["summary"][0] in texts(app)
 
 
-def test_the_ranks_page_puts_a_rank_twice_as_slow_first(straggling: Path, monkeypatch) -> None:
+def test_a_rank_twice_as_slow_as_its_stage_comes_first_and_a_slower_stage_is_no_straggler(straggling: Path) -> None:
     serve(straggling)
     app = open_page("ranks")
     assert_rendered(app)
-    heat = chart(app, "rank_heatmap")["data"][0]
-    assert heat["y"] == [f"rank {r}" for r in range(8)]  # host, then stage and replica: rank order here
-    slowdowns = table(app, "rank", "compute_slowdown")
+    z, _, rows = heat(app)
+    assert rows == [f"rank {r}" for r in range(8)]  # host, then stage and replica: rank order here
+    assert np.nanmean(z, axis=1).argmax() == SLOW_RANK
+    slowdowns = table(app, "rank", "compute_slowdown", "data_slowdown")
     assert slowdowns["rank"][0] == SLOW_RANK
     assert slowdowns["compute_slowdown"][0] == pytest.approx(2.0, rel=0.1)
-    assert slowdowns["compute_slowdown"][1:].between(0.9, 1.1).all()
+    assert slowdowns["compute_slowdown"][1:].between(0.95, 1.05).all()  # stage 1 computes 12% longer: its peers too
+    assert slowdowns.set_index("rank")["data_slowdown"][DATA_RANK] > 2
+
+
+def test_the_heatmap_colours_the_phase_chosen(straggling: Path) -> None:
+    serve(straggling)
+    app = open_page("ranks")
+    assert app.radio(key="rank_phase").options == ["compute", "data", "comm", "optimizer", "step"]
+    app = app.radio(key="rank_phase").set_value("data").run()
+    assert_rendered(app)
+    z, _, _ = heat(app)
+    assert np.nanmedian(z, axis=1).argmax() == DATA_RANK
+    assert chart(app, "rank_heatmap")["layout"]["title"]["text"].startswith("Data time by rank")
+
+
+def test_the_straggler_of_1024_ranks_stands_out_of_the_heatmap_and_is_in_the_phase_chart(big: Path) -> None:
+    serve(big)
+    started = time.perf_counter()
+    app = open_page("ranks")
+    print(f"the Ranks page of {BIG_RANKS} ranks x {BIG_STEPS} steps in {time.perf_counter() - started:.1f} s")
+    assert_rendered(app)
+    z, steps, rows = heat(app)
+    assert z.shape == (BIG_RANKS, BIG_STEPS)
+    slow = rows.index(f"rank {BIG_SLOW}")
+    onset = np.asarray(steps) >= BIG_ONSET + 2
+    assert (z[:, onset].argmax(axis=0) == slow).all()
+    assert (z[slow, onset] > 1.2).all()
+    others = np.delete(z, slow, axis=0)
+    assert np.nanquantile(np.abs(others - 1), 0.999) < 0.1
+    assert np.abs(z[slow, np.asarray(steps) < BIG_ONSET] - 1).max() < 0.1
+    assert len(chart(app, "rank_heatmap")["layout"]["shapes"]) == BIG_RANKS // 8 - 1 + 3  # hosts, then stages
+    [blamed] = from_store(big, "SELECT ranks FROM findings WHERE kind = 'straggler' AND severity <> 'info'")["ranks"]
+    assert list(blamed) == [BIG_SLOW]  # and a slower last stage, as info
+    bars = chart(app, "phase_breakdown")["data"][0]["x"]
+    assert f"rank {BIG_SLOW}*" in bars and len(bars) == PHASE_RANKS + 1  # its median over the window is not slow yet
+
+
+def test_a_rewound_runs_first_timeline_stays_viewable(served: Path) -> None:
+    app = open_page("ranks", run=REWIND)
+    spans = from_store(served / REWIND, "SELECT timeline, first_step, last_step FROM timelines ORDER BY timeline")
+    assert list(spans["timeline"]) == [0, 1]
+    picker = app.selectbox(key="rank_timeline")
+    assert picker.value == 1
+    _, steps, _ = heat(app)
+    assert min(steps) == spans["first_step"][1]
+    app = picker.select(0).run()
+    assert_rendered(app)
+    _, steps, _ = heat(app)
+    assert (min(steps), max(steps)) == (spans["first_step"][0], spans["last_step"][0])
+    assert "Straggler incidents on timeline 0" in texts(app)
+
+
+def test_a_run_without_phase_times_says_so(tmp_path: Path) -> None:
+    csv = tmp_path / "steps.csv"
+    rows = [f"{s},,2.5,\n{s},0,,1.0\n{s},1,,1.1\n" for s in range(1, 21)]
+    csv.write_text("step,rank,loss,step_time\n" + "".join(rows))
+    import_csv(csv, tmp_path / "imported")
+    serve(tmp_path / "imported")
+    app = open_page("ranks")
+    assert_rendered(app)
+    assert chart_keys(app) == ["rank_heatmap"]
+    assert NO_PHASES in texts(app)
+    assert app.radio(key="rank_phase").options == ["step"]
+    z, _, _ = heat(app)
+    assert z[1] == pytest.approx(1.1 / 1.05, rel=1e-3)  # no topology: against every rank

@@ -1,19 +1,35 @@
-"""Ranks: where a slow or sick rank sits, what its step is spent on, and what stragglers cost the job."""
+"""Ranks: which rank is slow against its peers, what its step is spent on, and what stragglers cost the job."""
 
 from __future__ import annotations
 
 import json
 
+import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import figures, summaries
+from bedside.app.dashboard import rank_view
 from bedside.app.dashboard.common import current_run
 
 HEATMAP_COLUMNS = 400
 RECENT_STEPS = 200
+TIME_COLUMNS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
 
 data = current_run()
 st.title(f"{data.name}: ranks")
+
+
+def pick_timeline(timelines: pd.DataFrame) -> pd.Series:
+    """The timeline to show, the live one unless the viewer picks another (a rewound one keeps its history)."""
+    numbers = timelines["timeline"].tolist()
+    if len(numbers) == 1:
+        return timelines.iloc[0]
+    spans = {
+        int(t.timeline): f"timeline {t.timeline} (steps {t.first_step}-{t.last_step})" for t in timelines.itertuples()
+    }
+    chosen = st.selectbox(
+        "Timeline", numbers, index=len(numbers) - 1, format_func=lambda t: spans[t], key="rank_timeline"
+    )
+    return timelines[timelines["timeline"] == chosen].iloc[0]
 
 
 @st.fragment(run_every=data.refresh_s)
@@ -22,32 +38,57 @@ def ranks() -> None:
     if timelines.empty:
         st.info("No steps yet.")
         return
-    timeline = int(timelines["timeline"].max())
-    last = int(timelines["last_step"].max())
-    bucket = max(1, -(-(last + 1) // HEATMAP_COLUMNS))
-    order = data.frame("rank_order")["rank"].tolist()
-    heat = data.frame("rank_heatmap", bucket=bucket, timeline=timeline)
-    st.plotly_chart(figures.rank_heatmap(heat, order), key="rank_heatmap")
-    st.caption(
-        f"timeline {timeline}; each column is the slowest step of {bucket} step(s); rows by host, then "
-        "pipeline, tensor and data coordinates"
-    )
+    shown = pick_timeline(timelines)
+    timeline = int(shown["timeline"])
     phases = data.frame("rank_phases", timeline=timeline, steps=RECENT_STEPS)
-    table = summaries.slowdowns(phases)
-    st.subheader(f"Slowdown (median of the last {RECENT_STEPS} steps)")
+    reported = rank_view.reported_phases(phases)
+    phase = st.radio("Colour by", [*reported, "step"], horizontal=True, key="rank_phase")
+    heatmap(timeline, int(shown["last_step"]), phase)
+    stragglers = rank_view.straggler_incidents(data.frame("incidents"), timeline)
+    flagged = rank_view.flagged_ranks(blamed(stragglers))
+    slowdown_table(phases)
+    if reported:
+        st.plotly_chart(
+            rank_view.phase_breakdown(rank_view.phase_ranks(phases, flagged), flagged), key="phase_breakdown"
+        )
+        if flagged:
+            st.caption("* flagged: named by an open straggler incident")
+    else:
+        st.info(rank_view.NO_PHASES)
+    straggler_list(stragglers, timeline)
+
+
+def heatmap(timeline: int, last: int, phase: str) -> None:
+    bucket = max(1, -(-(last + 1) // HEATMAP_COLUMNS))
+    cells = data.frame("rank_heatmap", bucket=bucket, timeline=timeline, phase=phase)
+    st.plotly_chart(rank_view.rank_heatmap(cells, data.frame("rank_order"), phase), key="rank_heatmap")
+    st.caption(
+        f"timeline {timeline}; each cell is a rank's {phase} time over the median of its peers' (same pipeline "
+        f"stage and TP index) at the same step, averaged over {bucket} step(s): 1 is typical, red slower. Rows by "
+        "host (thin lines), then pipeline stage (heavy lines), tensor and data coordinates."
+    )
+
+
+def blamed(stragglers: pd.DataFrame) -> pd.DataFrame:
+    """The findings of the unresolved straggler incidents."""
+    found = [data.frame("incident_findings", incident_id=i) for i in rank_view.unresolved(stragglers)]
+    return pd.concat(found) if found else pd.DataFrame(columns=["kind", "severity", "ranks"])
+
+
+def slowdown_table(phases: pd.DataFrame) -> None:
+    st.subheader(f"Slowdown against peers (median of the last {RECENT_STEPS} steps)")
+    times = {c: st.column_config.NumberColumn(c.replace("_ms", " (ms)"), format="%.1f") for c in TIME_COLUMNS}
+    ratios = {c: st.column_config.NumberColumn(format="%.2fx") for c in ("compute_slowdown", "data_slowdown")}
     st.dataframe(
-        table[["rank", "host", "dp", "tp", "pp", "compute_slowdown", "step_slowdown", "compute_time", "step_time"]],
+        phases[["rank", "host", "pp", "tp", "dp", "compute_slowdown", "data_slowdown", *TIME_COLUMNS]],
         hide_index=True,
         key="slowdowns",
-        column_config={
-            "compute_slowdown": st.column_config.NumberColumn(format="%.2fx"),
-            "step_slowdown": st.column_config.NumberColumn(format="%.2fx"),
-        },
+        column_config=times | ratios,
     )
-    st.plotly_chart(figures.phase_breakdown(phases), key="phase_breakdown")
-    stragglers = data.frame("incidents")
-    stragglers = stragglers[stragglers["kinds"].map(lambda kinds: "straggler" in list(kinds))]
-    st.subheader("Straggler incidents")
+
+
+def straggler_list(stragglers: pd.DataFrame, timeline: int) -> None:
+    st.subheader(f"Straggler incidents on timeline {timeline}")
     if stragglers.empty:
         st.caption("None.")
     for incident in stragglers.itertuples():

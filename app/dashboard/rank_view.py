@@ -1,0 +1,149 @@
+"""The Ranks page's figures and summaries (plain functions of query results, no Streamlit): a rank x step heatmap
+of each rank's phase time over its peers', the ranks whose phases are worth drawing, and their breakdown.
+
+In a synchronous job every rank's step takes as long as the slowest one's, so step time cannot point at a slow
+rank: its own phases can. A rank is compared with its peers, the ranks at its place (same pipeline stage and TP
+index), so a stage that is slower by design is not a straggler; a job-wide stall (an eval, a checkpoint) moves
+the peers' median with it and leaves every ratio near 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .figures import _layout
+
+PHASES = ("compute", "data", "comm", "optimizer")
+"""The phases a run may report (``<phase>_time`` in rank_step metrics), in the order the page offers them."""
+PHASE_COLORS = {"data": "#a78bfa", "compute": "#2563eb", "comm": "#f97316", "optimizer": "#10b981"}
+SPAN_QUANTILE = 0.995
+"""The colour scale spans this quantile of the cells' distance from 1: a few stalled cells do not set it."""
+MIN_SPAN, MAX_SPAN = 0.1, 1.0
+"""The colour scale is 1 +- span, the span clipped to these: noise stays pale, a 2x straggler deep red."""
+RANK_TICKS = 64
+"""Up to this many ranks the rows are labelled by rank; above, by host (at most ``HOST_TICKS`` labels)."""
+HOST_TICKS = 48
+ROW_PX, MIN_PLOT_PX, MAX_PLOT_PX = 14, 240, 680
+"""Rows of 14 px, the plot 240 to 680 px tall, yet never under 1 px per row (so that no row is dropped)."""
+NO_PHASES = "This run reports no phase times (data, compute, communication, optimizer): only its step times."
+PHASE_RANKS = 32
+"""The phase chart shows the ranks slowest in compute against their peers, this many, and every flagged rank."""
+
+
+def reported_phases(phases: pd.DataFrame) -> list[str]:
+    """The phases the run reports (a value on some rank), in ``PHASES`` order."""
+    return [p for p in PHASES if f"{p}_ms" in phases and phases[f"{p}_ms"].notna().any()]
+
+
+def colour_span(ratios: np.ndarray) -> float:
+    """How far from 1 the colour scale reaches: the ``SPAN_QUANTILE`` of the cells' distance, within limits."""
+    distance = np.abs(ratios[np.isfinite(ratios)] - 1)
+    span = float(np.quantile(distance, SPAN_QUANTILE)) if distance.size else MIN_SPAN
+    return min(max(span, MIN_SPAN), MAX_SPAN)
+
+
+def heat_grid(cells: pd.DataFrame, order: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+    """The ``rank_heatmap`` query's cells as a (rows, steps) array, its steps, and the rows' places (``rank_order``
+    rows; a rank missing from it goes last)."""
+    missing = np.setdiff1d(cells["rank"].unique(), order["rank"].to_numpy())
+    rows = pd.concat([order, pd.DataFrame({"rank": np.sort(missing)})], ignore_index=True)
+    steps = np.unique(cells["step"].to_numpy())
+    row_of = pd.Series(np.arange(len(rows)), index=rows["rank"].to_numpy())
+    grid = np.full((len(rows), len(steps)), np.nan, dtype=np.float32)
+    grid[row_of[cells["rank"]].to_numpy(), np.searchsorted(steps, cells["step"].to_numpy())] = cells["ratio"]
+    return grid, steps, rows
+
+
+def rank_heatmap(cells: pd.DataFrame, order: pd.DataFrame, phase: str) -> go.Figure:
+    """Each rank's ``phase`` time over its peers' (rows in ``order``: host, then mesh coordinates; columns: step
+    buckets) on a scale centred on 1, with a line between hosts and a heavier one between pipeline stages."""
+    grid, steps, rows = heat_grid(cells, order)
+    span = colour_span(grid)
+    labels = [f"rank {r}" for r in rows["rank"]]
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid,
+            x=steps,
+            y=labels,
+            zmin=1 - span,
+            zmax=1 + span,
+            colorscale="RdBu_r",
+            colorbar={"title": f"{phase} time<br>x peers'"},
+            hovertemplate=f"%{{y}}, step %{{x}}: %{{z:.2f}}x its peers' {phase} time<extra></extra>",
+        )
+    )
+    fig.update_layout(shapes=separators(rows))
+    fig.update_yaxes(autorange="reversed", **host_ticks(rows, labels))
+    fig.update_xaxes(title="step")
+    plot_px = max(min(max(ROW_PX * len(rows), MIN_PLOT_PX), MAX_PLOT_PX), len(rows))
+    return _layout(fig, f"{phase.capitalize()} time by rank, over its peers'", height=plot_px + 100)
+
+
+def separators(rows: pd.DataFrame) -> list[dict]:
+    """Lines across the heatmap where the host changes from one row to the next, heavier where the stage does."""
+    shapes = []
+    for column, width, colour in (("host", 0.5, "#94a3b8"), ("pp", 2, "#111827")):
+        if column not in rows or rows[column].isna().all():
+            continue
+        values = rows[column].astype(str).to_numpy()
+        for i in np.flatnonzero(values[1:] != values[:-1]) + 1:
+            shapes.append(_line(float(i) - 0.5, width, colour))
+    return shapes
+
+
+def _line(y: float, width: float, colour: str) -> dict:
+    return {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": y, "y1": y} | {
+        "line": {"width": width, "color": colour}
+    }
+
+
+def host_ticks(rows: pd.DataFrame, labels: list[str]) -> dict:
+    """Above ``RANK_TICKS`` rows, the y axis names the hosts at their first row (every k-th host when crowded)."""
+    if len(rows) <= RANK_TICKS or "host" not in rows or rows["host"].isna().all():
+        return {}
+    hosts = rows["host"].astype(str).to_numpy()
+    firsts = np.flatnonzero(np.r_[True, hosts[1:] != hosts[:-1]])
+    firsts = firsts[:: -(-len(firsts) // HOST_TICKS)]
+    return {"tickmode": "array", "tickvals": [labels[i] for i in firsts], "ticktext": list(hosts[firsts])}
+
+
+def straggler_incidents(incidents: pd.DataFrame, timeline: int) -> pd.DataFrame:
+    """The straggler incidents of ``timeline`` (the ``incidents`` query's rows)."""
+    return incidents[(incidents["timeline"] == timeline) & incidents["kinds"].map(lambda kinds: "straggler" in kinds)]
+
+
+def unresolved(stragglers: pd.DataFrame) -> list[str]:
+    """The ids of the incidents of ``stragglers`` not yet resolved."""
+    return stragglers.loc[stragglers["status"] != "resolved", "incident_id"].tolist()
+
+
+def flagged_ranks(findings: pd.DataFrame) -> list[int]:
+    """The ranks that straggler ``findings`` blame: a warning or worse (not a slower stage or a contended machine,
+    which the detector reports as info about every rank of the position)."""
+    blamed = findings[(findings["kind"] == "straggler") & (findings["severity"] != "info")]
+    return sorted({int(r) for ranks in blamed["ranks"] for r in ranks})
+
+
+def phase_ranks(phases: pd.DataFrame, flagged: Iterable[int], top: int = PHASE_RANKS) -> pd.DataFrame:
+    """The ``top`` ranks slowest in compute against their peers and every flagged rank, slowest first (the
+    ``rank_phases`` query's rows, already in that order)."""
+    shown = phases.head(top)
+    extra = phases[phases["rank"].isin(list(flagged)) & ~phases["rank"].isin(shown["rank"])]
+    return pd.concat([shown, extra]).sort_values("compute_slowdown", ascending=False, na_position="last", kind="stable")
+
+
+def phase_breakdown(shown: pd.DataFrame, flagged: Iterable[int] = ()) -> go.Figure:
+    """Each shown rank's median time per phase, stacked; a flagged rank's label ends in ``*``."""
+    marked = set(flagged)
+    labels = [f"rank {r}*" if r in marked else f"rank {r}" for r in shown["rank"]]
+    fig = go.Figure()
+    for phase in reported_phases(shown):
+        fig.add_trace(go.Bar(x=labels, y=shown[f"{phase}_ms"], name=phase, marker_color=PHASE_COLORS[phase]))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(title="median ms per step")
+    return _layout(fig, "Where each rank's step goes (slowest compute against its peers first)")
