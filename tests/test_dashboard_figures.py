@@ -9,15 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bedside.app.dashboard.curves import eval_vs_compute, training_curves
 from bedside.app.dashboard.figures import (
     FADED,
     MAX_POINTS,
     SEVERITY_COLORS,
     downsample_minmax,
-    eval_vs_compute,
     incident_window,
     rank_heatmap,
-    training_curves,
 )
 from bedside.app.dashboard.summaries import (
     MIN_EVALS_FOR_BAND,
@@ -103,6 +102,8 @@ def two_timelines(abandoned_to: int = 100, rewound_to: int = 60, last: int = 150
 
 INCIDENTS = pd.DataFrame(
     {
+        "title": ["loss spike", "straggler", "non-finite"],
+        "timeline": 0,
         "start_step": [30, 40, 80],
         "end_step": [35, 140, 95],
         "severity": ["warning", "warning", "critical"],
@@ -122,7 +123,8 @@ ACTIONS = pd.DataFrame(
 def test_training_curves_draw_each_timeline_of_each_metric_with_the_abandoned_one_faded() -> None:
     steps = two_timelines()
     fig = training_curves(steps, INCIDENTS.iloc[:0], ACTIONS.iloc[:0])
-    assert [a.text for a in fig.layout.annotations] == ["loss", "grad_norm", "lr"]  # one subplot each
+    titles = [fig.layout[f"yaxis{n or ''}"].title.text for n in ("", 2, 3)]
+    assert titles == ["train loss", "gradient norm (L2)", "learning rate"]  # one subplot each
     lines = {(trace.yaxis, trace.name): trace for trace in fig.data}
     assert sorted(lines) == sorted((axis, f"timeline {t}") for axis in ("y", "y2", "y3") for t in (0, 1))
     for (axis, name), trace in lines.items():
@@ -142,13 +144,15 @@ def test_training_curves_shade_the_incidents_about_the_numbers_and_mark_applied_
         assert sorted(s.x0 for s in shapes if s.type == "line") == [60, 120]
     marks = sorted((a.x, a.text) for a in fig.layout.annotations if a.xref == "x")
     assert marks == [(60, "rewind"), (120, "skip")]  # not the quarantine, nor what was rejected or not yet applied
+    marked = {t.name: list(t.x) for t in fig.data if t.mode == "markers"}
+    assert marked == {"warning incident": [30], "critical incident": [80]}  # where each began, in the top panel
 
 
 def test_training_curves_leave_out_a_metric_the_run_does_not_log() -> None:
     steps = two_timelines().assign(lr=np.nan)
     fig = training_curves(steps, INCIDENTS.iloc[:0], ACTIONS.iloc[:0])
-    assert [a.text for a in fig.layout.annotations] == ["loss", "grad_norm"]
-    assert {trace.yaxis for trace in fig.data} == {"y", "y2"}
+    assert (fig.layout.yaxis.title.text, fig.layout.yaxis2.title.text) == ("train loss", "gradient norm (L2)")
+    assert {trace.yaxis for trace in fig.data} == {"y", "y2"} and "yaxis3" not in fig.layout
 
 
 def test_training_curves_of_a_long_run_stay_within_max_points_a_line() -> None:
@@ -364,7 +368,7 @@ PROGRESS = pd.DataFrame(
     }
 )
 GOOD_CHECKPOINT = pd.DataFrame({"checkpoint_time": [1_796_000_000.0]})
-OPEN = pd.DataFrame({"severity": ["critical", "warning"], "incidents": [1, 3]})
+OPEN = pd.DataFrame({"severity": ["critical", "warning"], "incidents": [1, 3], "acknowledged": [0, 2]})
 
 
 def test_tiles_compute_mfu_from_the_flops_rate_the_ranks_and_their_peak() -> None:
@@ -372,7 +376,7 @@ def test_tiles_compute_mfu_from_the_flops_rate_the_ranks_and_their_peak() -> Non
     assert t.mfu == pytest.approx(2e12 / (8 * 1e12))
     assert (t.status, t.step, t.timeline, t.tokens, t.flops, t.tokens_per_s) == ("live", 1234, 1, 5e9, 3e19, 2e5)
     assert t.since_checkpoint_s == pytest.approx(600.0)
-    assert t.open_incidents == {"critical": 1, "warning": 3}
+    assert (t.open_incidents, t.acknowledged) == ({"critical": 1, "warning": 3}, 2)
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,32 @@ def test_the_evidence_charts_have_axis_titles_and_whole_step_ticks(served: Path)
     layout = chart(app, "incident_evidence")["layout"]
     titles = {name: axis.get("title", {}).get("text") for name, axis in layout.items() if name[1:5] == "axis"}
     assert titles["yaxis"] == "loss" and titles["yaxis2"] == "gradient norm"
-    assert titles["yaxis3"] == "step time (s)" and "step" in titles.values()
+    assert titles["yaxis3"] == "compute time (s)" and "step" in titles.values()
     assert {layout[a]["tickformat"] for a in layout if a.startswith("xaxis")} == {"d"}
     assert np.all([layout[a]["tickformat"] == ".3~g" for a in layout if a.startswith("yaxis")])
+
+
+def test_the_straggler_evidence_plots_each_rank_s_compute_time_where_the_slow_ranks_stand_out(served: Path) -> None:
+    """A synchronous job's step time is the same on every rank: only compute time shows the straggler."""
+    app = open_page("incidents", run=WIDE)
+    [straggler] = [i for i in table(app, "id")["id"] if i.startswith("straggler@")]
+    app.selectbox(key="incident").set_value(straggler).run()
+    assert_rendered(app)
+    [[first, last]] = from_store(
+        served / WIDE, "SELECT start_step - 30, end_step + 30 FROM incidents WHERE incident_id = ?", straggler
+    ).values
+    times = from_store(
+        served / WIDE,
+        "SELECT rank, step, compute_time, step_time FROM rank_step_metrics WHERE step BETWEEN ? AND ? "
+        "ORDER BY rank, step",
+        int(first),
+        int(last),
+    )
+    drawn = {t.get("name"): t for t in chart(app, "incident_evidence")["data"]}
+    for rank in SLOW:
+        mine = times[times["rank"] == rank]
+        np.testing.assert_allclose(drawn[f"rank {rank}"]["y"], mine["compute_time"])
+    others = times[~times["rank"].isin(SLOW)].groupby("step")["compute_time"].median()
+    np.testing.assert_allclose(drawn["their median"]["y"], others)
+    slow = times[times["rank"].isin(SLOW) & (times["step"] >= 70)]["compute_time"].median()
+    assert slow > 1.5 * others[others.index >= 70].median()  # twice as slow, where step time would not show it

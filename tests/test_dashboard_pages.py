@@ -124,14 +124,15 @@ def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(ser
     figure = chart(open_page("overview", run=REWIND), "training_curves")
     lines = {(t["yaxis"], t["name"]): t for t in figure["data"]}
     assert sorted({name for _, name in lines}) == ["timeline 0", "timeline 1"]
-    assert len(lines) == 6  # loss, gradient norm and LR, each timeline a line
+    panels = {axis for axis, _ in lines}
+    assert len(panels) == 5 and len(lines) == 10  # loss, gradient norm, LR, throughput, step time: a line a timeline
     assert {t["opacity"] for (_, name), t in lines.items() if name == "timeline 0"} == {FADED}
     assert {t["opacity"] for (_, name), t in lines.items() if name == "timeline 1"} == {1.0}
     [[rewound_at]] = from_store(
         served / REWIND, "SELECT step FROM action_events WHERE action = 'rewind' AND status = 'applied'"
     ).values
     marks = [s for s in figure["layout"]["shapes"] if s["type"] == "line"]
-    assert len(marks) == 3 and {s["x0"] for s in marks} == {rewound_at}
+    assert len(marks) == len(panels) and {s["x0"] for s in marks} == {rewound_at}
     assert {a["text"] for a in figure["layout"]["annotations"] if a["xref"].startswith("x")} == {"rewind"}
 
 

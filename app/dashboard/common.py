@@ -169,11 +169,30 @@ def since(timestamp: float | None) -> str:
     return age(None if timestamp is None or pd.isna(timestamp) else time.time() - timestamp)
 
 
+SI_PREFIXES = (
+    ("Q", 1e30), ("R", 1e27), ("Y", 1e24), ("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6),
+    ("k", 1e3),
+)  # fmt: skip
+SCIENTIFIC_FROM = 1e33
+"""Past quetta a number reads in scientific notation."""
+
+
 def number(value: float | None, unit: str = "") -> str:
-    """A large number with an SI prefix: 1.36e11 -> 136 G."""
+    """A number in three digits with an SI prefix, up to quetta: 1.36e11 -> 136 G, 5.28e20 -> 528 E; scientific
+    past 1e33 ("4.2e+35"). The prefix is chosen after rounding, so 999.96e3 reads 1 M, not 1e+03 k."""
     if value is None or pd.isna(value):
         return "–"
-    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= size:
+    shown = abs(float(f"{value:.3g}"))
+    if shown >= SCIENTIFIC_FROM or not math.isfinite(shown):
+        return f"{value:.3g} {unit}".strip()
+    for prefix, size in SI_PREFIXES:
+        if shown >= size:
             return f"{value / size:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}".strip()
+
+
+def as_of(timestamp: float | None, now: float) -> str:
+    """How fresh a page's data is: the newest record's wall-clock time and its age."""
+    if timestamp is None or pd.isna(timestamp):
+        return "No records yet."
+    return f"Data as of {clock(timestamp)} ({age(now - timestamp)} ago)"

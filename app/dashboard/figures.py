@@ -6,18 +6,15 @@ keeps its lowest and highest value, so a one-step spike stays visible at any zoo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from bedside.detectors.incidents import family_of
-
 MAX_POINTS = 2000
 RANK_LINES = 16
 """The most ranks drawn as lines of their own; the rest share a band."""
+RANK_TIMES = {"compute_time": "compute time", "step_time": "step time"}
 SEVERITY_COLORS = {"info": "#3b82f6", "warning": "#f59e0b", "critical": "#dc2626"}
 PHASES = ("data_time", "compute_time", "comm_time", "optimizer_time")
 PHASE_COLORS = {"data_time": "#a78bfa", "compute_time": "#2563eb", "comm_time": "#f97316", "optimizer_time": "#10b981"}
@@ -52,124 +49,6 @@ def downsample_minmax(frame: pd.DataFrame, x: str, y: str, max_points: int = MAX
     kept.update(shown.loc[grouped.idxmin(), "row"].tolist())
     kept.update(shown.loc[grouped.idxmax(), "row"].tolist())
     return frame.iloc[sorted(kept)].reset_index(drop=True)
-
-
-def eval_vs_compute(
-    evals: pd.DataFrame, metric: str, band: pd.DataFrame | None = None, incidents: pd.DataFrame | None = None
-) -> go.Figure:
-    """Held-out ``metric`` against cumulative FLOPs (log x), one line per timeline, the live one in front.
-
-    ``band``: columns ``cum_flops``, ``low``, ``center``, ``high`` (the detectors' forecast);
-    ``incidents``: columns ``cum_flops``, ``value``, ``severity``, ``label``, drawn as markers.
-    """
-    fig = go.Figure()
-    shown = evals[evals["name"] == metric].dropna(subset=["cum_flops"])
-    if band is not None and not band.empty:
-        fig.add_trace(
-            go.Scatter(
-                x=band["cum_flops"], y=band["high"], mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=band["cum_flops"],
-                y=band["low"],
-                mode="lines",
-                line={"width": 0},
-                fill="tonexty",
-                fillcolor="rgba(100,116,139,0.18)",
-                name="forecast band",
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=band["cum_flops"],
-                y=band["center"],
-                mode="lines",
-                name="forecast",
-                line={"dash": "dot", "color": "#64748b"},
-            )
-        )
-    live = shown["timeline"].max() if not shown.empty else None
-    for timeline, points in shown.groupby("timeline"):
-        fig.add_trace(
-            go.Scatter(
-                x=points["cum_flops"],
-                y=points["value"],
-                mode="lines+markers",
-                name=f"timeline {timeline}",
-                opacity=1.0 if timeline == live else FADED,
-                customdata=points["step"],
-                hovertemplate="step %{customdata}<br>%{x:.3g} FLOPs<br>" + metric + " %{y:.4g}<extra></extra>",
-            )
-        )
-    for severity, marks in (incidents if incidents is not None else pd.DataFrame(columns=["severity"])).groupby(
-        "severity"
-    ):
-        fig.add_trace(
-            go.Scatter(
-                x=marks["cum_flops"],
-                y=marks["value"],
-                mode="markers",
-                name=f"{severity} incident",
-                marker={"symbol": "x", "size": 12, "color": SEVERITY_COLORS.get(severity)},
-                text=marks["label"],
-                hovertemplate="%{text}<extra></extra>",
-            )
-        )
-    fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI")
-    fig.update_yaxes(title=f"held-out {metric}")
-    return _layout(fig, "Held-out eval against compute")
-
-
-def training_curves(steps: pd.DataFrame, incidents: pd.DataFrame, actions: pd.DataFrame) -> go.Figure:
-    """Loss, gradient norm and LR against step, each timeline a line (abandoned ones faded), with the windows
-    of incidents about the training's numbers shaded by severity and applied rewinds and skips marked."""
-    metrics = [m for m in ("loss", "grad_norm", "lr") if m in steps and steps[m].notna().any()]
-    fig = make_subplots(
-        rows=max(1, len(metrics)), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=metrics
-    )
-    live = steps["timeline"].max() if not steps.empty else None
-    for row, metric in enumerate(metrics, start=1):
-        for timeline, series in steps.groupby("timeline"):
-            points = downsample_minmax(series[["step", metric]], "step", metric)
-            fig.add_trace(
-                go.Scatter(
-                    x=points["step"],
-                    y=points[metric],
-                    mode="lines",
-                    name=f"timeline {timeline}",
-                    legendgroup=str(timeline),
-                    showlegend=row == 1,
-                    opacity=1.0 if timeline == live else FADED,
-                ),
-                row=row,
-                col=1,
-            )
-    for incident in incidents[incidents["kinds"].map(_about_training)].itertuples():
-        fig.add_vrect(
-            x0=incident.start_step - 0.5,
-            x1=incident.end_step + 0.5,
-            line_width=0,
-            opacity=0.15,
-            fillcolor=SEVERITY_COLORS.get(incident.severity, "#94a3b8"),
-        )
-    for action in actions.itertuples():
-        if action.status == "applied" and action.action in ("rewind", "skip") and pd.notna(action.step):
-            fig.add_vline(
-                x=float(action.step),
-                line_dash="dash",
-                line_color="#7c3aed",
-                annotation_text=action.action,
-                annotation_position="top left",
-            )
-    fig.update_xaxes(title="step", row=max(1, len(metrics)), col=1)
-    return _layout(fig, "Training", height=180 + 170 * len(metrics))
-
-
-def _about_training(kinds: Iterable[str]) -> bool:
-    """Whether an incident concerns the numbers being trained (not only the speed of the job)."""
-    return any(family_of(kind) != "performance" for kind in list(kinds))
 
 
 def rank_heatmap(times: pd.DataFrame, order: list[int]) -> go.Figure:
@@ -213,18 +92,20 @@ def phase_breakdown(phases: pd.DataFrame, top: int = 64) -> go.Figure:
 def incident_window(
     window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: int, focus: tuple[int, ...] = ()
 ) -> go.Figure:
-    """An incident's evidence: the training curves around it and, when ranks are involved, their step times.
+    """An incident's evidence: the training curves around it and, when ranks are involved, each rank's compute
+    time (``rank_time``: a synchronous job's step time is the same on every rank, the straggler's included).
 
     The incident's own ranks (``focus``) are drawn as lines; with more than ``RANK_LINES`` ranks
     in all, the others are one band (min to max, with the median), so 1,024 ranks stay readable.
     """
     rows = 2 if not ranks.empty else 1
+    timed = rank_time(ranks)
     fig = make_subplots(
         rows=rows,
         cols=1,
         shared_xaxes=True,
         vertical_spacing=0.08,
-        subplot_titles=["loss and gradient norm", "step time by rank"][:rows],
+        subplot_titles=["loss and gradient norm", f"{RANK_TIMES[timed]} by rank"][:rows],
         specs=[[{"secondary_y": True}]] + [[{}]] * (rows - 1),
     )
     fig.add_trace(go.Scatter(x=window["step"], y=window["loss"], name="loss", mode="lines+markers"), row=1, col=1)
@@ -235,13 +116,18 @@ def incident_window(
         secondary_y=True,
     )
     if not ranks.empty:  # a job-level incident has no ranks
-        _rank_lines(fig, ranks, focus)
+        _rank_lines(fig, ranks, focus, timed)
     fig.add_vrect(x0=start - 0.5, x1=end + 0.5, line_width=0, fillcolor="#f59e0b", opacity=0.15)
-    _evidence_axes(fig, rows)
+    _evidence_axes(fig, rows, timed)
     return _layout(fig, "Evidence", height=300 * rows)
 
 
-def _evidence_axes(fig: go.Figure, rows: int) -> None:
+def rank_time(ranks: pd.DataFrame) -> str:
+    """The per-rank time an incident's evidence plots: compute time, else step time for a run without phases."""
+    return "compute_time" if "compute_time" in ranks and ranks["compute_time"].notna().any() else "step_time"
+
+
+def _evidence_axes(fig: go.Figure, rows: int, timed: str) -> None:
     """Axis titles with units, whole steps on x (no "1.2k") and short numbers on y (no "2.3456")."""
     fig.update_xaxes(tickformat="d", showticklabels=True)
     fig.update_xaxes(title="step", row=rows, col=1)
@@ -249,15 +135,15 @@ def _evidence_axes(fig: go.Figure, rows: int) -> None:
     fig.update_yaxes(title="loss", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title="gradient norm", row=1, col=1, secondary_y=True, showgrid=False)
     if rows > 1:
-        fig.update_yaxes(title="step time (s)", row=2, col=1)
+        fig.update_yaxes(title=f"{RANK_TIMES[timed]} (s)", row=2, col=1)
 
 
-def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...]) -> None:
+def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...], timed: str) -> None:
     everyone = ranks["rank"].nunique()
     lined = set(ranks["rank"]) if everyone <= RANK_LINES else set(focus[:RANK_LINES])
     others = ranks[~ranks["rank"].isin(lined)]
     if not others.empty:
-        band = others.groupby("step")["step_time"].agg(["min", "median", "max"]).reset_index()
+        band = others.groupby("step")[timed].agg(["min", "median", "max"]).reset_index()
         fig.add_trace(
             go.Scatter(
                 x=band["step"], y=band["max"], mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"
@@ -291,7 +177,14 @@ def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...]) -> 
         )
     for rank, series in ranks[ranks["rank"].isin(lined)].groupby("rank"):
         fig.add_trace(
-            go.Scatter(x=series["step"], y=series["step_time"], name=f"rank {rank}", mode="lines", legendgroup="ranks"),
+            go.Scatter(
+                x=series["step"],
+                y=series[timed],
+                name=f"rank {rank}",
+                mode="lines",
+                legendgroup="ranks",
+                hovertemplate=f"rank {rank}, step %{{x}}: %{{y:.3g}} s<extra></extra>",
+            ),
             row=2,
             col=1,
         )

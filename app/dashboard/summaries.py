@@ -32,6 +32,8 @@ class Tiles:
     mfu: float | None
     since_checkpoint_s: float | None
     open_incidents: dict[str, int]
+    """Unresolved incidents by severity; ``acknowledged`` of them are taken on."""
+    acknowledged: int
 
 
 def tiles(
@@ -58,6 +60,7 @@ def tiles(
         mfu=mfu,
         since_checkpoint_s=now - last_good if last_good else None,
         open_incidents={str(s): int(n) for s, n in zip(open_incidents["severity"], open_incidents["incidents"])},
+        acknowledged=int(open_incidents["acknowledged"].sum()),
     )
 
 

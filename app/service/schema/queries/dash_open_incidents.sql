@@ -1,2 +1,3 @@
--- Dashboard: incidents not yet resolved, by severity.
-SELECT severity, count(*) AS incidents FROM incidents WHERE status <> 'resolved' GROUP BY severity;
+-- Dashboard: incidents not yet resolved, by severity, and how many of them are acknowledged.
+SELECT severity, count(*) AS incidents, count(*) FILTER (WHERE status = 'acknowledged') AS acknowledged
+FROM incidents WHERE status <> 'resolved' GROUP BY severity;

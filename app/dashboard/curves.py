@@ -1,0 +1,286 @@
+"""The Overview's curves: the training curves against step and held-out eval against compute.
+
+A timeline keeps one colour in every panel and in the legend (``timeline_color``), the live one drawn in front
+and the abandoned ones faded. An incident is shaded over its steps and marked where it began, and a NaN or
+infinite value is marked where its line breaks, so that one step stays visible on an axis of thousands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from bedside.detectors.incidents import family_of
+
+from .figures import FADED, SEVERITY_COLORS, _layout, downsample_minmax
+
+TIMELINE_COLORS = ("#1f77b4", "#9467bd", "#2ca02c", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
+"""No red, orange or amber: those are the severities'."""
+RAW_FADED = 0.3
+"""How much of its timeline's opacity the raw line behind a smoothed one keeps."""
+NONFINITE_COLOR = SEVERITY_COLORS["critical"]
+RANGE_PAD = 0.08
+"""The margin above and below the data's span on the eval chart's y axis."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One row of the training curves: a ``dash_steps`` column, its axis title with units, and whether the log-y
+    and smoothing toggles apply to it."""
+
+    column: str
+    title: str
+    log: bool
+    smooth: bool
+
+
+PANELS = (
+    Panel("loss", "train loss", log=True, smooth=True),
+    Panel("grad_norm", "gradient norm (L2)", log=True, smooth=True),
+    Panel("lr", "learning rate", log=True, smooth=False),
+    Panel("tokens_per_s", "throughput (tokens/s)", log=False, smooth=True),
+    Panel("step_s", "step time (s)", log=False, smooth=True),
+)
+
+
+def timeline_color(timeline: int) -> str:
+    """The one colour a timeline has in every chart."""
+    return TIMELINE_COLORS[int(timeline) % len(TIMELINE_COLORS)]
+
+
+def smoothed(values: pd.Series, weight: float) -> pd.Series:
+    """TensorBoard's smoothing: an exponential moving average with ``weight`` on the past, debiased at the start.
+    Values that are not finite are skipped and stay gaps."""
+    finite = values.where(np.isfinite(values))
+    if weight <= 0:
+        return finite
+    return finite.ewm(alpha=1.0 - weight, adjust=True, ignore_na=True).mean().where(finite.notna())
+
+
+def training_curves(
+    steps: pd.DataFrame,
+    incidents: pd.DataFrame,
+    actions: pd.DataFrame,
+    *,
+    log_y: bool = False,
+    smoothing: float = 0.0,
+) -> go.Figure:
+    """Loss, gradient norm, LR, throughput and step time against step (the ``PANELS`` the run reports), each
+    timeline a line in its colour; incidents about the training's numbers shaded by severity and marked at their
+    first step, non-finite values marked, applied rewinds and skips drawn as lines.
+
+    ``steps``: the ``dash_steps`` columns (``nonfinite``, the metrics that were NaN or infinite, is optional);
+    ``log_y``: log scale on the panels that allow it; ``smoothing``: the EMA weight (0: raw lines only).
+    """
+    panels = [p for p in PANELS if p.column in steps and steps[p.column].notna().any()]
+    fig = make_subplots(rows=max(1, len(panels)), cols=1, shared_xaxes=True, vertical_spacing=0.025)
+    live = steps["timeline"].max() if not steps.empty else None
+    for row, panel in enumerate(panels, start=1):
+        for timeline, series in steps.groupby("timeline"):
+            opacity = 1.0 if timeline == live else FADED
+            _timeline_lines(fig, series, panel, int(timeline), opacity, smoothing if panel.smooth else 0.0, row)
+        _nonfinite_marks(fig, steps, panel, row, first=row == 1)
+        fig.update_yaxes(title=panel.title, type="log" if log_y and panel.log else "linear", row=row, col=1)
+    about = incidents[incidents["kinds"].map(_about_training)]
+    _shade_incidents(fig, about)
+    if panels:
+        _mark_incidents(fig, steps, about, panels[0].column)
+    _mark_actions(fig, actions)
+    fig.update_xaxes(title="step", row=max(1, len(panels)), col=1)
+    return _layout(fig, "Training", height=160 + 150 * len(panels))
+
+
+def _timeline_lines(
+    fig: go.Figure, series: pd.DataFrame, panel: Panel, timeline: int, opacity: float, smoothing: float, row: int
+) -> None:
+    """One timeline's line in one panel (one legend entry per timeline, which shows or hides it in every panel);
+    when smoothed, the raw line stays faint behind it."""
+    style = {"legendgroup": f"timeline {timeline}", "line": {"color": timeline_color(timeline)}, "mode": "lines"}
+    values = series[["step"]].assign(value=smoothed(series[panel.column], 0.0))
+    if smoothing > 0:
+        raw = downsample_minmax(values, "step", "value")
+        faint = {"name": f"timeline {timeline} raw", "opacity": opacity * RAW_FADED, "showlegend": False}
+        fig.add_trace(go.Scatter(x=raw["step"], y=raw["value"], hoverinfo="skip", **faint, **style), row=row, col=1)
+        values = values.assign(value=smoothed(series[panel.column], smoothing))
+    points = downsample_minmax(values, "step", "value")
+    front = {"name": f"timeline {timeline}", "opacity": opacity, "showlegend": row == 1}
+    fig.add_trace(go.Scatter(x=points["step"], y=points["value"], **front, **style), row=row, col=1)
+
+
+def _nonfinite_marks(fig: go.Figure, steps: pd.DataFrame, panel: Panel, row: int, *, first: bool) -> None:
+    """A red cross at each step whose value was NaN or infinite, at the height of the last finite value before it
+    (the line itself has a gap there, which at thousands of steps no one sees)."""
+    if "nonfinite" not in steps:
+        return
+    marks = []
+    for timeline, series in steps.groupby("timeline"):
+        height = series[panel.column].where(np.isfinite(series[panel.column])).ffill().bfill()
+        bad = series["nonfinite"].map(lambda names: panel.column in list(names))
+        for step, value, y in zip(series.loc[bad, "step"], series.loc[bad, panel.column], height[bad]):
+            marks.append((step, y, f"timeline {timeline}, step {step}: {panel.title} {value}"))
+    if not marks:
+        return
+    x, y, text = zip(*marks)
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=y,
+            mode="markers",
+            name="non-finite value",
+            legendgroup="nonfinite",
+            showlegend=first,
+            marker={"symbol": "x", "size": 11, "color": NONFINITE_COLOR, "line": {"width": 1, "color": "white"}},
+            text=text,
+            hovertemplate="%{text}<extra></extra>",
+        ),
+        row=row,
+        col=1,
+    )
+
+
+def _shade_incidents(fig: go.Figure, incidents: pd.DataFrame) -> None:
+    for incident in incidents.itertuples():
+        fig.add_vrect(
+            x0=incident.start_step - 0.5,
+            x1=incident.end_step + 0.5,
+            line_width=0,
+            opacity=0.15,
+            fillcolor=SEVERITY_COLORS.get(incident.severity, "#94a3b8"),
+        )
+
+
+def _mark_incidents(fig: go.Figure, steps: pd.DataFrame, incidents: pd.DataFrame, column: str) -> None:
+    """A triangle in the top panel at each incident's first step, on the curve of its timeline, by severity."""
+    placed = []
+    for incident in incidents.itertuples():
+        series = steps[steps["timeline"] == incident.timeline]
+        finite = series[np.isfinite(series[column])]
+        if finite.empty:
+            continue
+        y = float(np.interp(incident.start_step, finite["step"], finite[column]))
+        steps_text = f"step {incident.start_step}" + (
+            f"-{incident.end_step}" if incident.end_step != incident.start_step else ""
+        )
+        placed.append((incident.severity, incident.start_step, y, f"{incident.title} ({steps_text})"))
+    for severity, marks in pd.DataFrame(placed, columns=["severity", "step", "y", "label"]).groupby("severity"):
+        fig.add_trace(
+            go.Scatter(
+                x=marks["step"],
+                y=marks["y"],
+                mode="markers",
+                name=f"{severity} incident",
+                marker={"symbol": "triangle-down", "size": 13, "color": SEVERITY_COLORS.get(severity)}
+                | {"line": {"width": 1, "color": "white"}},
+                text=marks["label"],
+                hovertemplate="%{text}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+
+
+def _mark_actions(fig: go.Figure, actions: pd.DataFrame) -> None:
+    for action in actions.itertuples():
+        if action.status == "applied" and action.action in ("rewind", "skip") and pd.notna(action.step):
+            fig.add_vline(
+                x=float(action.step),
+                line_dash="dash",
+                line_color="#7c3aed",
+                annotation_text=action.action,
+                annotation_position="top left",
+            )
+
+
+def _about_training(kinds: Iterable[str]) -> bool:
+    """Whether an incident concerns the numbers being trained (not only the speed of the job)."""
+    return any(family_of(kind) != "performance" for kind in list(kinds))
+
+
+def eval_vs_compute(
+    evals: pd.DataFrame, metric: str, band: pd.DataFrame | None = None, incidents: pd.DataFrame | None = None
+) -> go.Figure:
+    """Held-out ``metric`` against cumulative FLOPs (log x), one line per timeline in its colour, the live one in
+    front. The y range is the data's: the forecast band is clipped to it, so a band widened by a rewind's new
+    branch cannot squash the curves.
+
+    ``band``: columns ``cum_flops``, ``low``, ``center``, ``high`` (the detectors' forecast);
+    ``incidents``: columns ``cum_flops``, ``value``, ``severity``, ``label``, drawn as markers.
+    """
+    fig = go.Figure()
+    shown = evals[evals["name"] == metric].dropna(subset=["cum_flops"])
+    marks = incidents if incidents is not None else pd.DataFrame(columns=["cum_flops", "value", "severity"])
+    span = _data_range(pd.concat([shown["value"], marks["value"]]))
+    if band is not None and not band.empty:
+        _forecast(fig, band if span is None else band.assign(**band[["low", "center", "high"]].clip(*span)))
+    live = shown["timeline"].max() if not shown.empty else None
+    for timeline, points in shown.groupby("timeline"):
+        fig.add_trace(
+            go.Scatter(
+                x=points["cum_flops"],
+                y=points["value"],
+                mode="lines+markers",
+                name=f"timeline {timeline}",
+                line={"color": timeline_color(int(timeline))},
+                opacity=1.0 if timeline == live else FADED,
+                customdata=points["step"],
+                hovertemplate="step %{customdata}<br>%{x:.3s}FLOP<br>" + metric + " %{y:.4g}<extra></extra>",
+            )
+        )
+    for severity, placed in marks.groupby("severity"):
+        fig.add_trace(
+            go.Scatter(
+                x=placed["cum_flops"],
+                y=placed["value"],
+                mode="markers",
+                name=f"{severity} incident",
+                marker={"symbol": "x", "size": 12, "color": SEVERITY_COLORS.get(severity)},
+                text=placed["label"],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
+    fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI extended")
+    fig.update_yaxes(title=f"held-out {metric}", range=list(span) if span else None)
+    return _layout(fig, "Held-out eval against compute")
+
+
+def _data_range(values: pd.Series) -> tuple[float, float] | None:
+    """The span of the finite ``values`` with a margin of ``RANGE_PAD`` each side (None without any)."""
+    finite = values[np.isfinite(values.astype(float))].astype(float)
+    if finite.empty:
+        return None
+    low, high = float(finite.min()), float(finite.max())
+    pad = RANGE_PAD * (high - low) or RANGE_PAD * abs(high) or 1.0
+    return low - pad, high + pad
+
+
+def _forecast(fig: go.Figure, band: pd.DataFrame) -> None:
+    fig.add_trace(
+        go.Scatter(
+            x=band["cum_flops"], y=band["high"], mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=band["cum_flops"],
+            y=band["low"],
+            mode="lines",
+            line={"width": 0},
+            fill="tonexty",
+            fillcolor="rgba(100,116,139,0.18)",
+            name="forecast band",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=band["cum_flops"],
+            y=band["center"],
+            mode="lines",
+            name="forecast",
+            line={"dash": "dot", "color": "#64748b"},
+        )
+    )
