@@ -107,6 +107,18 @@ class Cusum:
         self.s[where] = 0.0
 
 
+def row_quantile(values: np.ndarray, q: float) -> np.ndarray:
+    """The ``q`` quantile of each row (numpy's linear interpolation), NaNs ignored (NaN for an empty row), as a
+    column (one sort, no Python loop)."""
+    ordered = np.sort(values, axis=1)  # NaNs last
+    last = np.maximum((~np.isnan(values)).sum(axis=1) - 1, 0)
+    at = q * last
+    below = np.floor(at).astype(int)
+    rows = np.arange(len(values))
+    lo, hi = ordered[rows, below], ordered[rows, np.minimum(below + 1, last)]
+    return (lo + (hi - lo) * (at - below))[:, None]
+
+
 def row_median(values: np.ndarray) -> np.ndarray:
     """Median of each row, NaNs ignored (NaN for an empty row), as a column (one sort, no Python loop)."""
     ordered = np.sort(values, axis=1)  # NaNs last

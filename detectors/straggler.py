@@ -29,9 +29,9 @@ on several hosts, is a stage imbalance; most of its host, a slow node. An episod
 when its ranks' mean ``z`` stays under ``k``: a recovery CUSUM ``R = max(0, R + k - mean z)``
 passes ``clear_h``. The warm-up is adaptive: a run that ends before ``warmup_steps`` (an
 imported trace of tens of steps) gets the peer verdict from the steps it has, with the
-standard error of each offset in the evidence. When the job's median work rose during an
-episode at least as much as the rank's own excess, the machine is contended: said so,
-as info, rather than blamed on the rank.
+standard error of each offset in the evidence. When the work of the job's fast ranks (its
+lower quartile) rose during an episode at least as much as the rank's own excess, the
+machine is contended: said so, as info, rather than blamed on the rank.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, NON_NEGATIVE, POSITIVE, Range, ranges
-from .robust import Cusum, mad_sigma, row_median
+from .robust import Cusum, mad_sigma, row_median, row_quantile
 from .telemetry import TelemetryBatch
 
 METRICS = ("step_time", "data_time", "compute_time", "comm_time")
@@ -61,6 +61,9 @@ IQR_TO_SIGMA = 1 / 1.349
 KNOTS = 257
 """Knots of the normal-score map."""
 MIN_VERDICT_STEPS = 8
+FAST_QUANTILE = 0.25
+"""The job's level is the work of its fast ranks, this quantile of the ranks' work: a contended machine slows them
+too, while a slow host holding half the job moves the median as far as its own excess but not them."""
 """A run shorter than the warm-up gets a verdict from this many steps on."""
 
 
@@ -226,9 +229,9 @@ class StragglerDetector(CrossRankDetector):
         self._episodes: list[_Episode] = []
         self._b, self._learned = np.zeros(0), np.zeros(0)  # offset, and how many steps it learned from
         self._run_start, self._run_timeline = np.zeros(0, int), np.zeros(0, int)  # where S last left 0
-        self._level_start = np.zeros(0)  # the job's log median work where S last left 0
+        self._level_start = np.zeros(0)  # the job's level (log work of its fast ranks) where S last left 0
         self._claimed, self._acc = np.zeros(0, bool), np.zeros((len(OBS), 0))  # in an episode; OBS sums
-        self._level, self._level_n = 0.0, 0  # running mean of the job's log median work
+        self._level, self._level_n = 0.0, 0  # running mean of the job's level
         self._cusum = Cusum(0, k=k, h=np.inf, clip=np.inf)  # h is set when the warm-up has counted the ranks
         self._placed: tuple[tuple[int, int], _Positions] | None = None
         self._z_scale = 1.0
@@ -287,6 +290,7 @@ class StragglerDetector(CrossRankDetector):
         log_work = np.log(work)
         d = log_work - row_median(log_work)
         median = row_median(work)
+        fast = row_quantile(work, FAST_QUANTILE)
         excess = {
             name: np.nan_to_num(full[f"{name}_time"] - row_median(full[f"{name}_time"]))
             for name in ("compute", "data", "comm")
@@ -301,15 +305,15 @@ class StragglerDetector(CrossRankDetector):
             "median": np.broadcast_to(median, d.shape),
             "phased": np.broadcast_to(phased, d.shape),
             "count": np.ones_like(d),
-            **dict(zip(("peer", "level"), map(np.nan_to_num, self._peer_ratios(log_work, np.log(median))))),
+            **dict(zip(("peer", "level"), map(np.nan_to_num, self._peer_ratios(log_work, np.log(fast))))),
         }
         obs = np.stack([np.where(valid, columns[name], 0.0) for name in OBS], axis=1)
         return d, obs
 
-    def _peer_ratios(self, log_work: np.ndarray, log_median: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _peer_ratios(self, log_work: np.ndarray, log_fast: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Log of each rank's work over the median of its peers' (the other ranks of its position; the other
-        ranks of the job for a rank alone in its position), and the log median work of the job: of the other
-        ranks when there are two (the median of two would move with the slow one)."""
+        ranks of the job for a rank alone in its position), and the job's level: ``log_fast``, the log work of its
+        fast ranks; of the other rank when there are two (either would move with the slow one)."""
         groups = self._positions().groups
         whole = len(groups) == 1 and len(groups[0][1]) == log_work.shape[1]
         job_wide = whole or log_work.shape[1] <= 2 or any(len(members) < 2 for _, members in groups)
@@ -319,7 +323,7 @@ class StragglerDetector(CrossRankDetector):
             if len(members) >= 2:
                 own = log_work[:, members] - others_median(log_work[:, members])
                 ratio[:, members] = np.where(np.isnan(own), ratio[:, members], own)
-        return ratio, others if log_work.shape[1] <= 2 else np.broadcast_to(log_median, log_work.shape)
+        return ratio, others if log_work.shape[1] <= 2 else np.broadcast_to(log_fast, log_work.shape)
 
     # -- one step ------------------------------------------------------------------------
     def _step(self, timeline: int, step: int, d: np.ndarray, obs: np.ndarray) -> list[_Episode]:
@@ -356,7 +360,7 @@ class StragglerDetector(CrossRankDetector):
         self._reference.add(r[calm])
 
     def _follow_level(self, obs: np.ndarray) -> None:
-        """The job's log median work, a running mean like the offsets'."""
+        """The job's level (log work of its fast ranks), a running mean like the offsets'."""
         counted = obs[OBS.index("count")] > 0
         if counted.any():
             level = float(obs[OBS.index("level")][counted][0])
@@ -683,8 +687,8 @@ def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
         since = f"since step {episode.start_step} (x{ev['slowdown']:.2f} its own baseline)"
     if ev["contended"]:
         return (
-            f"the whole machine is contended: the median rank's work is up x{ev['job_slowdown']:.2f} since step "
-            f"{episode.start_step}, every rank together; {who} {peers}, not blamed on this evidence"
+            f"the whole machine is contended: even its fastest ranks' work is up x{ev['job_slowdown']:.2f} since "
+            f"step {episode.start_step}, every rank together; {who} {peers}, not blamed on this evidence"
         )
     node = " (slow node)" if episode.scope == "host" else ""
     return f"{who} {peers}, {since}{node}; {cost}"

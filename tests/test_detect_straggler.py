@@ -358,6 +358,19 @@ def test_a_straggler_far_beyond_the_contention_is_still_named() -> None:
     assert found.ranks == (0,) and found.severity.value == "warning" and not found.evidence["contended"]
 
 
+@pytest.mark.parametrize(("ranks", "per_host", "factor"), [(8, 4, 1.4), (16, 8, 1.25), (12, 6, 1.6)])
+def test_a_slow_host_holding_half_the_job_is_a_slow_node_not_a_contended_machine(
+    ranks: int, per_host: int, factor: float
+) -> None:
+    """Half the ranks slow moves the job's median as far as their own excess: the other half did not slow."""
+    compute = clean(ranks, ONSET + 300, ranks)
+    compute[ONSET:, per_host:] *= factor
+    [found] = warnings_(detect(compute, topology=tf.topology(ranks, per_host=per_host)))
+    assert found.ranks == tuple(range(per_host, ranks)) and found.evidence["scope"] == "host"
+    assert not found.evidence["contended"] and "contended" not in found.summary
+    assert found.suggested_action.action == "evict" and found.suggested_action.args["host"] == "node-001"
+
+
 @pytest.mark.parametrize("kind", [*tf.NOISES, "ar1"])
 @pytest.mark.parametrize(("ranks", "stages"), [(16, 0), (64, 4), (1024, 4)])
 def test_clean_short_traces_get_no_verdict_against_a_rank(kind: str, ranks: int, stages: int) -> None:

@@ -17,7 +17,7 @@ import pytest
 import telemetry_frames as tf
 
 from bedside.detectors.registry import build_detectors
-from bedside.detectors.robust import MAD_TO_SIGMA, dense_row_median, mad_sigma, median
+from bedside.detectors.robust import MAD_TO_SIGMA, dense_row_median, mad_sigma, median, row_quantile
 from bedside.detectors.telemetry import RunState, TelemetryBatch
 from bedside.detectors.trend import RobustTrend
 
@@ -151,6 +151,19 @@ def test_the_dense_row_median_is_numpys_median_of_each_row(width: int) -> None:
     rng = np.random.default_rng(width)
     for values in (rng.standard_normal((300, width)), rng.integers(0, 4, (300, width)).astype(float)):  # ties too
         assert np.array_equal(dense_row_median(values), np.median(values, axis=1))
+
+
+@pytest.mark.parametrize("width", [1, 2, 5, 64, 1024])
+@pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.9, 1.0])
+def test_the_row_quantile_is_numpys_over_the_finite_values_of_each_row(width: int, q: float) -> None:
+    rng = np.random.default_rng(width)
+    values = rng.standard_t(2, (200, width)) * 10 ** rng.uniform(-3, 3, (200, 1))
+    values[rng.random(values.shape) < 0.3] = np.nan
+    values[:3] = np.nan  # rows with nothing: NaN
+    values[3:6] = np.round(values[3:6])  # ties
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning, match="All-NaN"):
+        expected = np.nanquantile(values, q, axis=1)
+    np.testing.assert_allclose(row_quantile(values, q)[:, 0], expected, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 8, 31, 100, 401])
