@@ -84,15 +84,19 @@ def test_a_one_step_incident_on_a_3000_step_axis_is_marked_where_it_began() -> N
         }
     )
     fig = training_curves(steps, incidents, NO_ACTIONS)
-    [mark] = [t for t in fig.data if t.mode == "markers"]  # the straggler is about speed: not on these curves
-    assert (mark.name, list(mark.x), mark.yaxis, mark.marker.color) == (
-        "critical incident",
-        [1234],
-        "y",
-        SEVERITY_COLORS["critical"],
-    )
+    marks = {t.yaxis: t for t in fig.data if t.mode == "markers"}
+    assert sorted(marks) == ["y", "y4"]  # the spike on the loss, the straggler (about speed) on the throughput
+    mark = marks["y"]
+    assert (mark.name, list(mark.x), mark.marker.color) == ("critical incident", [1234], SEVERITY_COLORS["critical"])
     assert mark.y[0] == pytest.approx(steps.loc[steps["step"] == 1234, "loss"].item())
     assert list(mark.text) == ["Loss spike (step 1234)"]
+    assert (marks["y4"].name, list(marks["y4"].x), list(marks["y4"].text)) == (
+        "warning incident",
+        [2000],
+        ["Straggler (step 2000-2100)"],
+    )
+    shaded = {(s.xref, s.x0) for s in fig.layout.shapes}
+    assert shaded == {(x, 1233.5) for x in ("x", "x2", "x3")} | {(x, 1999.5) for x in ("x4", "x5")}
 
 
 def test_non_finite_values_are_marked_on_their_panel_and_a_value_not_reported_is_not() -> None:
@@ -213,6 +217,17 @@ def test_the_overview_marks_the_sample_run_s_non_finite_steps(served: Path) -> N
     assert len(bad) >= 2  # a NaN loss and an infinite gradient norm
     marks = {t["yaxis"]: list(t["x"]) for t in figure["data"] if t.get("name") == "non-finite value"}
     assert marks == {"y": bad.loc[bad["loss"], "step"].tolist(), "y2": bad.loc[bad["grad_norm"], "step"].tolist()}
+
+
+def test_the_sample_run_s_straggler_is_shaded_and_marked_on_the_pace_panels_only(served: Path) -> None:
+    figure = chart(open_page("overview", run=FAULTS), "training_curves")
+    [[start, severity]] = from_store(
+        served / FAULTS, "SELECT start_step, severity FROM incidents WHERE kinds = ['straggler']"
+    ).values
+    shaded = {s["xref"] for s in figure["layout"]["shapes"] if s["type"] == "rect" and s["x0"] == start - 0.5}
+    assert shaded == {"x4", "x5"}  # throughput and step time
+    [mark] = [t for t in figure["data"] if t["yaxis"] == "y4" and t.get("mode") == "markers"]
+    assert (list(mark["x"]), mark["name"]) == ([start], f"{severity} incident")
 
 
 def test_the_throughput_and_step_time_panels_come_from_the_step_records(served: Path) -> None:

@@ -19,8 +19,9 @@ from bedside.detectors.incidents import family_of
 
 from .figures import FADED, SEVERITY_COLORS, _layout, downsample_minmax
 
-TIMELINE_COLORS = ("#1f77b4", "#9467bd", "#2ca02c", "#8c564b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
-"""No red, orange or amber: those are the severities'."""
+TIMELINE_COLORS = ("#1f77b4", "#2ca02c", "#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#393b79")
+"""No red, orange or amber (the severities') and no violet (the rewinds' and skips' lines)."""
+ACTION_COLOR = "#7c3aed"
 RAW_FADED = 0.3
 """How much of its timeline's opacity the raw line behind a smoothed one keeps."""
 NONFINITE_COLOR = SEVERITY_COLORS["critical"]
@@ -30,21 +31,22 @@ RANGE_PAD = 0.08
 
 @dataclass(frozen=True)
 class Panel:
-    """One row of the training curves: a ``dash_steps`` column, its axis title with units, and whether the log-y
-    and smoothing toggles apply to it."""
+    """One row of the training curves: a ``dash_steps`` column, its axis title with units, whether the log-y and
+    smoothing toggles apply to it, and whether it shows the job's pace (shaded with the incidents about speed)."""
 
     column: str
     title: str
     log: bool
     smooth: bool
+    pace: bool = False
 
 
 PANELS = (
     Panel("loss", "train loss", log=True, smooth=True),
     Panel("grad_norm", "gradient norm (L2)", log=True, smooth=True),
     Panel("lr", "learning rate", log=True, smooth=False),
-    Panel("tokens_per_s", "throughput (tokens/s)", log=False, smooth=True),
-    Panel("step_s", "step time (s)", log=False, smooth=True),
+    Panel("tokens_per_s", "throughput (tokens/s)", log=False, smooth=True, pace=True),
+    Panel("step_s", "step time (s)", log=False, smooth=True, pace=True),
 )
 
 
@@ -71,8 +73,9 @@ def training_curves(
     smoothing: float = 0.0,
 ) -> go.Figure:
     """Loss, gradient norm, LR, throughput and step time against step (the ``PANELS`` the run reports), each
-    timeline a line in its colour; incidents about the training's numbers shaded by severity and marked at their
-    first step, non-finite values marked, applied rewinds and skips drawn as lines.
+    timeline a line in its colour; incidents shaded by severity and marked at their first step (those about the
+    training's numbers on its panels, those about speed on the pace panels), non-finite values marked, applied
+    rewinds and skips drawn as lines.
 
     ``steps``: the ``dash_steps`` columns (``nonfinite``, the metrics that were NaN or infinite, is optional);
     ``log_y``: log scale on the panels that allow it; ``smoothing``: the EMA weight (0: raw lines only).
@@ -80,16 +83,18 @@ def training_curves(
     panels = [p for p in PANELS if p.column in steps and steps[p.column].notna().any()]
     fig = make_subplots(rows=max(1, len(panels)), cols=1, shared_xaxes=True, vertical_spacing=0.025)
     live = steps["timeline"].max() if not steps.empty else None
+    about_speed = ~incidents["kinds"].map(_about_training).astype(bool)
+    legend: set[str] = set()  # the marks' entries, each once
     for row, panel in enumerate(panels, start=1):
         for timeline, series in steps.groupby("timeline"):
             opacity = 1.0 if timeline == live else FADED
             _timeline_lines(fig, series, panel, int(timeline), opacity, smoothing if panel.smooth else 0.0, row)
-        _nonfinite_marks(fig, steps, panel, row, first=row == 1)
+        _nonfinite_marks(fig, steps, panel, row, legend)
         fig.update_yaxes(title=panel.title, type="log" if log_y and panel.log else "linear", row=row, col=1)
-    about = incidents[incidents["kinds"].map(_about_training)]
-    _shade_incidents(fig, about)
-    if panels:
-        _mark_incidents(fig, steps, about, panels[0].column)
+        shown = incidents[about_speed == panel.pace]
+        _shade_incidents(fig, shown, row)
+        if panel is next(p for p in panels if p.pace == panel.pace):  # the top panel of its kind
+            _mark_incidents(fig, steps, shown, panel.column, row, legend)
     _mark_actions(fig, actions)
     fig.update_xaxes(title="step", row=max(1, len(panels)), col=1)
     return _layout(fig, "Training", height=160 + 150 * len(panels))
@@ -112,7 +117,7 @@ def _timeline_lines(
     fig.add_trace(go.Scatter(x=points["step"], y=points["value"], **front, **style), row=row, col=1)
 
 
-def _nonfinite_marks(fig: go.Figure, steps: pd.DataFrame, panel: Panel, row: int, *, first: bool) -> None:
+def _nonfinite_marks(fig: go.Figure, steps: pd.DataFrame, panel: Panel, row: int, legend: set[str]) -> None:
     """A red cross at each step whose value was NaN or infinite, at the height of the last finite value before it
     (the line itself has a gap there, which at thousands of steps no one sees)."""
     if "nonfinite" not in steps:
@@ -133,7 +138,7 @@ def _nonfinite_marks(fig: go.Figure, steps: pd.DataFrame, panel: Panel, row: int
             mode="markers",
             name="non-finite value",
             legendgroup="nonfinite",
-            showlegend=first,
+            showlegend=_first_in(legend, "non-finite value"),
             marker={"symbol": "x", "size": 11, "color": NONFINITE_COLOR, "line": {"width": 1, "color": "white"}},
             text=text,
             hovertemplate="%{text}<extra></extra>",
@@ -143,7 +148,14 @@ def _nonfinite_marks(fig: go.Figure, steps: pd.DataFrame, panel: Panel, row: int
     )
 
 
-def _shade_incidents(fig: go.Figure, incidents: pd.DataFrame) -> None:
+def _first_in(legend: set[str], name: str) -> bool:
+    """Whether ``name`` takes its legend entry here (its first trace), noting that it has."""
+    first = name not in legend
+    legend.add(name)
+    return first
+
+
+def _shade_incidents(fig: go.Figure, incidents: pd.DataFrame, row: int) -> None:
     for incident in incidents.itertuples():
         fig.add_vrect(
             x0=incident.start_step - 0.5,
@@ -151,11 +163,15 @@ def _shade_incidents(fig: go.Figure, incidents: pd.DataFrame) -> None:
             line_width=0,
             opacity=0.15,
             fillcolor=SEVERITY_COLORS.get(incident.severity, "#94a3b8"),
+            row=row,
+            col=1,
         )
 
 
-def _mark_incidents(fig: go.Figure, steps: pd.DataFrame, incidents: pd.DataFrame, column: str) -> None:
-    """A triangle in the top panel at each incident's first step, on the curve of its timeline, by severity."""
+def _mark_incidents(
+    fig: go.Figure, steps: pd.DataFrame, incidents: pd.DataFrame, column: str, row: int, legend: set[str]
+) -> None:
+    """A triangle at each incident's first step on the curve of its timeline in panel ``row``, by severity."""
     placed = []
     for incident in incidents.itertuples():
         series = steps[steps["timeline"] == incident.timeline]
@@ -174,25 +190,32 @@ def _mark_incidents(fig: go.Figure, steps: pd.DataFrame, incidents: pd.DataFrame
                 y=marks["y"],
                 mode="markers",
                 name=f"{severity} incident",
+                legendgroup=f"{severity} incident",
+                showlegend=_first_in(legend, f"{severity} incident"),
                 marker={"symbol": "triangle-down", "size": 13, "color": SEVERITY_COLORS.get(severity)}
                 | {"line": {"width": 1, "color": "white"}},
                 text=marks["label"],
                 hovertemplate="%{text}<extra></extra>",
             ),
-            row=1,
+            row=row,
             col=1,
         )
 
 
 def _mark_actions(fig: go.Figure, actions: pd.DataFrame) -> None:
+    """A dashed line through every panel at each applied rewind and skip, named once, in the top panel."""
     for action in actions.itertuples():
         if action.status == "applied" and action.action in ("rewind", "skip") and pd.notna(action.step):
-            fig.add_vline(
+            fig.add_vline(x=float(action.step), line_dash="dash", line_color=ACTION_COLOR)
+            fig.add_annotation(
                 x=float(action.step),
-                line_dash="dash",
-                line_color="#7c3aed",
-                annotation_text=action.action,
-                annotation_position="top left",
+                y=1,
+                xref="x",
+                yref="y domain",
+                text=action.action,
+                showarrow=False,
+                xanchor="right",
+                yanchor="top",
             )
 
 
