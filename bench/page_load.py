@@ -1,0 +1,149 @@
+"""Each dashboard page in a real browser: navigation start to every chart drawn, on a large simulated run.
+
+Run:  OMP_NUM_THREADS=1 python bench/page_load.py [--ranks 1024] [--steps 3000] [--workdir DIR] [--repeat 3]
+
+The run is prepared as ``bench/dashboard.py`` prepares it (simulated with a few faults, ingested, detected; kept
+under --workdir and reused). ``bedside serve RUN`` then serves it in a process of its own, as an on-call engineer
+would start it, and Debian's ``chromium`` (driven by Playwright, as the browser tests drive it) opens each page
+afresh --repeat times (a new tab each time, after one untimed visit that warms the server's caches, as a page
+already open in someone else's tab has). A page counts as shown when its title is there, no element is still a
+loading skeleton, the script is not running, and every Plotly chart on it has drawn (Plotly's ``_fullLayout``
+set on each plot's element); the figure is ``performance.now()`` at that frame: milliseconds since the
+navigation started, in the browser's own clock. The median and the slowest of the visits are reported, with how
+many charts and points (``x`` values over every trace) each page drew.
+
+Target (issue 14): every page shown within 2 s of navigation at 1,024 ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from dashboard import PAGES, prepare  # type: ignore[import-not-found]  (bench/dashboard.py, run from here)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from chromium import launch  # Debian's chromium as the browser tests launch it
+
+TARGET_MS = 2000.0
+SERVE_START_S = 120.0
+SHOWN = """() => {
+    const title = document.querySelector('h1');
+    const busy = document.querySelector('[data-testid="stSkeleton"], [data-testid="stStatusWidget"] img');
+    const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+    const drawn = charts.every((chart) => {
+        const plot = chart.querySelector('.js-plotly-plot');
+        return plot !== null && plot._fullLayout !== undefined;
+    });
+    if (!title || busy || !drawn) return null;
+    const length = (trace) => trace._length || (trace.x && trace.x.length) || 0;
+    const points = charts.reduce((sum, chart) => sum + (chart.querySelector('.js-plotly-plot')._fullData || [])
+        .reduce((n, trace) => n + length(trace), 0), 0);
+    return {ms: performance.now(), charts: charts.length, points: points};
+}"""
+"""Null until the page is shown; then the time since navigation started, the charts and their points."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def serve(run: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """``bedside serve RUN`` on a free port, once it answers its health check."""
+    port = free_port()
+    command = [sys.executable, "-m", "bedside.app.cli", "serve", str(run), "--port", str(port)]
+    with log.open("w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVE_START_S
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                return server, url
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    sys.exit(f"bedside serve did not answer within {SERVE_START_S:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def visit(browser, url: str, timeout_s: float) -> dict[str, float]:
+    """Open ``url`` in a new tab; when it was shown (see SHOWN), its charts and points."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        tab = context.new_page()
+        tab.goto(url, wait_until="commit")
+        shown = tab.wait_for_function(SHOWN, polling="raf", timeout=timeout_s * 1000)
+        return dict(shown.json_value())
+    finally:
+        context.close()
+
+
+def measure(url: str, repeat: int, timeout_s: float) -> dict[str, list[dict[str, float]]]:
+    from playwright.sync_api import sync_playwright
+
+    visits: dict[str, list[dict[str, float]]] = {}
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        try:
+            for name in PAGES:
+                page_url = url if name == "overview" else f"{url}/{name}"
+                visit(browser, page_url, timeout_s)  # untimed: the server's caches, the browser's code cache
+                visits[name] = [visit(browser, page_url, timeout_s) for _ in range(repeat)]
+        finally:
+            browser.close()
+    return visits
+
+
+def report(visits: dict[str, list[dict[str, float]]]) -> None:
+    print(f"\n| page | median ms | slowest ms | charts | points drawn | within {TARGET_MS:.0f} ms |")
+    print("|---|---|---|---|---|---|")
+    for name, seen in visits.items():
+        times = [v["ms"] for v in seen]
+        within = "yes" if max(times) <= TARGET_MS else "**no**"
+        print(
+            f"| {name} | {statistics.median(times):,.0f} | {max(times):,.0f} | {int(seen[-1]['charts'])} "
+            f"| {int(seen[-1]['points']):,} | {within} |"
+        )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024, help="world size of the simulated run")
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps of the simulated run")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bedside-bench-dashboard",
+        help="where the prepared run is kept (reused when present; shared with bench/dashboard.py)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed visits of each page")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds one visit may take")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    run = (args.workdir / f"run-{args.ranks}x{args.steps}").resolve()
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    prepare(run, args.ranks, args.steps)
+    server, url = serve(run, args.workdir / "page-load-serve.log")
+    try:
+        report(measure(url, args.repeat, args.timeout))
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait()
+    print(f"\nload average {os.getloadavg()[0]:.2f} (other processes on the machine skew the figures)")
+
+
+if __name__ == "__main__":
+    main()
