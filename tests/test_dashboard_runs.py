@@ -128,6 +128,7 @@ def test_a_live_run_comes_first_and_what_it_does_not_report_is_missing_not_zero(
     assert listed["folder"][0] == BARE and listed["status"][0] == "live"
     assert listed[["last_loss", "tokens_per_s"]].iloc[0].isna().all()
     assert listed["tokens_per_s"].iloc[1:].gt(0).all()
+    assert app.dataframe[0].proto.placeholder == "–"  # how a missing value is drawn
 
     app.multiselect(key="compare").set_value([BARE, FAULTS, REWIND]).run()
     assert "train/router_entropy" in app.selectbox(key="compare_metric").options

@@ -149,7 +149,8 @@ def compare_figure(curves: dict[str, pd.DataFrame], metric: Metric, x: str) -> g
     for index, (run, curve) in enumerate(curves.items()):
         live = curve["timeline"].max()
         for timeline, line in curve.groupby("timeline"):
-            fig.add_trace(_line(run, int(timeline), line, scale, COLORS[index % len(COLORS)], timeline == live))
+            trace = _line(run, int(timeline), line, scale, COLORS[index % len(COLORS)], timeline == live)
+            fig.add_trace(trace.update(legendrank=2 * index + (timeline != live)))  # a run's live line first
     title = f"{X_AXES[x]} ({unit})" if unit else X_AXES[x]
     fig.update_xaxes(title=title, exponentformat="SI", hoverformat=X_HOVER[x], type="log" if x == "flops" else "linear")
     fig.update_yaxes(title=metric.label, exponentformat="SI")

@@ -56,6 +56,7 @@ def table() -> None:
         run_compare.styled(shown),
         hide_index=True,
         column_config=COLUMNS,
+        placeholder="–",  # what a run does not report
         key="runs_table",
         on_select="rerun",
         selection_mode="single-row",

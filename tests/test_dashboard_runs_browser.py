@@ -1,0 +1,55 @@
+"""The Runs page in a real browser (Chromium, driven by Playwright, against ``bedside serve``): the live run leads
+the table, what it does not report reads "–", and clicking another run's row opens that run's Overview."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dashboard_app import FAULTS, REWIND, copy_run
+from test_dashboard_browser import (  # noqa: F401 (browser, page and serve are fixtures)
+    INCIDENT_S,
+    browser,
+    expect,
+    expect_visible,
+    page,
+    serve,
+)
+
+from bedside.collectors import RunLogger
+
+BARE = "bare-live"
+HEADER_PX = ROW_PX = 35
+"""Streamlit's dataframe: the header's and each row's height (the grid is a canvas: rows are clicked by place)."""
+
+
+def click_row(tab, row: int) -> None:
+    """Click the selection box of ``row`` (0: the first below the header) of the page's one dataframe."""
+    box = tab.locator("[data-testid=stDataFrame]").bounding_box()
+    tab.mouse.click(box["x"] + 15, box["y"] + HEADER_PX + ROW_PX * row + ROW_PX / 2)
+
+
+def test_the_live_run_leads_and_a_click_opens_its_overview(tmp_path: Path, serve, page) -> None:  # noqa: F811
+    runs = tmp_path / "runs"
+    for name in (FAULTS, REWIND):
+        copy_run(name, runs)
+    log = RunLogger(runs / BARE, rank=0, world_size=1, local_rank=0)  # left open: live, with no loss or tokens
+    for step in range(1, 11):
+        log.step(step, grad_norm=1.0)
+    log.flush()
+    try:
+        page.goto(f"{serve(runs, token=None)}/runs")
+        grid = page.locator("[data-testid=stDataFrame]")
+        rows = grid.locator("[role=row]")  # the grid's accessible twin of its canvas: hidden, but it holds the text
+        expect(rows.nth(1)).to_contain_text(BARE, timeout=INCIDENT_S * 1000)
+        cells = [c.text_content() for c in rows.nth(1).locator("[role=gridcell]").all()]
+        assert cells[:5] == [BARE, BARE, "live", "", ""], cells  # no loss, no tokens/s: drawn "–", never 0
+        expect(rows.nth(2)).to_contain_text(REWIND)  # then the finished runs, newest first
+
+        click_row(page, 1)
+        expect(page.get_by_role("heading", name=REWIND, exact=True)).to_be_visible(timeout=INCIDENT_S * 1000)
+        expect(page).to_have_url(re.compile(rf"/\?run={REWIND}$"))
+        expect_visible(page.locator(".js-plotly-plot").first)  # the Overview's charts
+        assert page.get_by_role("combobox", name="Run").input_value() == REWIND
+    finally:
+        log.close()
