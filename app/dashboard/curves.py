@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 from bedside.detectors.incidents import family_of
 
-from .figures import FADED, SEVERITY_COLORS, _layout, downsample_minmax
+from .figures import FADED, SEVERITY_COLORS, _layout, band_traces, downsample_minmax
 
 TIMELINE_COLORS = ("#1f77b4", "#2ca02c", "#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#393b79")
 """No red, orange or amber (the severities') and no violet (the rewinds' and skips' lines)."""
@@ -239,7 +239,9 @@ def eval_vs_compute(
     marks = incidents if incidents is not None else pd.DataFrame(columns=["cum_flops", "value", "severity"])
     span = _data_range(pd.concat([shown["value"], marks["value"]]))
     if band is not None and not band.empty:
-        _forecast(fig, band if span is None else band.assign(**band[["low", "center", "high"]].clip(*span)))
+        shown_band = band if span is None else band.assign(**band[["low", "center", "high"]].clip(*span))
+        edges = (shown_band["low"], shown_band["center"], shown_band["high"])
+        fig.add_traces(band_traces(shown_band["cum_flops"], *edges, name="forecast band", middle_name="forecast"))
     live = shown["timeline"].max() if not shown.empty else None
     for timeline, points in shown.groupby("timeline"):
         fig.add_trace(
@@ -279,31 +281,3 @@ def _data_range(values: pd.Series) -> tuple[float, float] | None:
     low, high = float(finite.min()), float(finite.max())
     pad = RANGE_PAD * (high - low) or RANGE_PAD * abs(high) or 1.0
     return low - pad, high + pad
-
-
-def _forecast(fig: go.Figure, band: pd.DataFrame) -> None:
-    fig.add_trace(
-        go.Scatter(
-            x=band["cum_flops"], y=band["high"], mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=band["cum_flops"],
-            y=band["low"],
-            mode="lines",
-            line={"width": 0},
-            fill="tonexty",
-            fillcolor="rgba(100,116,139,0.18)",
-            name="forecast band",
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=band["cum_flops"],
-            y=band["center"],
-            mode="lines",
-            name="forecast",
-            line={"dash": "dot", "color": "#64748b"},
-        )
-    )

@@ -27,6 +27,7 @@ CHECKPOINT_COLORS = {
     "corrupt": "#dc2626",
 }
 FADED = 0.35
+BAND_FILL = "rgba(100,116,139,0.2)"
 TITLE_PX = 44
 """The height a chart's title takes at its top; the legend starts below it."""
 
@@ -143,38 +144,12 @@ def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...], tim
     lined = set(ranks["rank"]) if everyone <= RANK_LINES else set(focus[:RANK_LINES])
     others = ranks[~ranks["rank"].isin(lined)]
     if not others.empty:
-        band = others.groupby("step")[timed].agg(["min", "median", "max"]).reset_index()
-        fig.add_trace(
-            go.Scatter(
-                x=band["step"], y=band["max"], mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"
-            ),
-            row=2,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=band["step"],
-                y=band["min"],
-                mode="lines",
-                line={"width": 0},
-                fill="tonexty",
-                fillcolor="rgba(100,116,139,0.25)",
-                name=f"other {everyone - len(lined)} ranks",
-            ),
-            row=2,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=band["step"],
-                y=band["median"],
-                mode="lines",
-                name="their median",
-                line={"color": "#64748b", "dash": "dot"},
-            ),
-            row=2,
-            col=1,
-        )
+        spread = others.groupby("step")[timed].agg(["min", "median", "max"]).reset_index()
+        edges = (spread["min"], spread["median"], spread["max"])
+        for trace in band_traces(
+            spread["step"], *edges, name=f"other {everyone - len(lined)} ranks", middle_name="their median"
+        ):
+            fig.add_trace(trace, row=2, col=1)
     for rank, series in ranks[ranks["rank"].isin(lined)].groupby("rank"):
         fig.add_trace(
             go.Scatter(
@@ -188,6 +163,18 @@ def _rank_lines(fig: go.Figure, ranks: pd.DataFrame, focus: tuple[int, ...], tim
             row=2,
             col=1,
         )
+
+
+def band_traces(
+    x: pd.Series, low: pd.Series, middle: pd.Series, high: pd.Series, *, name: str, middle_name: str
+) -> list[go.Scatter]:
+    """A grey band from ``low`` to ``high`` named ``name`` (its upper edge, then the lower one filled up to it) and
+    a dotted ``middle`` line named ``middle_name``: the other ranks around an incident, the forecast around the evals."""
+    return [
+        go.Scatter(x=x, y=high, mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
+        go.Scatter(x=x, y=low, mode="lines", line={"width": 0}, fill="tonexty", fillcolor=BAND_FILL, name=name),
+        go.Scatter(x=x, y=middle, mode="lines", name=middle_name, line={"color": "#64748b", "dash": "dot"}),
+    ]
 
 
 def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:
