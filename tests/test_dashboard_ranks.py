@@ -3,19 +3,25 @@ and the straggler incidents."""
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from dashboard_app import FAULTS, REWIND, assert_rendered, chart, chart_keys, from_store, open_page, serve, table, texts
+from PIL import Image
+from test_dashboard_browser import ARTIFACTS, browser, expect_visible  # noqa: F401  (the browser tests' fixtures)
+from test_dashboard_browser import serve as http_serve  # noqa: F401
 
+from bedside.app.dashboard import registry
 from bedside.app.dashboard.rank_view import NO_PHASES, PHASE_RANKS
 from bedside.app.simulation import SimulationConfig, simulate_run
 from bedside.collectors.importers import import_csv
 
 SLOW_RANK, DATA_RANK = 5, 2
 BIG_RANKS, BIG_STEPS, BIG_SLOW, BIG_ONSET = 1024, 150, 637, 110
+SHORT_STEPS, SHORT_ONSET = 40, 21
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +49,17 @@ def big(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("big") / "big"
     config = SimulationConfig(
         ranks=BIG_RANKS, steps=BIG_STEPS, pp=4, inject=(f"straggler:rank={BIG_SLOW},factor=1.3,from={BIG_ONSET}",)
+    )
+    simulate_run(config, run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory) -> Path:
+    """The 1,024-rank run's first 40 steps, rank 637 slower from step 21 (for the browser: no incident needed)."""
+    run = tmp_path_factory.mktemp("short") / "short"
+    config = SimulationConfig(
+        ranks=BIG_RANKS, steps=SHORT_STEPS, pp=4, inject=(f"straggler:rank={BIG_SLOW},factor=1.3,from={SHORT_ONSET}",)
     )
     simulate_run(config, run)
     return run
@@ -115,6 +132,33 @@ def test_the_straggler_of_1024_ranks_stands_out_of_the_heatmap_and_is_in_the_pha
     assert list(blamed) == [BIG_SLOW]  # and a slower last stage, as info
     bars = chart(app, "phase_breakdown")["data"][0]["x"]
     assert f"rank {BIG_SLOW}*" in bars and len(bars) == PHASE_RANKS + 1  # its median over the window is not slow yet
+
+
+def test_in_the_browser_the_stragglers_row_of_pixels_is_the_reddest_after_its_onset(short: Path, request) -> None:
+    chromium = request.getfixturevalue("browser")
+    registry.close_all()  # no store of this process's in the way
+    url = request.getfixturevalue("http_serve")(short, token=None)
+    context = chromium.new_context(viewport={"width": 1400, "height": 1600})
+    try:
+        tab = context.new_page()
+        tab.goto(f"{url}/ranks")
+        expect_visible(tab.get_by_text("Compute time by rank, over its peers'"), timeout_s=120)
+        tab.locator(".heatmaplayer image").first.wait_for(timeout=60_000)
+        plot = tab.locator(".js-plotly-plot .nsewdrag").first
+        height = plot.bounding_box()["height"]
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = plot.screenshot(path=str(ARTIFACTS / "ranks-1024-heatmap.png"))
+        pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"), dtype=float)
+    finally:
+        context.close()
+    assert height >= BIG_RANKS  # a pixel for every rank
+    r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    red = np.where(r >= b, 255 - g, g - 255)  # RdBu: white 0, the deepest red 255, the deepest blue -255
+    onset = round((SHORT_ONSET + 1 - 0.5) / SHORT_STEPS * red.shape[1])  # the x axis spans steps 0.5 to 40.5
+    row = (BIG_SLOW + 0.5) * red.shape[0] / BIG_RANKS  # hosts hold consecutive ranks of one stage: rank order
+    assert abs(red[:, onset:].mean(axis=1).argmax() - row) <= 1.5
+    assert red[round(row), onset:].mean() > 200
+    assert abs(red[round(row), : onset - 10].mean()) < 60
 
 
 def test_a_rewound_runs_first_timeline_stays_viewable(served: Path) -> None:

@@ -22,13 +22,14 @@ PHASES = ("compute", "data", "comm", "optimizer")
 PHASE_COLORS = {"data": "#a78bfa", "compute": "#2563eb", "comm": "#f97316", "optimizer": "#10b981"}
 SPAN_QUANTILE = 0.995
 """The colour scale spans this quantile of the cells' distance from 1: a few stalled cells do not set it."""
-MIN_SPAN, MAX_SPAN = 0.1, 1.0
-"""The colour scale is 1 +- span, the span clipped to these: noise stays pale, a 2x straggler deep red."""
+MIN_SPAN, MAX_SPAN = 0.2, 1.0
+"""The colour scale is 1 +- span, the span clipped to these: noise of a few % stays pale, 10% slower is plain red."""
 RANK_TICKS = 64
 """Up to this many ranks the rows are labelled by rank; above, by host (at most ``HOST_TICKS`` labels)."""
 HOST_TICKS = 48
-ROW_PX, MIN_PLOT_PX, MAX_PLOT_PX = 14, 240, 680
-"""Rows of 14 px, the plot 240 to 680 px tall, yet never under 1 px per row (so that no row is dropped)."""
+ROW_PX, MIN_PLOT_PX, MAX_PLOT_PX, AROUND_PX = 14, 240, 680, 140
+"""Rows of 14 px, the plot 240 to 680 px tall, yet never under 1 px per row (so that no row is dropped), and
+``AROUND_PX`` for the title and the step axis."""
 NO_PHASES = "This run reports no phase times (data, compute, communication, optimizer): only its step times."
 PHASE_RANKS = 32
 """The phase chart shows the ranks slowest in compute against their peers, this many, and every flagged rank."""
@@ -80,13 +81,13 @@ def rank_heatmap(cells: pd.DataFrame, order: pd.DataFrame, phase: str) -> go.Fig
     fig.update_yaxes(autorange="reversed", **host_ticks(rows, labels))
     fig.update_xaxes(title="step")
     plot_px = max(min(max(ROW_PX * len(rows), MIN_PLOT_PX), MAX_PLOT_PX), len(rows))
-    return _layout(fig, f"{phase.capitalize()} time by rank, over its peers'", height=plot_px + 100)
+    return _layout(fig, f"{phase.capitalize()} time by rank, over its peers'", height=plot_px + AROUND_PX)
 
 
 def separators(rows: pd.DataFrame) -> list[dict]:
     """Lines across the heatmap where the host changes from one row to the next, heavier where the stage does."""
     shapes = []
-    for column, width, colour in (("host", 0.5, "#94a3b8"), ("pp", 2, "#111827")):
+    for column, width, colour in (("host", 0.5, "#64748b"), ("pp", 2, "#111827")):
         if column not in rows or rows[column].isna().all():
             continue
         values = rows[column].astype(str).to_numpy()
