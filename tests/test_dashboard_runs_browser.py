@@ -1,5 +1,6 @@
 """The Runs page in a real browser (Chromium, driven by Playwright, against ``bedside serve``): the live run leads
-the table, what it does not report reads "–", and clicking another run's row opens that run's Overview."""
+the table, what it does not report reads "–", and clicking another run's row opens that run's Overview. The page's
+picture goes to ``test-artifacts/runs.png``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from test_dashboard_browser import (  # noqa: F401 (browser, page and serve are 
     expect,
     expect_visible,
     page,
+    screenshot,
     serve,
 )
 
@@ -45,6 +47,7 @@ def test_the_live_run_leads_and_a_click_opens_its_overview(tmp_path: Path, serve
         cells = [c.text_content() for c in rows.nth(1).locator("[role=gridcell]").all()]
         assert cells[:5] == [BARE, BARE, "live", "", ""], cells  # no loss, no tokens/s: drawn "–", never 0
         expect(rows.nth(2)).to_contain_text(REWIND)  # then the finished runs, newest first
+        screenshot(page, "runs", grid)
 
         click_row(page, 1)
         expect(page.get_by_role("heading", name=REWIND, exact=True)).to_be_visible(timeout=INCIDENT_S * 1000)
