@@ -49,6 +49,11 @@ def test_the_live_run_leads_and_a_click_opens_its_overview(tmp_path: Path, serve
         expect(rows.nth(2)).to_contain_text(REWIND)  # then the finished runs, newest first
         screenshot(page, "runs", grid)
 
+        for step in range(11, 21):  # the live run goes on: the table follows without a reload
+            log.step(step, grad_norm=1.0)
+        log.flush()
+        expect(rows.nth(1).locator("[role=gridcell]").nth(6)).to_have_text("20", timeout=INCIDENT_S * 1000)
+
         click_row(page, 1)
         expect(page.get_by_role("heading", name=REWIND, exact=True)).to_be_visible(timeout=INCIDENT_S * 1000)
         expect(page).to_have_url(re.compile(rf"/\?run={REWIND}$"))

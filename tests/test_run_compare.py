@@ -130,6 +130,15 @@ def test_each_timeline_of_a_rewound_run_is_a_line_of_its_own_the_abandoned_one_f
     assert abandoned.legendgroup == live.legendgroup == "rewound"
 
 
+def test_a_zoom_is_kept_while_the_data_refreshes_and_let_go_when_the_metric_or_the_x_axis_changes() -> None:
+    def revision(data: pd.DataFrame, metric: Metric, x: str) -> str:
+        return compare_figure({"a": data}, metric, x).layout.uirevision
+
+    before, after = curve(0, range(1, 101)), curve(0, range(1, 121))
+    assert revision(before, LOSS, "step") == revision(after, LOSS, "step")
+    assert len({revision(after, LOSS, "step"), revision(after, MFU, "step"), revision(after, LOSS, "tokens")}) == 3
+
+
 @pytest.mark.parametrize(
     ("x", "x_per_step", "title", "log"),
     [

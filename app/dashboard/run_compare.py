@@ -154,6 +154,7 @@ def compare_figure(curves: dict[str, pd.DataFrame], metric: Metric, x: str) -> g
     title = f"{X_AXES[x]} ({unit})" if unit else X_AXES[x]
     fig.update_xaxes(title=title, exponentformat="SI", hoverformat=X_HOVER[x], type="log" if x == "flops" else "linear")
     fig.update_yaxes(title=metric.label, exponentformat="SI")
+    fig.update_layout(uirevision=f"{metric.label} by {x}")  # a zoom outlives the refreshes, not a new choice
     return _layout(fig, f"Runs: {metric.label} by {X_AXES[x]}")
 
 

@@ -109,5 +109,10 @@ def compare(folders: list[str]) -> None:
         st.plotly_chart(run_compare.compare_figure(drawn, metric, x), key="runs_compare")
 
 
+@st.fragment(run_every=served.refresh_s)
+def comparison() -> None:
+    compare(runs_table()["folder"].tolist())
+
+
 table()
-compare(runs_table()["folder"].tolist())
+comparison()
