@@ -52,7 +52,7 @@ def ranks() -> None:
             rank_view.phase_breakdown(rank_view.phase_ranks(phases, flagged), flagged), key="phase_breakdown"
         )
         if flagged:
-            st.caption("* flagged: named by an open straggler incident")
+            st.caption("* flagged: blamed by an unresolved straggler incident of this timeline")
     else:
         st.info(rank_view.NO_PHASES)
     straggler_list(stragglers, timeline)
@@ -63,9 +63,10 @@ def heatmap(timeline: int, last: int, phase: str) -> None:
     cells = data.frame("rank_heatmap", bucket=bucket, timeline=timeline, phase=phase)
     st.plotly_chart(rank_view.rank_heatmap(cells, data.frame("rank_order"), phase), key="rank_heatmap")
     st.caption(
-        f"timeline {timeline}; each cell is a rank's {phase} time over the median of its peers' (same pipeline "
-        f"stage and TP index) at the same step, averaged over {bucket} step(s): 1 is typical, red slower. Rows by "
-        "host (thin lines), then pipeline stage (heavy lines), tensor and data coordinates."
+        f"timeline {timeline}; each cell is a rank's {phase} time over the median of its peers' at the same step "
+        f"(the ranks of its pipeline stage and TP index, or every rank without a topology), averaged over {bucket} "
+        "step(s): 1 is typical, red slower. Rows by host (thin lines), then pipeline stage (heavy lines), tensor "
+        "and data coordinates."
     )
 
 
@@ -78,7 +79,9 @@ def blamed(stragglers: pd.DataFrame) -> pd.DataFrame:
 def slowdown_table(phases: pd.DataFrame) -> None:
     st.subheader(f"Slowdown against peers (median of the last {RECENT_STEPS} steps)")
     times = {c: st.column_config.NumberColumn(c.replace("_ms", " (ms)"), format="%.1f") for c in TIME_COLUMNS}
-    ratios = {c: st.column_config.NumberColumn(format="%.2fx") for c in ("compute_slowdown", "data_slowdown")}
+    ratios = {
+        f"{p}_slowdown": st.column_config.NumberColumn(f"{p} x peers'", format="%.2fx") for p in ("compute", "data")
+    }
     st.dataframe(
         phases[["rank", "host", "pp", "tp", "dp", "compute_slowdown", "data_slowdown", *TIME_COLUMNS]],
         hide_index=True,
