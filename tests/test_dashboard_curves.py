@@ -28,7 +28,13 @@ from bedside.collectors import RunLogger
 
 NO_INCIDENTS = pd.DataFrame(columns=["title", "timeline", "start_step", "end_step", "severity", "kinds"])
 NO_ACTIONS = ACTIONS.iloc[:0]
-PANEL_TITLES = ["train loss", "gradient norm (L2)", "learning rate", "throughput (tokens/s)", "step time (s)"]
+PANEL_TITLES = [
+    "train loss (nats/token)",
+    "gradient norm (L2)",
+    "learning rate",
+    "throughput (tokens/s)",
+    "step time (s)",
+]
 
 
 def paced(steps: pd.DataFrame) -> pd.DataFrame:
@@ -173,6 +179,8 @@ def test_the_forecast_band_cannot_squash_the_evals_after_a_rewind() -> None:
     grid = np.geomspace(1e12, 1.5e15, 40)
     band = pd.DataFrame({"cum_flops": grid, "center": 2.0, "low": -50.0, "high": 80.0})  # widened by the new branch
     fig = eval_vs_compute(evals, "loss", band)
+    assert fig.layout.yaxis.title.text == "held-out loss (nats/token)"  # the unit of the format's loss
+    assert eval_vs_compute(evals.assign(name="bleu"), "bleu").layout.yaxis.title.text == "held-out bleu"
     low, high = fig.layout.yaxis.range
     values = evals["value"]
     assert low < values.min() and high > values.max()
@@ -304,6 +312,6 @@ def test_a_run_that_reports_only_its_loss_shows_dashes_and_still_draws(bare: Pat
     shown = tiles(app)
     assert [shown[t] for t in ("Tokens", "FLOPs spent", "Tokens/s", "MFU")] == ["–"] * 4  # not 0
     layout = chart(app, "training_curves")["layout"]
-    assert [layout[a]["title"]["text"] for a in ("yaxis", "yaxis2")] == ["train loss", "step time (s)"]
+    assert [layout[a]["title"]["text"] for a in ("yaxis", "yaxis2")] == ["train loss (nats/token)", "step time (s)"]
     assert "yaxis3" not in layout
     assert "No held-out evals yet" in texts(app)

@@ -124,7 +124,7 @@ def test_training_curves_draw_each_timeline_of_each_metric_with_the_abandoned_on
     steps = two_timelines()
     fig = training_curves(steps, INCIDENTS.iloc[:0], ACTIONS.iloc[:0])
     titles = [fig.layout[f"yaxis{n or ''}"].title.text for n in ("", 2, 3)]
-    assert titles == ["train loss", "gradient norm (L2)", "learning rate"]  # one subplot each
+    assert titles == ["train loss (nats/token)", "gradient norm (L2)", "learning rate"]  # one subplot each
     lines = {(trace.yaxis, trace.name): trace for trace in fig.data}
     assert sorted(lines) == sorted((axis, f"timeline {t}") for axis in ("y", "y2", "y3") for t in (0, 1))
     for (axis, name), trace in lines.items():
@@ -151,7 +151,10 @@ def test_training_curves_shade_the_incidents_about_the_numbers_and_mark_applied_
 def test_training_curves_leave_out_a_metric_the_run_does_not_log() -> None:
     steps = two_timelines().assign(lr=np.nan)
     fig = training_curves(steps, INCIDENTS.iloc[:0], ACTIONS.iloc[:0])
-    assert (fig.layout.yaxis.title.text, fig.layout.yaxis2.title.text) == ("train loss", "gradient norm (L2)")
+    assert (fig.layout.yaxis.title.text, fig.layout.yaxis2.title.text) == (
+        "train loss (nats/token)",
+        "gradient norm (L2)",
+    )
     assert {trace.yaxis for trace in fig.data} == {"y", "y2"} and "yaxis3" not in fig.layout
 
 

@@ -25,6 +25,11 @@ ACTION_COLOR = "#7c3aed"
 RAW_FADED = 0.3
 """How much of its timeline's opacity the raw line behind a smoothed one keeps."""
 NONFINITE_COLOR = SEVERITY_COLORS["critical"]
+EVAL_TITLES = {
+    "excess_loss": "held-out excess loss (nats/token above the floor)",
+    "loss": "held-out loss (nats/token)",
+}
+"""The eval chart's y title for the metrics whose unit bedside knows (excess loss: above the data's entropy)."""
 RANGE_PAD = 0.08
 """The margin above and below the data's span on the eval chart's y axis."""
 
@@ -42,7 +47,7 @@ class Panel:
 
 
 PANELS = (
-    Panel("loss", "train loss", log=True, smooth=True),
+    Panel("loss", "train loss (nats/token)", log=True, smooth=True),
     Panel("grad_norm", "gradient norm (L2)", log=True, smooth=True),
     Panel("lr", "learning rate", log=True, smooth=False),
     Panel("tokens_per_s", "throughput (tokens/s)", log=False, smooth=True, pace=True),
@@ -269,7 +274,7 @@ def eval_vs_compute(
             )
         )
     fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI extended")
-    fig.update_yaxes(title=f"held-out {metric}", range=list(span) if span else None)
+    fig.update_yaxes(title=EVAL_TITLES.get(metric, f"held-out {metric}"), range=list(span) if span else None)
     return _layout(fig, "Held-out eval against compute")
 
 
