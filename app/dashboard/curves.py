@@ -85,16 +85,18 @@ def training_curves(
     ``steps``: the ``dash_steps`` columns (``nonfinite``, the metrics that were NaN or infinite, is optional);
     ``log_y``: log scale on the panels that allow it; ``smoothing``: the EMA weight (0: raw lines only).
     """
+    steps = steps.sort_values(["timeline", "step"], kind="stable").reset_index(drop=True)
     panels = [p for p in PANELS if p.column in steps and steps[p.column].notna().any()]
     fig = make_subplots(rows=max(1, len(panels)), cols=1, shared_xaxes=True, vertical_spacing=0.025)
     live = steps["timeline"].max() if not steps.empty else None
     about_speed = ~incidents["kinds"].map(_about_training).astype(bool)
     legend: set[str] = set()  # the marks' entries, each once
+    flagged = steps["nonfinite"].explode() if "nonfinite" in steps else pd.Series(dtype=object)
     for row, panel in enumerate(panels, start=1):
         for timeline, series in steps.groupby("timeline"):
             opacity = 1.0 if timeline == live else FADED
             _timeline_lines(fig, series, panel, int(timeline), opacity, smoothing if panel.smooth else 0.0, row)
-        _nonfinite_marks(fig, steps, panel, row, legend)
+        _nonfinite_marks(fig, steps, flagged, panel, row, legend)
         fig.update_yaxes(title=panel.title, type="log" if log_y and panel.log else "linear", row=row, col=1)
         shown = incidents[about_speed == panel.pace]
         _shade_incidents(fig, shown, row)
@@ -122,19 +124,23 @@ def _timeline_lines(
     fig.add_trace(go.Scatter(x=points["step"], y=points["value"], **front, **style), row=row, col=1)
 
 
-def _nonfinite_marks(fig: go.Figure, steps: pd.DataFrame, panel: Panel, row: int, legend: set[str]) -> None:
-    """A red cross at each step whose value was NaN or infinite, at the height of the last finite value before it
-    (the line itself has a gap there, which at thousands of steps no one sees)."""
-    if "nonfinite" not in steps:
+def _nonfinite_marks(
+    fig: go.Figure, steps: pd.DataFrame, flagged: pd.Series, panel: Panel, row: int, legend: set[str]
+) -> None:
+    """A red cross at each step whose value was NaN or infinite (``flagged``: each row's non-finite metrics, by
+    row), at the height of the last finite value before it on its timeline (the line itself has a gap there,
+    which at thousands of steps no one sees)."""
+    rows = flagged.index[flagged.to_numpy() == panel.column]
+    if rows.empty:
         return
-    marks = []
-    for timeline, series in steps.groupby("timeline"):
-        height = series[panel.column].where(np.isfinite(series[panel.column])).ffill().bfill()
-        bad = series["nonfinite"].map(lambda names: panel.column in list(names))
-        for step, value, y in zip(series.loc[bad, "step"], series.loc[bad, panel.column], height[bad]):
-            marks.append((step, y, f"timeline {timeline}, step {step}: {panel.title} {value}"))
-    if not marks:
-        return
+    by_timeline = steps["timeline"]
+    finite = steps[panel.column].where(np.isfinite(steps[panel.column]))
+    height = finite.groupby(by_timeline).ffill().groupby(by_timeline).bfill()
+    bad = steps.loc[rows]
+    marks = [
+        (step, y, f"timeline {timeline}, step {step}: {panel.title} {value}")
+        for timeline, step, value, y in zip(bad["timeline"], bad["step"], bad[panel.column], height[rows])
+    ]
     x, y, text = zip(*marks)
     fig.add_trace(
         go.Scatter(
