@@ -31,7 +31,8 @@ KEY_BITS = {"timeline": 19, "step": 24, "rank": 20}
 @dataclass(frozen=True)
 class StepMatrix:
     """Released steps: ``values[name][i, j]`` is metric ``name`` of step ``i`` on rank ``ranks[j]`` (NaN: missing);
-    ``present[i, j]``: that rank reported that step at all."""
+    ``present[i, j]``: that rank reported that step at all. Not to be written: one step's values are views of the
+    batch's read-only columns."""
 
     timelines: np.ndarray
     steps: np.ndarray
@@ -113,7 +114,8 @@ class StepAssembler:
         self._pending = None if done.all() else {name: column[~done] for name, column in pending.items()}
         self._released = last
         take = kept[done[kept] & ~late[kept]]
-        return self._matrix({name: column[take] for name, column in pending.items()})
+        whole = len(take) == len(rank) and bool((take == np.arange(len(take))).all())  # the rows as they are
+        return self._matrix(pending if whole else {name: column[take] for name, column in pending.items()})
 
     def _ready_prefix(
         self, timelines: np.ndarray, steps: np.ndarray, counts: np.ndarray, world: int, give_up: bool
@@ -135,17 +137,19 @@ class StepAssembler:
         ranks = rows["rank"] if one_step else np.unique(rows["rank"])  # one step's ranks: sorted, each once
         j = np.arange(len(ranks)) if one_step else np.searchsorted(ranks, rows["rank"])
         shape = (int(step_ends.sum()), len(ranks))
-        values = {}
-        for name in self.metrics:
-            grid = np.full(shape, np.nan)
-            grid[i, j] = rows[name]
-            values[name] = grid
-        present = np.zeros(shape, bool)
-        present[i, j] = True
-        checksums = None
-        if self.with_checksums:
-            checksums = np.full(shape, None, dtype=object)
-            checksums[i, j] = rows["param_checksum"]
+        names = self.metrics + (("param_checksum",) if self.with_checksums else ())
+        if one_step:  # one row per rank, in order: the columns are the matrix's one row (read-only views)
+            grids = {name: rows[name][None, :] for name in names}
+            present = np.ones(shape, bool)
+        else:
+            grids = {}
+            for name in names:
+                grids[name] = np.full(shape, None if name == "param_checksum" else np.nan, dtype=rows[name].dtype)
+                grids[name][i, j] = rows[name]
+            present = np.zeros(shape, bool)
+            present[i, j] = True
+        checksums = grids.pop("param_checksum", None)
+        values = grids
         return StepMatrix(rows["timeline"][step_ends], rows["step"][step_ends], ranks, values, present, checksums)
 
 
