@@ -63,10 +63,9 @@ def heatmap(timeline: int, last: int, phase: str) -> None:
     cells = data.frame("rank_heatmap", bucket=bucket, timeline=timeline, phase=phase)
     st.plotly_chart(rank_view.rank_heatmap(cells, data.frame("rank_order"), phase), key="rank_heatmap")
     st.caption(
-        f"timeline {timeline}; each cell is a rank's {phase} time over the median of its peers' at the same step "
-        f"(the ranks of its pipeline stage and TP index, or every rank without a topology), averaged over {bucket} "
-        "step(s): 1 is typical, red slower. Rows by host (thin lines), then pipeline stage (heavy lines), tensor "
-        "and data coordinates."
+        f"timeline {timeline}; each cell is a rank's mean {phase} time over {bucket} step(s) against the median of "
+        "its peers' (the ranks of its pipeline stage and TP index, or every rank without a topology): 1 is typical, "
+        "red slower. Rows by host (thin lines), then pipeline stage (heavy lines), tensor and data coordinates."
     )
 
 
