@@ -173,6 +173,20 @@ def test_the_rewind_starts_a_new_timeline_at_step_21_on_every_rank_at_the_same_s
     assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 1, STEPS)]
 
 
+def test_each_eval_counts_the_compute_of_every_timeline_the_abandoned_branch_included(controlled) -> None:
+    """After the rewind, an eval's cum_tokens and cum_flops are what the job spent (the format's compute axis), not
+    the checkpoint's count plus the new branch's: the same as the store's spent_tokens over every timeline."""
+    store, _ = controlled
+    pairs = rows(
+        store,
+        "SELECT e.timeline, e.cum_tokens, s.spent_tokens, e.cum_flops, s.spent_flops FROM eval_scores e "
+        "JOIN step_metrics s USING (timeline, step) WHERE e.name = 'loss' ORDER BY e.time",
+    )
+    assert 1 in {timeline for timeline, *_ in pairs}  # evals after the rewind
+    for _, cum_tokens, spent_tokens, cum_flops, spent_flops in pairs:
+        assert cum_tokens == spent_tokens and cum_flops == pytest.approx(spent_flops, rel=1e-9)
+
+
 def test_the_skipped_batches_are_never_trained_on_the_live_timeline(controlled) -> None:
     store, _ = controlled
     batches = [

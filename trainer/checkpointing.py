@@ -68,6 +68,8 @@ class Checkpointing:
         if choice.checkpoint is not None:
             trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer))
         timeline, step = self._where_the_run_left_off()
+        if timeline == trainer.timeline and step > trainer.step:  # the steps the dead process took past the save
+            trainer.spend(step - trainer.step)
         if step > trainer.step or timeline > trainer.timeline:
             trainer.timeline = max(timeline, trainer.timeline) + 1
         if choice.checkpoint is None:
@@ -92,7 +94,9 @@ class Checkpointing:
         self._report_corrupt(choice.skipped)
         if choice.checkpoint is None:
             return None
+        spent = trainer.spent_tokens, trainer.spent_flops  # the abandoned branch's compute was spent all the same
         trainer.load_state_dict(self.manager.load(choice.checkpoint, trainer.core, trainer.optimizer))
+        trainer.spent_tokens, trainer.spent_flops = spent
         trainer.timeline = max(highest, trainer.timeline) + 1
         if trainer.rank == 0:
             trainer.log.checkpoint(

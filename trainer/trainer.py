@@ -187,11 +187,15 @@ class Trainer:
         return _inputs_and_targets(samples, self.device)
 
     # -- telemetry ----------------------------------------------------------------
+    def spend(self, steps: int = 1) -> None:
+        """Count ``steps`` steps' tokens and FLOPs as spent: every timeline's, abandoned branches included."""
+        self.spent_tokens += steps * self.config.tokens_per_step
+        self.spent_flops += steps * self.flops_per_step
+
     def _emit(
         self, loss: torch.Tensor, grad_norm: torch.Tensor, times: StepTimes, batch_index: int, ids: list[int]
     ) -> None:
-        self.spent_tokens += self.config.tokens_per_step
-        self.spent_flops += self.flops_per_step
+        self.spend()
         mean_loss = self.grads.mean_loss  # reduced with the last gradient bucket under DDP
         if mean_loss is None:  # FSDP: a scalar collective of its own, read later by the writer thread
             mean_loss = loss.clone()
