@@ -1,5 +1,5 @@
 """The dashboard's figures and summaries as plain functions of small DataFrames (no Streamlit): min/max downsampling,
-the training curves, the rank heatmap, the eval forecast band, rank slowdowns, Young/Daly advice and the tiles."""
+the training curves, the eval forecast band, Young/Daly advice and the tiles (the Ranks page's in test_rank_view.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from bedside.app.dashboard.figures import (
     SEVERITY_COLORS,
     downsample_minmax,
     incident_window,
-    rank_heatmap,
 )
 from bedside.app.dashboard.summaries import (
     MIN_EVALS_FOR_BAND,
@@ -24,7 +23,6 @@ from bedside.app.dashboard.summaries import (
     forecast_band,
     headline_metric,
     incidents_on_evals,
-    slowdowns,
     tiles,
 )
 from bedside.detectors.checkpointing import advise, expected_waste
@@ -265,39 +263,6 @@ def test_the_headline_metric_is_excess_loss_then_loss_then_what_there_is() -> No
     assert headline_metric(names("accuracy", "loss")) == "loss"
     assert headline_metric(names("accuracy", "bleu")) == "accuracy"
     assert headline_metric(names()) is None
-
-
-# -- ranks --------------------------------------------------------------------------------------------------------
-
-
-def test_the_rank_heatmap_puts_the_ranks_in_the_order_given() -> None:
-    times = pd.DataFrame(
-        [(rank, step, 1.0 + rank + step / 100) for rank in range(5) for step in (0, 10, 20)],
-        columns=["rank", "step", "step_time"],
-    )
-    fig = rank_heatmap(times, [3, 1, 4, 0])
-    [heat] = fig.data
-    assert list(heat.y) == ["rank 3", "rank 1", "rank 4", "rank 0", "rank 2"]  # one left out of the order goes last
-    assert list(heat.x) == [0, 10, 20]
-    np.testing.assert_allclose(np.asarray(heat.z)[:, 0], [4.0, 2.0, 5.0, 1.0, 3.0])
-    assert fig.layout.yaxis.autorange == "reversed"  # the first in order on top
-
-
-def test_a_rank_twice_as_slow_comes_first_with_a_slowdown_of_2() -> None:
-    phases = pd.DataFrame(
-        {
-            "rank": range(8),
-            "host": "h",
-            "compute_time": [0.75, 0.76, 0.74, 1.5, 0.75, 0.75, 0.74, 0.76],
-            "step_time": 1.7,
-        }
-    )
-    table = slowdowns(phases)
-    assert table["rank"][0] == 3
-    assert table["compute_slowdown"][0] == pytest.approx(2.0, rel=0.02)
-    assert table["compute_slowdown"][1:].between(0.98, 1.02).all()
-    assert (table["step_slowdown"] == 1.0).all()  # synchronous: every rank's step waits for the slowest
-    assert list(table["compute_slowdown"]) == sorted(table["compute_slowdown"], reverse=True)
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------

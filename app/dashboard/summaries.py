@@ -1,5 +1,5 @@
-"""What the pages compute from query results: tiles, the eval forecast band, rank slowdowns and
-checkpoint advice. Pure functions of DataFrames, so they are tested without Streamlit."""
+"""What the pages compute from query results: tiles, the eval forecast band and checkpoint advice. Pure
+functions of DataFrames, so they are tested without Streamlit."""
 
 from __future__ import annotations
 
@@ -114,15 +114,6 @@ def incidents_on_evals(incidents: pd.DataFrame, evals: pd.DataFrame, metric: str
             }
         )
     return pd.DataFrame(placed, columns=["cum_flops", "value", "severity", "label"])
-
-
-def slowdowns(phases: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's median compute and step time against the median rank (1.0 = typical), slowest first."""
-    table = phases.copy()
-    for column in ("compute_time", "step_time"):
-        typical = table[column].median()
-        table[f"{column.removesuffix('_time')}_slowdown"] = table[column] / typical if typical else np.nan
-    return table.sort_values("compute_slowdown", ascending=False, na_position="last").reset_index(drop=True)
 
 
 def checkpoint_advice(checkpoints: pd.DataFrame, restarts: pd.DataFrame) -> CheckpointAdvice | None:
