@@ -31,25 +31,10 @@ from pathlib import Path
 from dashboard import PAGES, prepare  # type: ignore[import-not-found]  (bench/dashboard.py, run from here)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from chromium import launch  # Debian's chromium as the browser tests launch it
+from chromium import PAGE_SHOWN, launch  # Debian's chromium as the browser tests launch it, and when a page is shown
 
 TARGET_MS = 2000.0
 SERVE_START_S = 120.0
-SHOWN = """() => {
-    const title = document.querySelector('h1');
-    const busy = document.querySelector('[data-testid="stSkeleton"], [data-testid="stStatusWidget"] img');
-    const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
-    const drawn = charts.every((chart) => {
-        const plot = chart.querySelector('.js-plotly-plot');
-        return plot !== null && plot._fullLayout !== undefined;
-    });
-    if (!title || busy || !drawn) return null;
-    const length = (trace) => trace._length || (trace.x && trace.x.length) || 0;
-    const points = charts.reduce((sum, chart) => sum + (chart.querySelector('.js-plotly-plot')._fullData || [])
-        .reduce((n, trace) => n + length(trace), 0), 0);
-    return {ms: performance.now(), charts: charts.length, points: points};
-}"""
-"""Null until the page is shown; then the time since navigation started, the charts and their points."""
 
 
 def free_port() -> int:
@@ -77,12 +62,12 @@ def serve(run: Path, log: Path) -> tuple[subprocess.Popen, str]:
 
 
 def visit(browser, url: str, timeout_s: float) -> dict[str, float]:
-    """Open ``url`` in a new tab; when it was shown (see SHOWN), its charts and points."""
+    """Open ``url`` in a new tab; when it was shown (``PAGE_SHOWN``), its charts and points."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
         tab = context.new_page()
         tab.goto(url, wait_until="commit")
-        shown = tab.wait_for_function(SHOWN, polling="raf", timeout=timeout_s * 1000)
+        shown = tab.wait_for_function(PAGE_SHOWN, polling="raf", timeout=timeout_s * 1000)
         return dict(shown.json_value())
     finally:
         context.close()
