@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -25,6 +26,7 @@ from .capture import Pending, capture, capture_field, capture_metrics, capture_s
 from .format import ENVELOPE_FIELDS, Kind, RunEndStatus
 from .layout import RunLayout
 from .records import Checkpoint, Eval, Heartbeat, Log, RankInfo, RankStep, Record, RunEnd, Step, build_record, to_line
+from .resume import DEFAULT_RESUME_WAIT_S, await_timeline, decide_timeline, refusal
 from .runinfo import RankPlacement, RunInfo, default_placement, read_run_info, write_run_info
 
 DEFAULT_FLUSH_EVERY_S = 0.2
@@ -44,6 +46,14 @@ class RunLogger:
 
     ``previous_record`` is the last complete record already in this rank's file
     when the logger opened it (None for a new run): where a restarted rank left off.
+
+    A rank file that already holds records is refused (``RunExistsError``) unless ``resume`` is
+    True: then the run continues on a new timeline, one past the newest any rank file carries,
+    agreed by every rank through rank 0 (``collectors/resume.py``), or on ``timeline`` when the
+    caller gives one (a trainer that takes its timeline from its checkpoint).
+
+    Job-level metrics (``step()``) belong to one rank, ``job_rank``: another rank that calls
+    ``step()`` is warned once (each copy would count the job's tokens and FLOPs again).
     """
 
     def __init__(
@@ -57,7 +67,10 @@ class RunLogger:
         local_rank: int | None = None,
         placement: RankPlacement | None = None,
         topology: Iterable[RankPlacement] = (),
-        timeline: int = 0,
+        timeline: int | None = None,
+        resume: bool = False,
+        job_rank: int = 0,
+        resume_wait_s: float = DEFAULT_RESUME_WAIT_S,
         flush_every_s: float = DEFAULT_FLUSH_EVERY_S,
     ) -> None:
         self.layout = RunLayout(Path(run_dir))
@@ -66,13 +79,17 @@ class RunLogger:
         self.local_rank = _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
-        self.timeline = timeline
         self.flush_every_s = flush_every_s
+        self.job_rank = job_rank
         self.placement = placement or default_placement(self.rank, self.local_rank)
+        self.previous_record = last_record(self.layout.rank_file(self.rank))
+        if self.previous_record is not None and not resume:
+            raise refusal(self.layout, self.rank, self.previous_record)
+        self.timeline = self._first_timeline(timeline, resume, resume_wait_s)
         if self.rank == 0:
             self._ensure_run_info(name, config, tuple(topology))
         self._files = {Kind.FAULT_INJECTED: AppendFile(self.layout.ground_truth_file(self.rank))}
-        self.previous_record = last_record(self.layout.rank_file(self.rank))
+        self._warned_job_level = self.rank == job_rank
         self._telemetry = AppendFile(self.layout.rank_file(self.rank))
         self._queue: deque[tuple | threading.Event] = deque()
         self._lock = threading.Lock()
@@ -86,7 +103,18 @@ class RunLogger:
 
     # -- public API -------------------------------------------------------
     def step(self, step: int, *, shards: Iterable[int | str] | None = None, **metrics: Any) -> None:
-        """Job-level metrics of ``step`` (loss, grad_norm, lr, tokens, flops, any other)."""
+        """Job-level metrics of ``step`` (loss, grad_norm, lr, tokens, flops, any other), from one rank:
+        ``job_rank``; any other rank is warned once."""
+        if not self._warned_job_level:
+            self._warned_job_level = True
+            warnings.warn(
+                f"RunLogger.step() called on rank {self.rank}, but job-level metrics are recorded by one rank "
+                f"(job_rank={self.job_rank}): each rank that calls step() adds a copy of the step, and its tokens "
+                f"and FLOPs are counted once per copy. Call step() on rank {self.job_rank} only (rank_step() is "
+                f"per rank), or pass job_rank={self.rank} to the logger of the rank that holds the job's metrics",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         fields = {"shards": capture_shards(shards)} if shards is not None else None
         self._put(Step, step, *capture_metrics(metrics), fields=fields)
 
@@ -169,6 +197,16 @@ class RunLogger:
         )
 
     # -- internals --------------------------------------------------------
+    def _first_timeline(self, timeline: int | None, resume: bool, wait_s: float) -> int:
+        """The caller's timeline, else 0 for a new run, else the one the ranks agree on for a resumed run."""
+        if timeline is not None:
+            return timeline
+        if not resume:
+            return 0
+        if self.rank == 0:
+            return decide_timeline(self.layout)
+        return await_timeline(self.layout, self.rank, wait_s)
+
     def _put(
         self,
         kind: RecordKind,

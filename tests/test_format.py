@@ -235,8 +235,8 @@ def test_unknown_kinds_fields_and_user_metrics_survive_into_the_store(
 
 
 def log_session(run: Path, step: int) -> None:
-    """One RunLogger lifetime on rank 0: rank_info, a heartbeat, run_end."""
-    with RunLogger(run, rank=0, world_size=1) as logger:
+    """One RunLogger lifetime on rank 0 (a restart, when the file has records): rank_info, a heartbeat, run_end."""
+    with RunLogger(run, rank=0, world_size=1, resume=True) as logger:
         logger.heartbeat(step)
 
 

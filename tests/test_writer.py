@@ -200,7 +200,7 @@ def test_flush_racing_close_never_hangs(tmp_path) -> None:
 
 def test_a_relaunch_with_more_ranks_updates_run_json(run_dir) -> None:
     RunLogger(run_dir, rank=0, world_size=2).close()
-    RunLogger(run_dir, rank=0, world_size=4).close()
+    RunLogger(run_dir, rank=0, world_size=4, resume=True).close()
     assert read_run_info(RunLayout(run_dir)).world_size == 4
 
 

@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         config=config.to_json(),
         placement=placement,
         topology=topology,
+        resume=args.resume,
+        timeline=0,  # on a resume, Checkpointing.resume moves every rank to the timeline they agree on
     ) as logger:
         faults = fault_plan(args.inject, config, rank=dist.get_rank(), world_size=dist.get_world_size(), logger=logger)
         Trainer(config, logger, device, faults=faults).train(resume=args.resume)
