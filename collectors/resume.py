@@ -99,5 +99,9 @@ def _read_decision(path: Path) -> dict[str, Any] | None:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = isinstance(value, dict) and isinstance(value.get("timeline"), int) and isinstance(value.get("time"), (int, float))
+    ok = (
+        isinstance(value, dict)
+        and isinstance(value.get("timeline"), int)
+        and isinstance(value.get("time"), (int, float))
+    )
     return value if ok else None
