@@ -4,19 +4,35 @@ DuckDB lets one process write a database file. When the collector (or
 ``bedside serve``/``watch``) holds the store, a reader rebuilds the same tables
 and views in memory from the raw telemetry files instead, so every query works
 the same on a live run and in a post-mortem.
+
+A snapshot (``snapshot_store``) is the other way to read a held store, and the only one that
+sees what lives in the owner's store alone (findings, incidents): a copy of the store file
+and its write-ahead log that DuckDB opens as the owner had committed it when the copy was
+taken. DuckDB never overwrites the blocks of its last checkpoint before it writes a new
+header, and it replays the log on open, so a copy of the log and then of the file is
+consistent as long as no checkpoint completed meanwhile: the file's headers (its first
+``HEADER_BYTES``) are read before and after, and the copy is taken again when they moved.
+Every block of the copy is then read once (``Store.verify``) to check its checksum.
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import StoreCorruptError, StoreLockedError
+from .errors import StoreCorruptError, StoreError, StoreLockedError
 from .ingest import Collector
 from .layout import RunLayout, require_run_dir
 from .store import Schema, Store
 from .store.console import ConsoleLimits, ConsoleResult, run_console_query
+
+HEADER_BYTES = 3 * 4096
+"""DuckDB's file header and its two alternating database headers: a completed checkpoint rewrites one."""
+SNAPSHOT_TRIES = 6
 
 
 @dataclass
@@ -46,6 +62,11 @@ def open_for_reading(run_dir: Path, *, verify: bool = False, schemas: Sequence[S
             note = "the store is held by another process"
         except StoreCorruptError:
             note = "the store is damaged"
+    return rebuild_from_telemetry(layout, note, schemas=schemas)
+
+
+def rebuild_from_telemetry(layout: RunLayout, note: str, *, schemas: Sequence[Schema] = ()) -> ReadView:
+    """The run's tables and views in memory, ingested from its telemetry files (``schemas``' tables empty)."""
     memory = Store.open(None, schemas=schemas)
     result = Collector(layout.root, memory).ingest_available()
     return ReadView(memory, "raw telemetry", f"{note}; read {result.lines} lines from the raw telemetry")
@@ -60,3 +81,43 @@ def run_query(
         return run_console_query(view.store, query, limits), view
     finally:
         view.store.close()
+
+
+def snapshot_store(path: Path, into: Path, *, schemas: Sequence[Schema] = (), tries: int = SNAPSHOT_TRIES) -> Store:
+    """A consistent copy of the store at ``path`` (its write-ahead log included) in the folder ``into``, open
+    read-only and verified. Works while another process writes the store; StoreError when the store is missing,
+    when every copy failed to open (StoreCorruptError: its checksums), or when checkpoints kept moving it."""
+    if not path.is_file():
+        raise StoreError(f"no store at {path}")
+    copy = into / path.name
+    failure: StoreError | None = None
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(0.05 * 2**attempt)
+        if not _copy_between_checkpoints(path, copy):
+            failure = StoreError(f"{path} kept being checkpointed while it was copied ({tries} tries)")
+            continue
+        try:
+            store = Store.open(copy, read_only=True, schemas=schemas)
+            store.verify()
+            return store
+        except StoreError as exc:  # a copy torn in a way the headers did not show: take it again
+            failure = exc
+    assert failure is not None
+    raise failure
+
+
+def _copy_between_checkpoints(path: Path, copy: Path) -> bool:
+    """Copy the log, then the file, to ``copy``; False when a checkpoint completed meanwhile."""
+    wal, copied_wal = (p.with_name(p.name + ".wal") for p in (path, copy))
+    before = _headers(path)
+    copied_wal.unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):  # no log: everything is checkpointed
+        shutil.copyfile(wal, copied_wal)
+    shutil.copyfile(path, copy)
+    return _headers(path) == before
+
+
+def _headers(path: Path) -> bytes:
+    with path.open("rb") as handle:
+        return handle.read(HEADER_BYTES)
