@@ -58,7 +58,7 @@ def malformed_lines(rank: int) -> tuple[bytes, ...]:
 WRITER = f"""
 import sys, time
 from bedside.collectors.writer import RunLogger
-logs = [RunLogger(sys.argv[1], rank=r, world_size={WORLD}, flush_every_s=0.02) for r in range({WORLD})]
+logs = [RunLogger(sys.argv[1], rank=r, world_size={WORLD}, resume=True, timeline=0, flush_every_s=0.02) for r in range({WORLD})]
 for step in range({WRITER_STEPS}):
     for log in logs:
         log.rank_step(step, step_time=0.01, compute_time=0.007)
