@@ -15,7 +15,7 @@ import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 import bedside.app.dashboard as dashboard
-from bedside.app.dashboard import registry
+from bedside.app.dashboard import live, registry
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 MAIN = Path(dashboard.__file__).parent / "main.py"
@@ -69,14 +69,27 @@ def tiles(app: AppTest) -> dict[str, str]:
     return {metric.label: metric.value for metric in app.metric}
 
 
+def charts(app: AppTest) -> dict[str, str]:
+    """Every chart on the page in order, its key to its figure's JSON: the live charts (``live.chart``) and any
+    drawn by ``st.plotly_chart``."""
+    found = {}
+    for element in [*app.main, *app.sidebar]:
+        kind = getattr(element, "type", None)
+        if kind == "plotly_chart":
+            found[element.key] = element.proto.spec
+        elif kind == "bidi_component" and element.proto.component_name == live.CHART_NAME:
+            data = json.loads(element.proto.json)
+            found[data["key"]] = data["figure"]
+    return found
+
+
 def chart_keys(app: AppTest) -> list[str]:
-    return [element.key for element in app.get("plotly_chart")]
+    return list(charts(app))
 
 
 def chart(app: AppTest, key: str) -> dict[str, Any]:
     """The plotly figure drawn with ``key``, as plain data (typed arrays decoded to numpy)."""
-    [element] = [e for e in app.get("plotly_chart") if e.key == key]
-    return _decoded(json.loads(element.proto.spec))
+    return _decoded(json.loads(charts(app)[key]))
 
 
 def table(app: AppTest, *columns: str):

@@ -172,7 +172,7 @@ def test_the_incidents_page_says_so_when_a_run_has_none(served: Path) -> None:
     assert_rendered(app)
     [said] = [s.value for s in app.success]
     assert said.startswith("No incidents (detectors ran at ")
-    assert not app.get("plotly_chart") and app.sidebar.selectbox(key="run").value == REWIND
+    assert not chart_keys(app) and app.sidebar.selectbox(key="run").value == REWIND
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def test_a_link_to_an_unknown_run_opens_the_first_and_to_an_unknown_incident_say
         "This run has no incident 'no-such-incident' (resolved and gone, or another run's?): choose one below."
     ]
     assert app.selectbox(key="incident").value is None  # none opened in its place
-    assert not app.get("plotly_chart") and "Findings" not in [e.label for e in app.expander]
+    assert not chart_keys(app) and "Findings" not in [e.label for e in app.expander]
     first = table(app, "id")["id"][0]
     app.selectbox(key="incident").set_value(first).run()
     assert_rendered(app)

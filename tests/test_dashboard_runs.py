@@ -9,7 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dashboard_app import FAULTS, REWIND, assert_rendered, chart, copy_run, from_store, open_page, serve, table, texts
+from dashboard_app import (
+    FAULTS,
+    REWIND,
+    assert_rendered,
+    chart,
+    chart_keys,
+    copy_run,
+    from_store,
+    open_page,
+    serve,
+    table,
+    texts,
+)
 from streamlit.testing.v1 import AppTest
 
 from bedside.app.dashboard import registry
@@ -101,7 +113,7 @@ def test_clicking_a_row_opens_the_overview_of_that_run(served: Path, row: int) -
     assert app.session_state["run"] == folder
     assert app.query_params["run"] == folder
     assert [t.value for t in app.title] == [folder]  # the Overview's title: the run's name
-    assert app.get("plotly_chart")[0].key == "eval_vs_compute"
+    assert chart_keys(app)[0] == "eval_vs_compute"
 
 
 @pytest.fixture

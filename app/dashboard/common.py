@@ -14,6 +14,7 @@ from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import read_run_info
 
+from . import live
 from .auth import Lockout
 from .data import RunData
 from .registry import Desk, desk
@@ -49,6 +50,7 @@ def current_run() -> RunData:
     data = served.data(runs[names.index(name)])
     if data.note:
         st.sidebar.warning(data.note)
+    live.pause_switch()
     operator_panel(served)
     return data
 
@@ -73,7 +75,8 @@ def narrow_screens() -> None:
 
 
 def trouble_banner() -> None:
-    """Above every page: each run whose owner failed and is starting again, or whose store is damaged."""
+    """Above every page: each run whose owner failed and is starting again, or whose store is damaged. It goes on
+    refreshing while the panels are paused: a failing owner is never hidden."""
     try:
         served = desk()
     except BedsideError:

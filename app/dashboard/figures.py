@@ -201,16 +201,6 @@ def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Checkpoints")
 
 
-def runs_overlay(curves: dict[str, pd.DataFrame], metric: str) -> go.Figure:
-    """Several runs' held-out ``metric`` against compute (columns ``cum_flops``, ``value``), log x."""
-    fig = go.Figure()
-    for name, curve in curves.items():
-        fig.add_trace(go.Scatter(x=curve["cum_flops"], y=curve["value"], mode="lines+markers", name=name))
-    fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI")
-    fig.update_yaxes(title=f"held-out {metric}")
-    return _layout(fig, "Runs: eval against compute")
-
-
 def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
     """Title at the top, the legend in rows below it and the plot below both, at any width: the legend is placed
     from the top of the figure (not of the plot, where its rows grew up over the title on a narrow screen) and

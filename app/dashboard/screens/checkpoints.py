@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from bedside.app.dashboard import figures, summaries
+from bedside.app.dashboard import figures, live, summaries
 from bedside.app.dashboard.common import age, current_run, number
 from bedside.detectors.checkpointing import CheckpointAdvice
 
@@ -44,7 +44,7 @@ def young_daly(advice: CheckpointAdvice) -> None:
         )
 
 
-@st.fragment(run_every=data.refresh_s)
+@st.fragment(run_every=live.every(data.refresh_s))
 def checkpoints() -> None:
     saved = data.frame("checkpoints")
     risk = data.frame("good_checkpoint")
@@ -60,7 +60,7 @@ def checkpoints() -> None:
     if saved.empty:
         st.info("No checkpoint yet.")
         return
-    st.plotly_chart(figures.checkpoint_timeline(saved), key="checkpoint_timeline")
+    live.chart(figures.checkpoint_timeline(saved), "checkpoint_timeline")
     advice = summaries.checkpoint_advice(saved, data.frame("restarts"))
     if advice:
         young_daly(advice)

@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import figures, summaries
+from bedside.app.dashboard import figures, live, summaries
 from bedside.app.dashboard.actions import ACTION_LABELS, onset, prefilled_args, request_status, what_is_lost
 from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator
 from bedside.app.dashboard.registry import desk
@@ -32,11 +32,11 @@ data = current_run()
 st.title(f"{data.name}: incidents")
 
 
-@st.fragment(run_every=data.refresh_s)
-def incident_list(listed: frozenset[str]) -> None:
+@st.fragment(run_every=live.every(data.refresh_s))
+def incident_list() -> str | None:
+    """The list and the picker, refreshed in place: a new incident joins both without rerunning the page (which
+    would close an open dropdown and redraw every chart). Choosing another incident builds the page for it."""
     incidents = data.frame("incidents")
-    if set(incidents["incident_id"]) != listed:  # new incidents: the picker below is built by the whole page
-        st.rerun(scope="app")
     if incidents.empty:
         if data.can_write and data.owner.detected_at is None:
             st.info("The detectors have not gone over this run yet: incidents appear once they have.")
@@ -44,38 +44,51 @@ def incident_list(listed: frozenset[str]) -> None:
             st.success(f"No incidents (detectors ran at {clock(data.owner.detected_at)}).")
         else:  # read from the raw telemetry: the incidents are in the process holding the store
             st.warning(data.note)
-        return
+        return None
     shown = summaries.incident_rows(incidents)
     shown.insert(shown.columns.get_loc("onset_s"), "age", (time.time() - shown.pop("onset_s")).map(age))
     st.dataframe(shown, hide_index=True, column_config=INCIDENT_COLUMNS, key="incident_table")
+    chosen = pick(incidents)
+    if not st.session_state.get("incident_building") and chosen != st.session_state.get("incident_shown"):
+        st.rerun(scope="app")  # the list's own run picked another incident: the page follows
+    return chosen
 
 
-incidents = data.frame("incidents")
-incident_list(frozenset(incidents["incident_id"]))
-if incidents.empty:
-    st.stop()
+def pick(incidents: pd.DataFrame) -> str | None:
+    """The Incident picker, opened on the incident the address names (``?incident=``, written once the page shows
+    it), so that a link or a reload opens it again. It keeps its choice as incidents come (its identity is its key); a link naming an incident the run
+    does not have says so and opens none. Its options are in triage order as the page was built, incidents that
+    came since at the end: an open dropdown closes when the chosen option moves."""
+    since = None if st.session_state.get("incident_building") else st.session_state.get("incident_order")
+    ids = st.session_state["incident_order"] = live.kept_order(since, incidents["incident_id"].tolist())
+    by_id = incidents.set_index("incident_id")
+    linked = st.query_params.get(live.INCIDENT)
+    wanted = st.session_state.get("incident", st.session_state.get("incident_chosen", linked))
+    if wanted in ids:
+        st.session_state["incident"] = wanted
+    elif wanted == linked and linked:
+        st.warning(f"This run has no incident {linked!r} (resolved and gone, or another run's?): choose one below.")
+        st.session_state["incident"] = None
+    chosen = st.selectbox(
+        "Incident",
+        ids,
+        key="incident",
+        format_func=lambda i: f"{summaries.incident_name(i, by_id.loc[i, 'ranks'])}: {by_id.loc[i, 'title']}",
+        placeholder="choose an incident",
+    )
+    st.session_state["incident_chosen"] = chosen
+    return chosen
 
-ids = incidents["incident_id"].tolist()
-by_id = incidents.set_index("incident_id")
-# The incident looked at stays chosen when others appear (a widget whose options change starts again):
-# the picker's own state, else the last one chosen here, else the one a link names.
-linked = st.query_params.get("incident")
-wanted = st.session_state.get("incident", st.session_state.get("incident_chosen", linked))
-if wanted in ids:
-    st.session_state["incident"] = wanted
-elif wanted == linked and linked:  # a link to an incident this run does not have: say so, open none
-    st.warning(f"This run has no incident {linked!r} (resolved and gone, or another run's?): choose one below.")
-    st.session_state["incident"] = None
-chosen = st.selectbox(
-    "Incident",
-    ids,
-    key="incident",
-    format_func=lambda i: f"{summaries.incident_name(i, by_id.loc[i, 'ranks'])}: {by_id.loc[i, 'title']}",
-    placeholder="choose an incident",
-)
-st.session_state["incident_chosen"] = chosen
+
+st.session_state["incident_building"] = True  # the page's own run: what the list picks, the page shows
+chosen = incident_list()
+st.session_state["incident_building"] = False
+st.session_state["incident_shown"] = chosen
 if chosen is None:
     st.stop()
+st.query_params[live.INCIDENT] = chosen  # here, not in the list's run: the page's run after it would not send it
+incidents = data.frame("incidents")
+by_id = incidents.set_index("incident_id")
 incident = by_id.loc[chosen]
 suggestion = json.loads(incident["suggested_action"])
 
@@ -96,7 +109,7 @@ ranks = (
     if len(incident["ranks"])
     else pd.DataFrame()
 )
-st.plotly_chart(
+live.chart(
     figures.incident_window(
         data.frame("window_steps", timeline=int(incident["timeline"]), first=first, last=last),
         ranks,
@@ -104,7 +117,8 @@ st.plotly_chart(
         int(incident["end_step"]),
         tuple(int(r) for r in incident["ranks"]),
     ),
-    key="incident_evidence",
+    "incident_evidence",
+    revision=chosen,  # a zoom lasts while the incident stays open
 )
 read = data.frame("window_data", timeline=int(incident["timeline"]), first=first, last=last)
 if read["shards"].map(len).any() or read["batch"].notna().any():
@@ -243,7 +257,7 @@ else:
             st.rerun()
 
 
-@st.fragment(run_every=data.refresh_s)
+@st.fragment(run_every=live.every(data.refresh_s))
 def requests_and_audit_trail() -> None:
     trail, chain = data.audit_trail()
     filed = trail[trail["request_id"].notna() & (trail["incident_id"] == chosen)]

@@ -6,7 +6,7 @@ import time
 
 import streamlit as st
 
-from bedside.app.dashboard import curves, summaries
+from bedside.app.dashboard import curves, live, summaries
 from bedside.app.dashboard.common import STATUS_LABELS, age, as_of, current_run, number
 
 INCIDENTS_PAGE = "screens/incidents.py"
@@ -16,7 +16,7 @@ data = current_run()
 st.title(data.title())
 
 
-@st.fragment(run_every=data.refresh_s)
+@st.fragment(run_every=live.every(data.refresh_s))
 def overview() -> None:
     run = data.frame("run")
     now = time.time()
@@ -53,7 +53,7 @@ def overview() -> None:
     if metric:
         band = summaries.forecast_band(evals, metric)
         marks = summaries.incidents_on_evals(data.frame("incidents"), evals, metric)
-        st.plotly_chart(curves.eval_vs_compute(evals, metric, band, marks), key="eval_vs_compute")
+        live.chart(curves.eval_vs_compute(evals, metric, band, marks), "eval_vs_compute")
     else:
         st.info("No held-out evals yet: eval versus compute appears with the first eval record.")
     steps = data.frame("steps")
@@ -75,7 +75,8 @@ def overview() -> None:
     figure = curves.training_curves(
         steps, data.frame("incidents"), data.frame("actions"), log_y=log_y, smoothing=smoothing
     )
-    st.plotly_chart(figure, key="training_curves")
+    # the step range lasts through refreshes, toggles and reloads; a y zoom until Log y is switched
+    live.chart(figure, "training_curves", revision=f"training, log y {log_y}", url=live.STEP_RANGE)
 
 
 overview()

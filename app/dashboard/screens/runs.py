@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import run_compare
+from bedside.app.dashboard import live, run_compare
 from bedside.app.dashboard.common import current_run
 from bedside.app.dashboard.data import RunData
 from bedside.app.dashboard.registry import desk
@@ -49,7 +49,7 @@ def row(data: RunData, path: Path) -> dict[str, object]:
     )
 
 
-@st.fragment(run_every=served.refresh_s)
+@st.fragment(run_every=live.every(served.refresh_s))
 def table() -> None:
     shown = runs_table()
     picked = st.dataframe(
@@ -106,10 +106,10 @@ def compare(folders: list[str]) -> None:
         st.warning("Not drawn: " + "; ".join(f"**{name}** {why}" for name, why in left_out.items()) + ".")
     drawn = {name: curve for name, curve in curves.items() if not curve.empty}
     if drawn:
-        st.plotly_chart(run_compare.compare_figure(drawn, metric, x), key="runs_compare")
+        live.chart(run_compare.compare_figure(drawn, metric, x), "runs_compare")
 
 
-@st.fragment(run_every=served.refresh_s)
+@st.fragment(run_every=live.every(served.refresh_s))
 def comparison() -> None:
     compare(runs_table()["folder"].tolist())
 
