@@ -6,7 +6,8 @@ progress ``sum(lr x tokens)`` where the run reports its LR, ``eval_progress.py``
 (``eval_forecast.py``: least squares on log scale, E below the best eval seen). New evals are
 judged against a prediction interval: the residual noise over n - 3 degrees of freedom, plus the
 fit's own uncertainty where it forecasts (the leverage of the law's gradient against the fit's
-Jacobian), times Student t's quantile at the normal tail of ``band_z``. Persistence is measured in evals: the last
+Jacobian), times Student t's quantile at the normal tail of ``band_z``. Persistence is measured in evals
+(``eval_windows.py``): the last
 ``patience``, 2x and 4x ``patience`` evals are held out of the fit and judged together
 (their mean against the band of a mean, widened for autocorrelated residuals), so a stall
 cannot bend the fit to itself one eval at a time. Evals above the band are kept out of the
@@ -26,19 +27,21 @@ under half: a spike or divergence of the training) opens none and clears one ope
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
-from scipy import stats
 
 from .detector import Detector
 from .eval_forecast import Forecast, ar1_correlation, forecast_evals, t_quantile
 from .eval_gap import GapBand, gap_band
 from .eval_progress import TrainingRecord
+from .eval_windows import EvalSeries, WindowJudge, capped
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, POSITIVE, Range, ranges
 from .telemetry import TelemetryBatch
+
+__all__ = ["LOSS_SCORES", "EvalStallDetector", "forecast_evals"]  # forecast_evals: the dashboard draws the same band
 
 LOSS_SCORES = ("loss", "eval_loss", "val_loss")
 GAP_REFERENCE = 12
@@ -48,26 +51,6 @@ TREND_Z = 3.0
 """How many standard errors of the eval's trend the training loss must fall by, over the same evals, before
 an eval that does not fall counts as not learning (the eval's noise must not pass for a stall): the normal
 tail, taken as Student t's quantile there for a noise estimated from few evals."""
-
-
-@dataclass
-class _Series:
-    """One (timeline, split, score) eval series and its episode."""
-
-    points: list[tuple[int, float, float]] = field(default_factory=list)  # (step, compute, value) fitted
-    suspects: list[tuple[int, float, float, float, float]] = field(default_factory=list)  # + forecast, sigma
-    finding: Finding | None = None
-    latest: Forecast | None = None
-    """The latest forecast: its law, noise, degrees of freedom and residual autocorrelation."""
-    compute_unit: str = "cum_flops"
-    """What the compute axis is: ``lr_tokens`` or ``lr_steps`` (the LR-weighted progress), ``cum_flops``,
-    ``cum_tokens`` or ``step``, as the latest eval had it."""
-    steps: list[int] = field(default_factory=list)
-    """The step of every eval seen, in order."""
-    gaps: dict[int, tuple[float, float]] = field(default_factory=dict)
-    """step -> (the training loss at the eval, log scale; the eval's gap to it), where the run has one."""
-    gap_hold: int | None = None
-    """While the gap rule holds a stall: the step of its first eval (the gaps before it are the reference)."""
 
 
 class EvalStallDetector(Detector):
@@ -105,7 +88,8 @@ class EvalStallDetector(Detector):
         super().__init__()
         self.min_evals, self.band_z, self.min_rel_sigma = min_evals, band_z, min_rel_sigma
         self.patience, self.trend_evals, self.train_drop = patience, trend_evals, train_drop
-        self._series: dict[tuple[int, str, str], _Series] = {}
+        self.judge = WindowJudge(min_evals, band_z, min_rel_sigma, patience, trend_evals)
+        self._series: dict[tuple[int, str, str], EvalSeries] = {}
         self._train = TrainingRecord()
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
@@ -133,9 +117,9 @@ class EvalStallDetector(Detector):
         series.compute_unit = unit
         self._take_gap(timeline, series, step, value)
         evaluation = (step, compute, value)
-        above = self._judge_alone(series, evaluation) if series.suspects else self._judge_window(series, evaluation)
-        if not above:
-            series.points.extend(s[:3] for s in series.suspects)  # back in the band: they were noise
+        above = self.judge.judge(series, evaluation)
+        if not above:  # back in the band: the suspects were noise, and rejoin the fit before this eval, in order
+            series.points.extend([*(s[:3] for s in series.suspects), evaluation])
             series.suspects.clear()
         gap_up = self._judge_gap(series)
         learning_stopped = self._train_falls_eval_flat(timeline, series, step)
@@ -151,20 +135,20 @@ class EvalStallDetector(Detector):
             return series.finding
         return None
 
-    def _series_for(self, timeline: int, split: str, name: str, step: int) -> _Series:
+    def _series_for(self, timeline: int, split: str, name: str, step: int) -> EvalSeries:
         """The series on ``timeline``; a new timeline starts from its parent's evals before ``step``."""
         key = (timeline, split, name)
         if key not in self._series:
             parents = [k for k in self._series if k[1:] == (split, name) and k[0] < timeline]
-            parent = self._series[max(parents)] if parents else _Series()
-            self._series[key] = _Series(
+            parent = self._series[max(parents)] if parents else EvalSeries()
+            self._series[key] = EvalSeries(
                 points=[p for p in parent.points if p[0] < step],
                 steps=[s for s in parent.steps if s < step],
                 gaps={s: g for s, g in parent.gaps.items() if s < step},
             )
         return self._series[key]
 
-    def _take_gap(self, timeline: int, series: _Series, step: int, value: float) -> None:
+    def _take_gap(self, timeline: int, series: EvalSeries, step: int, value: float) -> None:
         """The eval's step, and its gap to the training loss at that step (when the run has one there)."""
         if series.steps and step <= series.steps[-1]:
             return  # an eval written again: the first one stands
@@ -174,14 +158,14 @@ class EvalStallDetector(Detector):
             if level is not None:
                 series.gaps[step] = (level, math.log(value) - level)
 
-    def _reference(self, series: _Series, before: int) -> GapBand | None:
+    def _reference(self, series: EvalSeries, before: int) -> GapBand | None:
         """The band of the gaps of the latest ``GAP_REFERENCE`` fitted evals before step ``before``."""
         fitted = [p[0] for p in series.points if p[0] < before and p[0] in series.gaps][-GAP_REFERENCE:]
         if len(fitted) < self.min_evals - 1:
             return None
         return gap_band([series.gaps[s][1] for s in fitted], min_rel_sigma=self.min_rel_sigma)
 
-    def _judge_gap(self, series: _Series) -> bool:
+    def _judge_gap(self, series: EvalSeries) -> bool:
         """Eval against the training loss: has the gap of the latest evals risen out of its band while the eval
         did not improve? While it holds, each new eval must stay above the band of one gap, or it clears."""
         latest = series.steps[-1]
@@ -194,22 +178,34 @@ class EvalStallDetector(Detector):
                 return True
             series.gap_hold = None
             return False
-        for m in self.windows():
+        for m in self.judge.windows():
             window = series.steps[-m:]
             if len(window) < m or any(s not in series.gaps for s in window):
                 break
             band = self._reference(series, window[0])
             if band is None:
                 break
-            excess = _newest_capped(
-                np.array([series.gaps[s][1] for s in window]) - band.level, band.width(1, self.band_z)
-            )
-            if excess.mean() > band.width(m, self.band_z) and excess.min() > 0 and self._eval_flat(series, window):
+            excess = capped(np.array([series.gaps[s][1] for s in window]) - band.level, band.width(1, self.band_z))
+            if (
+                excess.mean() > band.width(m, self.band_z)
+                and excess.min() > 0
+                and self._eval_flat(series, window)
+                and not self._training_rise(series, window, window[0]) > excess.mean()  # the training's own move
+            ):
                 series.gap_hold = window[0]
                 return True
         return False
 
-    def _eval_flat(self, series: _Series, window: list[int]) -> bool:
+    def _training_rise(self, series: EvalSeries, steps: list[int], before: int) -> float:
+        """How far the training loss at ``steps`` (their mean level, log scale) is above the lowest it was at the
+        latest ``GAP_REFERENCE`` fitted evals before step ``before`` (NaN without them): a rise is the training's
+        own spike, divergence or recovery from one, whose sudden moves the level at an eval lags."""
+        reference = [p[0] for p in series.points if p[0] < before and p[0] in series.gaps][-GAP_REFERENCE:]
+        if not reference or any(s not in series.gaps for s in steps):
+            return math.nan
+        return float(np.mean([series.gaps[s][0] for s in steps])) - min(series.gaps[s][0] for s in reference)
+
+    def _eval_flat(self, series: EvalSeries, window: list[int]) -> bool:
         """The evals of ``window`` are, on average, no lower than the last eval before it (log scale: eval =
         gap + training level)."""
         before = [s for s in series.steps if s < window[0] and s in series.gaps]
@@ -218,84 +214,20 @@ class EvalStallDetector(Detector):
         mean = float(np.mean([sum(series.gaps[s]) for s in window]))
         return mean >= sum(series.gaps[before[-1]])
 
-    def _train_rose_with_eval(self, series: _Series) -> bool:
+    def _train_rose_with_eval(self, series: EvalSeries) -> bool:
         """The suspects' excess over the forecast is the training loss's: the training loss at them rose above
-        its level at each of the last three fitted evals by over half their excess, and their gap to it by under
+        the lowest of its level at the latest fitted evals by over half their excess, and their gap to it by under
         half (a spike or a divergence of the training itself, which the loss detectors report; not a stall)."""
         suspects = [s for s in series.suspects if s[0] in series.gaps]
         band = self._reference(series, series.suspects[0][0])
-        fitted = [p[0] for p in series.points if p[0] in series.gaps]
-        if len(suspects) < len(series.suspects) or band is None or not fitted:
+        if len(suspects) < len(series.suspects) or band is None:
             return False
         excess = float(np.mean([math.log(s[2] / s[3]) for s in suspects]))
         gap_rise = float(np.mean([series.gaps[s[0]][1] for s in suspects])) - band.level
-        before = max(series.gaps[s][0] for s in fitted[-3:])
-        train_rise = float(np.mean([series.gaps[s[0]][0] for s in suspects])) - before
+        train_rise = self._training_rise(series, [s[0] for s in suspects], suspects[0][0])
         return train_rise > excess / 2 > gap_rise
 
-    def _judge_alone(self, series: _Series, evaluation: tuple[int, float, float]) -> bool:
-        """While evals are above the band: is this one too (then it joins the suspects)?"""
-        forecast = self._forecast(series, series.points, [evaluation])
-        if forecast is None:
-            series.points.append(evaluation)
-            return False
-        suspect = (*evaluation, float(forecast.center[0]), float(forecast.sigma[0]))
-        width = float(forecast.half_width(self.band_z)[0])
-        above = math.log(evaluation[2] / suspect[3]) > width
-        # falling steadily, only slower than an early fit said: refit, it is no stall
-        if above and not self._still_improving(series.suspects + [suspect], width):
-            series.suspects.append(suspect)
-            return True
-        series.points.append(evaluation)
-        return False
-
-    def _judge_window(self, series: _Series, evaluation: tuple[int, float, float]) -> bool:
-        """The last ``m`` evals, held out of the fit, against the band of their mean, for ``m`` in
-        ``windows()``: above it, they become suspects; else this eval joins the fit. Each window is judged
-        against a fit that has not seen it, so a stall cannot bend the fit to itself one eval at a time."""
-        for m in self.windows():
-            fitted, window = series.points[: len(series.points) - m + 1], series.points[len(series.points) - m + 1 :]
-            window = window + [evaluation]
-            forecast = self._forecast(series, fitted, window)
-            if forecast is None:
-                break  # longer windows leave even fewer evals to fit
-            excess = _newest_capped(
-                np.log([w[2] for w in window]) - np.log(forecast.center), forecast.half_width(self.band_z)
-            )
-            width = t_quantile(self.band_z, forecast.dof) * forecast.mean_sigma
-            suspects = [(*w, float(f), float(sg)) for w, f, sg in zip(window, forecast.center, forecast.sigma)]
-            if excess.mean() > width and excess.min() > 0 and not self._still_improving(suspects, width):
-                series.points, series.suspects = fitted, suspects
-                return True
-        series.points.append(evaluation)
-        return False
-
-    def windows(self) -> tuple[int, ...]:
-        """How many of the latest evals are judged together: ``patience``, twice and four times as many."""
-        return (self.patience, 2 * self.patience, 4 * self.patience)
-
-    def _forecast(
-        self, series: _Series, fitted: list[tuple[int, float, float]], evals: list[tuple[int, float, float]]
-    ) -> Forecast | None:
-        """The forecast, from the evals ``fitted``, at the computes of ``evals``; None before ``min_evals``."""
-        if len(fitted) < self.min_evals:
-            return None
-        c = np.array([p[1] for p in fitted])
-        v = np.array([p[2] for p in fitted])
-        forecast = forecast_evals(c, v, np.array([e[1] for e in evals]), min_rel_sigma=self.min_rel_sigma)
-        if forecast is not None:
-            series.latest = forecast
-        return forecast
-
-    def _still_improving(self, evals: list[tuple], width: float) -> bool:
-        """The last ``trend_evals`` evals (step, compute, value, ...) fall, by more than the band's half-width
-        ``width``, first to last."""
-        recent = np.array([e[2] for e in evals[-self.trend_evals :]])
-        if len(recent) < self.trend_evals or math.log(recent[0] / recent[-1]) <= width:
-            return False
-        return bool(stats.spearmanr(np.arange(len(recent)), recent).statistic < 0.0)
-
-    def _train_falls_eval_flat(self, timeline: int, series: _Series, step: int) -> bool:
+    def _train_falls_eval_flat(self, timeline: int, series: EvalSeries, step: int) -> bool:
         """Over the last ``trend_evals`` evals: eval not improving while the training loss keeps falling."""
         recent = (series.points + [s[:3] for s in series.suspects])[-self.trend_evals :]
         latest = series.latest
@@ -307,19 +239,23 @@ class EvalStallDetector(Detector):
         if len(train) < 2 * self.trend_evals:
             return False
         bins = np.array_split(np.array(train), self.trend_evals)
-        medians = np.array([np.median(b) for b in bins])
-        train_fall = math.log(medians[0] / medians[-1])
+        medians = np.log([np.median(b) for b in bins])
+        # a fall counts down from the lowest the training was before (a recovery from its own spike is no learning)
+        before = [g[0] for s, g in series.gaps.items() if s < first_step][-GAP_REFERENCE:]
+        train_fall = min(medians[0], *before) - medians[-1]
         eval_fall, fall_se = _trend_fall(evals, latest)
         needed = max(-math.log1p(-self.train_drop), t_quantile(TREND_Z, latest.dof) * fall_se)
         return eval_fall <= 0.0 and train_fall >= needed
 
-    def _open_or_grow(self, timeline: int, split: str, name: str, series: _Series, rule: str) -> Finding:
+    def _open_or_grow(self, timeline: int, split: str, name: str, series: EvalSeries, rule: str) -> Finding:
         suspects = series.suspects if rule == "forecast" else []
         first = {"forecast": suspects[0][0] if suspects else None, "eval_vs_train": series.gap_hold}.get(rule)
         start = (
             series.finding.start_step
             if series.finding and series.finding.active
-            else (first if first is not None else series.points[-self.trend_evals][0])
+            else (
+                first if first is not None else (series.points + [s[:3] for s in series.suspects])[-self.trend_evals][0]
+            )
         )
         last = suspects[-1] if suspects else (*series.points[-1], float("nan"), float("nan"))
         if not suspects and series.suspects and series.suspects[-1][0] > last[0]:
@@ -365,7 +301,7 @@ class EvalStallDetector(Detector):
         )
         return series.finding
 
-    def _gap_excess(self, series: _Series) -> list[float]:
+    def _gap_excess(self, series: EvalSeries) -> list[float]:
         """While the gap rule holds: each held eval's gap above the reference, in the reference's noise."""
         band = self._reference(series, series.gap_hold) if series.gap_hold is not None else None
         if band is None:
@@ -374,22 +310,19 @@ class EvalStallDetector(Detector):
         return [(series.gaps[s][1] - band.level) / band.noise for s in held]
 
 
-def _newest_capped(excess: np.ndarray, width: np.ndarray | float) -> np.ndarray:
-    """The excesses of a window of evals, the newest counted up to its own band ``width``: one eval far above
-    cannot carry a window by itself, however far it jumped (a spike of the training at the eval's step, which
-    the training loss shows only after it), so a jump opens a finding one eval later, with its cause known."""
-    capped = excess.copy()
-    capped[-1] = min(float(capped[-1]), float(np.atleast_1d(width)[-1]))
-    return capped
-
-
 def _trend_fall(evals: np.ndarray, latest: Forecast) -> tuple[float, float]:
-    """How far ``evals`` fall, first to last, by their least-squares trend on log scale, and its standard error
-    under the latest fit's noise, correlated as that fit's residuals are (lag-1 autocorrelation)."""
-    x = np.arange(len(evals)) - (len(evals) - 1) / 2
-    weights = (len(evals) - 1) * x / float(x @ x)
-    fall_se = latest.noise * math.sqrt(float(weights @ ar1_correlation(latest.rho, len(x)) @ weights))
-    return -float(weights @ np.log(evals)), fall_se
+    """How far ``evals`` fall, first to last, by their robust trend on log scale (Theil-Sen: the median of the
+    slopes between every pair, so that no one eval, a bad eval batch or an eval on a spike, makes the trend), and
+    the standard error of the least-squares trend under the latest fit's noise, correlated as that fit's residuals
+    are (lag-1 autocorrelation)."""
+    n = len(evals)
+    x = np.arange(n) - (n - 1) / 2
+    weights = (n - 1) * x / float(x @ x)
+    fall_se = latest.noise * math.sqrt(float(weights @ ar1_correlation(latest.rho, n) @ weights))
+    i, j = np.triu_indices(n, 1)
+    log_evals = np.log(evals)
+    slope = float(np.median((log_evals[j] - log_evals[i]) / (j - i)))
+    return -slope * (n - 1), fall_se
 
 
 def _cleared(finding: Finding, step: int) -> Finding:

@@ -200,6 +200,49 @@ def test_a_flat_eval_is_found_from_the_stall_on(kind: str) -> None:
     assert np.median(delays) <= 10, delays
 
 
+def divergence(step: np.ndarray, onset: int, *, tau: float, rise: float = 0.4, ramp: int = 60) -> np.ndarray:
+    """Log excess of a divergence at ``onset``: up by ``rise`` over ``ramp`` steps, then back with time constant
+    ``tau``."""
+    after = step - onset
+    return np.where(after > ramp, rise * np.exp(-(after - ramp) / tau), np.clip(after / ramp, 0, 1) * rise)
+
+
+@pytest.mark.parametrize("kind", NOISES)
+def test_a_divergence_the_eval_shares_and_its_slow_recovery_are_no_stall(kind: str) -> None:
+    # The training loss and the held-out eval rise together by 50%, then fall back to their curves over hundreds
+    # of steps; runs cut short after it or not. Measured over 72 such runs (these onsets and recoveries, seeds
+    # 0-2, the 4 noise models, not cut): 67 had a forecast finding before the fix, none after (the falling evals
+    # rejoined the fit after the eval judging them, out of order, and the training's rise was measured from
+    # levels already inside the divergence).
+    at = eval_steps()
+    steps = np.arange(1, at[-1] + 1)
+    for onset in (900, 1500, 2200):
+        for tau in (500.0, 2000.0):
+            for seed in (0, 1):
+                batch = build_run(
+                    kind,
+                    seed,
+                    evals=eval_curve(at) * np.exp(divergence(at, onset, tau=tau)),
+                    train=train_curve(steps) * np.exp(divergence(steps, onset, tau=tau)),
+                )
+                cut = until(batch, onset + 600) if seed else batch
+                found = [(f.start_step, f.evidence["rule"]) for f in detect(cut).values() if f.end_step >= onset]
+                assert not found, (onset, tau, seed, found)
+
+
+@pytest.mark.parametrize("kind", NOISES)
+def test_one_bad_eval_is_no_stall(kind: str) -> None:
+    # One eval 8% off its curve (a bad eval batch) early, mid-run or late, the training loss on its curve.
+    # Measured before the fix: 32 of these 48 runs had a finding (the forecast rule: that eval carried a window
+    # with one next to it above the forecast by chance; the train-versus-eval rule: it made a 5-eval trend flat).
+    for j in (10, 20, 35, 50):
+        for seed in range(3):
+            values = eval_curve(eval_steps())
+            values[j] *= 1.08
+            found = detect(build_run(kind, seed, evals=values))
+            assert not found, (j, seed, [(f.start_step, f.evidence["rule"]) for f in found.values()])
+
+
 def test_a_stall_clears_when_the_evals_come_back_in_the_band() -> None:
     values = flat_from(12, until=24)
     values[24:] = eval_curve(eval_steps())[24:]
@@ -221,16 +264,22 @@ def test_a_memorising_job_is_found_by_train_falling_while_eval_is_flat() -> None
     # 1-9 findings per run; before the fix in eval_stall.py the first one to clear was the last.
     values = flat_from(8) * (1 + 0.002 * np.maximum(np.arange(EVALS) - 8, 0))
     for kind in NOISES:
-        batch = build_run(kind, 1, evals=values, train=memorising_train())
-        found = detect(batch, band_z=50.0)
-        assert found and all(f.evidence["rule"] == "train_vs_eval" for f in found.values()), kind
-        assert min(f.start_step for f in found.values()) >= eval_steps()[8], kind
-        # measured (seed 1): the last one ends at step 2350, 2700, 1500 and 2350: the eval's noise comes from a
-        # fit that, with the forecast rule off, takes in the rising evals, and the rule needs the training
-        # loss to fall by 3 standard errors of the eval's trend
-        assert max(f.end_step for f in found.values()) >= eval_steps()[25], kind
-        assert all("training loss falls" in f.summary for f in found.values())
-        assert detect(batch), kind  # default settings: one rule or the other
+        late = 0
+        for seed in (1, 2, 3):
+            batch = build_run(kind, seed, evals=values, train=memorising_train())
+            found = detect(batch, band_z=50.0)
+            assert found and all(f.evidence["rule"] == "train_vs_eval" for f in found.values()), (kind, seed)
+            # the start is the first eval of the 5-eval window: one eval of margin (seed 2 starts at step 400)
+            assert min(f.start_step for f in found.values()) >= eval_steps()[8] - EVERY, (kind, seed)
+            assert all("training loss falls" in f.summary for f in found.values())
+            assert detect(batch), (kind, seed)  # default settings: one rule or the other
+            # the eval's noise comes from a fit that, with the forecast rule off, takes in the rising evals, and
+            # the rule needs the training loss to fall by 3 standard errors of the eval's trend
+            late += max(f.end_step for f in found.values()) >= eval_steps()[25]
+        # measured with the robust (Theil-Sen) trend, seeds 1-3: the last finding ends after eval 25 in 3, 3, 3
+        # and 2 of 3 runs (lognormal seed 1 ends at step 1050); with the least-squares trend in 4 of 4 on seed 1,
+        # where one eval on a training spike made a 5-eval trend flat
+        assert late >= 2, (kind, late)
 
 
 def until(batch: TelemetryBatch, step: int) -> TelemetryBatch:
