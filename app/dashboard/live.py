@@ -54,13 +54,16 @@ function xRange(change) {  // a zoom or pan of any x axis (they match), or a res
 }
 export default function (component) {
   const { data, parentElement, setStateValue } = component;
-  let plot = parentElement.querySelector(":scope > .bedside-chart");
-  if (!plot) {
-    plot = document.createElement("div");
-    plot.className = "bedside-chart";
-    plot.dataset.key = data.key;
-    parentElement.appendChild(plot);
+  let box = parentElement.querySelector(":scope > .bedside-chart");
+  if (!box) {  // marked as Streamlit marks its own plotly charts, for the tools that wait for charts drawn
+    box = document.createElement("div");
+    box.className = "bedside-chart stPlotlyChart";
+    box.dataset.testid = "stPlotlyChart";
+    box.dataset.key = data.key;
+    box.appendChild(document.createElement("div"));
+    parentElement.appendChild(box);
   }
+  const plot = box.firstChild;
   if (plot.dataset.figure === data.figure) return;  // unchanged: nothing is drawn again
   plot.dataset.figure = data.figure;
   plotly(data.chunk).then((Plotly) => {
@@ -79,8 +82,9 @@ export default function (component) {
 _CHART = st.components.v2.component(CHART_NAME, js=CHART_JS, isolate_styles=False)
 
 STEADY_CSS = """<style>
-/* A live panel's refresh leaves its elements as they are until their new values come: no dimming */
-[data-stale="true"], [data-stale="true"] * { opacity: 1 !important; transition: none !important; }
+/* A live panel's refresh leaves its elements as they are until their new values come: no dimming. Only the
+   opacity: an expander relies on its transitions to open and close. */
+[data-testid="stElementContainer"][data-stale="true"] { opacity: 1 !important; }
 </style>"""
 
 
