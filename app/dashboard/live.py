@@ -124,8 +124,11 @@ def chart(figure: go.Figure, key: str, *, revision: str | None = None, url: str 
         figure.update_layout(uirevision=revision or key)
     if url and (shown := parse_range(st.query_params.get(url))):
         figure.update_xaxes(range=list(shown), autorange=False)
+    if PLOTLY_CHUNK is None:  # a Streamlit without the bundle: drawn anew on each refresh, but drawn
+        st.plotly_chart(figure, key=key, config=CONFIG)
+        return
     data = {"key": key, "figure": plotly.io.to_json(figure, validate=False), "config": CONFIG, "url": url}
-    data["chunk"] = PLOTLY_CHUNK.name if PLOTLY_CHUNK else ""
+    data["chunk"] = PLOTLY_CHUNK.name
     _CHART(
         key=key,
         data=data,
