@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 from bedside.detectors.incidents import family_of
 
-from .figures import FADED, SEVERITY_COLORS, _layout, band_traces, downsample_minmax
+from .figures import FADED, SEVERITY_COLORS, apply_layout, band_traces, downsample_minmax
 
 TIMELINE_COLORS = ("#1f77b4", "#2ca02c", "#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#393b79")
 """No red, orange or amber (the severities') and no violet (the rewinds' and skips' lines)."""
@@ -104,7 +104,7 @@ def training_curves(
             _mark_incidents(fig, steps, shown, panel.column, row, legend)
     _mark_actions(fig, actions)
     fig.update_xaxes(title="step", row=max(1, len(panels)), col=1)
-    return _layout(fig, "Training", height=160 + 150 * len(panels))
+    return apply_layout(fig, "Training", height=160 + 150 * len(panels))
 
 
 def _timeline_lines(
@@ -281,7 +281,7 @@ def eval_vs_compute(
         )
     fig.update_xaxes(type="log", title="cumulative FLOPs spent", exponentformat="SI extended")
     fig.update_yaxes(title=EVAL_TITLES.get(metric, f"held-out {metric}"), range=list(span) if span else None)
-    return _layout(fig, "Held-out eval against compute")
+    return apply_layout(fig, "Held-out eval against compute")
 
 
 def _data_range(values: pd.Series) -> tuple[float, float] | None:

@@ -16,8 +16,6 @@ RANK_LINES = 16
 """The most ranks drawn as lines of their own; the rest share a band."""
 RANK_TIMES = {"compute_time": "compute time", "step_time": "step time"}
 SEVERITY_COLORS = {"info": "#3b82f6", "warning": "#f59e0b", "critical": "#dc2626"}
-PHASES = ("data_time", "compute_time", "comm_time", "optimizer_time")
-PHASE_COLORS = {"data_time": "#a78bfa", "compute_time": "#2563eb", "comm_time": "#f97316", "optimizer_time": "#10b981"}
 CHECKPOINT_COLORS = {
     "verified": "#16a34a",
     "saved": "#2563eb",
@@ -52,44 +50,6 @@ def downsample_minmax(frame: pd.DataFrame, x: str, y: str, max_points: int = MAX
     return frame.iloc[sorted(kept)].reset_index(drop=True)
 
 
-def rank_heatmap(times: pd.DataFrame, order: list[int]) -> go.Figure:
-    """Step time per rank (rows, in ``order``: host then mesh coordinates) and step bucket (columns)."""
-    grid = times.pivot_table(index="rank", columns="step", values="step_time", aggfunc="max")
-    grid = grid.reindex([r for r in order if r in grid.index] + [r for r in grid.index if r not in order])
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid.to_numpy(),
-            x=grid.columns,
-            y=[f"rank {r}" for r in grid.index],
-            colorscale="Viridis",
-            colorbar={"title": "step s"},
-            hovertemplate="%{y}, step %{x}: %{z:.3f} s<extra></extra>",
-        )
-    )
-    fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="step")
-    return _layout(fig, "Step time by rank", height=min(900, 220 + 14 * len(grid)))
-
-
-def phase_breakdown(phases: pd.DataFrame, top: int = 64) -> go.Figure:
-    """Median time per phase for each rank (the ``top`` slowest by step time), stacked."""
-    shown = phases.nlargest(top, "step_time") if len(phases) > top else phases
-    fig = go.Figure()
-    for phase in PHASES:
-        if phase in shown and shown[phase].notna().any():
-            fig.add_trace(
-                go.Bar(
-                    x=[f"rank {r}" for r in shown["rank"]],
-                    y=shown[phase],
-                    name=phase.removesuffix("_time"),
-                    marker_color=PHASE_COLORS[phase],
-                )
-            )
-    fig.update_layout(barmode="stack")
-    fig.update_yaxes(title="median seconds per step")
-    return _layout(fig, "Where each rank's step goes")
-
-
 def incident_window(
     window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: int, focus: tuple[int, ...] = ()
 ) -> go.Figure:
@@ -120,7 +80,7 @@ def incident_window(
         _rank_lines(fig, ranks, focus, timed)
     fig.add_vrect(x0=start - 0.5, x1=end + 0.5, line_width=0, fillcolor="#f59e0b", opacity=0.15)
     _evidence_axes(fig, rows, timed)
-    return _layout(fig, "Evidence", height=300 * rows)
+    return apply_layout(fig, "Evidence", height=300 * rows)
 
 
 def rank_time(ranks: pd.DataFrame) -> str:
@@ -198,10 +158,10 @@ def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:
         )
     fig.update_xaxes(title="started (UTC)")
     fig.update_yaxes(title="step")
-    return _layout(fig, "Checkpoints")
+    return apply_layout(fig, "Checkpoints")
 
 
-def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
+def apply_layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
     """Title at the top, the legend in rows below it and the plot below both, at any width: the legend is placed
     from the top of the figure (not of the plot, where its rows grew up over the title on a narrow screen) and
     the top margin grows to hold it."""

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .figures import _layout
+from .figures import apply_layout
 
 PHASES = ("compute", "data", "comm", "optimizer")
 """The phases a run may report (``<phase>_time`` in rank_step metrics), in the order the page offers them."""
@@ -81,7 +81,7 @@ def rank_heatmap(cells: pd.DataFrame, order: pd.DataFrame, phase: str) -> go.Fig
     fig.update_yaxes(autorange="reversed", **host_ticks(rows, labels))
     fig.update_xaxes(title="step")
     plot_px = max(min(max(ROW_PX * len(rows), MIN_PLOT_PX), MAX_PLOT_PX), len(rows))
-    return _layout(fig, f"{phase.capitalize()} time by rank, over its peers'", height=plot_px + AROUND_PX)
+    return apply_layout(fig, f"{phase.capitalize()} time by rank, over its peers'", height=plot_px + AROUND_PX)
 
 
 def separators(rows: pd.DataFrame) -> list[dict]:
@@ -147,4 +147,4 @@ def phase_breakdown(shown: pd.DataFrame, flagged: Iterable[int] = ()) -> go.Figu
     fig.update_layout(barmode="stack")
     fig.update_xaxes(type="category")
     fig.update_yaxes(title="median ms per step")
-    return _layout(fig, "Where each rank's step goes (slowest compute against its peers first)")
+    return apply_layout(fig, "Where each rank's step goes (slowest compute against its peers first)")

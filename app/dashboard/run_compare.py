@@ -16,7 +16,7 @@ from pandas.io.formats.style import Styler
 from plotly.colors import qualitative
 
 from .common import STATUS_LABELS, number
-from .figures import FADED, MAX_POINTS, _layout
+from .figures import FADED, MAX_POINTS, apply_layout
 
 X_AXES = {"step": "step", "tokens": "tokens spent", "flops": "FLOPs spent", "time": "wall time"}
 """The x axes a comparison can use (the ``compare_series`` query's ``$x``), with their titles."""
@@ -155,7 +155,7 @@ def compare_figure(curves: dict[str, pd.DataFrame], metric: Metric, x: str) -> g
     fig.update_xaxes(title=title, exponentformat="SI", hoverformat=X_HOVER[x], type="log" if x == "flops" else "linear")
     fig.update_yaxes(title=metric.label, exponentformat="SI")
     fig.update_layout(uirevision=f"{metric.label} by {x}")  # a zoom outlives the refreshes, not a new choice
-    return _layout(fig, f"Runs: {metric.label} by {X_AXES[x]}")
+    return apply_layout(fig, f"Runs: {metric.label} by {X_AXES[x]}")
 
 
 def _line(run: str, timeline: int, line: pd.DataFrame, scale: float, color: str, live: bool) -> go.Scatter:

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import rank_view
+from bedside.app.dashboard import live, rank_view
 from bedside.app.dashboard.common import current_run
 
 HEATMAP_COLUMNS = 400
@@ -32,7 +32,7 @@ def pick_timeline(timelines: pd.DataFrame) -> pd.Series:
     return timelines[timelines["timeline"] == chosen].iloc[0]
 
 
-@st.fragment(run_every=data.refresh_s)
+@st.fragment(run_every=live.every(data.refresh_s))
 def ranks() -> None:
     timelines = data.frame("timelines")
     if timelines.empty:
@@ -48,9 +48,7 @@ def ranks() -> None:
     flagged = rank_view.flagged_ranks(blamed(stragglers))
     slowdown_table(phases)
     if reported:
-        st.plotly_chart(
-            rank_view.phase_breakdown(rank_view.phase_ranks(phases, flagged), flagged), key="phase_breakdown"
-        )
+        live.chart(rank_view.phase_breakdown(rank_view.phase_ranks(phases, flagged), flagged), "phase_breakdown")
         if flagged:
             st.caption("* flagged: blamed by an unresolved straggler incident of this timeline")
     else:
@@ -61,7 +59,9 @@ def ranks() -> None:
 def heatmap(timeline: int, last: int, phase: str) -> None:
     bucket = max(1, -(-(last + 1) // HEATMAP_COLUMNS))
     cells = data.frame("rank_heatmap", bucket=bucket, timeline=timeline, phase=phase)
-    st.plotly_chart(rank_view.rank_heatmap(cells, data.frame("rank_order"), phase), key="rank_heatmap")
+    live.chart(
+        rank_view.rank_heatmap(cells, data.frame("rank_order"), phase), "rank_heatmap", revision=f"{timeline} {phase}"
+    )
     st.caption(
         f"timeline {timeline}; each cell is a rank's mean {phase} time over {bucket} step(s) against the median of "
         "its peers' (the ranks of its pipeline stage and TP index, or every rank without a topology): 1 is typical, "
