@@ -21,10 +21,11 @@ PAGE_SHOWN = """() => {
     const title = document.querySelector('h1');
     const busy = document.querySelector('[data-testid="stSkeleton"], [data-testid="stStatusWidget"]');  // running: a Stop button
     const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
-    const drawn = charts.every((chart) => {
-        const plot = chart.querySelector('.js-plotly-plot');
+    const plotted = (element) => {
+        const plot = element.querySelector('.js-plotly-plot');
         return plot !== null && plot._fullLayout !== undefined;
-    });
+    };  // live.chart's components make their plot once mounted: each must hold one drawn
+    const drawn = charts.every(plotted) && [...document.querySelectorAll('[data-testid^="stBidiComponent"]')].every(plotted);
     if (!title || busy || !drawn) return null;
     const length = (trace) => trace._length || (trace.x && trace.x.length) || 0;
     const points = charts.reduce((sum, chart) => sum + (chart.querySelector('.js-plotly-plot')._fullData || [])
@@ -32,8 +33,8 @@ PAGE_SHOWN = """() => {
     return {ms: performance.now(), charts: charts.length, points: points};
 }"""
 """For ``page.wait_for_function``: null until the page is shown (its title there, no loading skeleton, the script
-idle: no status widget, every Plotly chart drawn: ``_fullLayout`` set on its plot); then the time since navigation started (ms, the
-browser's clock), the charts and their points."""
+idle: no status widget, every Plotly chart drawn: ``_fullLayout`` set on its plot, ``live.chart``'s components
+included); then the time since navigation started (ms, the browser's clock), the charts and their points."""
 
 
 def launch(playwright: Any) -> Any:
