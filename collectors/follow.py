@@ -12,12 +12,15 @@ follower warns once and keeps to the rescans.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from watchdog.events import (
     DirCreatedEvent,
@@ -100,8 +103,10 @@ class Follower:
         on_idle: Callable[[], None] = lambda: None,
         warn: Callable[[str], None] = lambda message: None,
         observer_factory: Callable[[], BaseObserver] = Observer,
+        guard: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.collector = collector
+        self.guard = guard or contextlib.nullcontext()  # held while the store's connection is in use
         self.rescan_every_s = rescan_every_s
         self.on_pass = on_pass
         self.on_idle = on_idle
@@ -127,11 +132,14 @@ class Follower:
             while not stop.is_set():
                 self._watch_new_dirs()
                 self._wake.clear()
-                result = self.collector.ingest_available(
-                    on_pass=self.on_pass, stop=stop, changed=self._files_to_look_at()
-                )
+                with self.guard:
+                    result = self.collector.ingest_available(
+                        on_pass=self.on_pass, stop=stop, changed=self._files_to_look_at()
+                    )
                 if result.bytes == 0:
-                    if until_finished and self.run_ended():
+                    with self.guard:
+                        ended = until_finished and self.run_ended()
+                    if ended:
                         return
                     self.on_idle()
                 self._wake.wait(self.rescan_every_s)

@@ -109,12 +109,13 @@ def linked_run(wanted: str | None, runs: list[Path]) -> str | None:
 
 def operator_panel(served: Desk) -> None:
     """Unlock actions with the operator token; the operator's name goes with every action."""
+    if is_operator():  # in sight whatever the panel's state: every action goes out in this name
+        st.sidebar.caption(f"Acting as **{st.session_state['operator']}**.")
     with st.sidebar.expander("Operator", expanded=not is_operator()):
         if not served.operator_token:
             st.caption("Read-only: no operator token is configured (set BEDSIDE_OPERATOR_TOKEN for bedside serve).")
             return
         if is_operator():
-            st.caption(f"Acting as **{st.session_state['operator']}**.")
             if st.button("Lock", key="lock"):
                 del st.session_state["operator"]
                 st.rerun()

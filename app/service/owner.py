@@ -103,7 +103,7 @@ class RunOwner:
         self.audit = AuditKeeper(self.layout)
         self.version = 0
         self.finished = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the store's writer connection: ingest passes and the pages' writes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sending = False
@@ -129,15 +129,16 @@ class RunOwner:
         try:
             if self.health.failing:
                 self._restart()
-            self.collector.ingest_available(on_pass=self._on_pass)
+            with self._lock:
+                self.collector.ingest_available(on_pass=self._on_pass)
             self._on_idle()
         except Exception as exc:
             self._failed(exc)
 
     def finish(self) -> None:
         """The run's data is complete (its training process exited): ingest the rest, and let detection settle."""
-        self.collector.ingest_available(on_pass=self._on_pass)
         with self._lock:
+            self.collector.ingest_available(on_pass=self._on_pass)
             if self.live is not None and not self.finished:
                 self.live.finish()
             self.finished = True
@@ -233,6 +234,7 @@ class RunOwner:
             on_pass=self._on_pass,
             on_idle=self._on_idle,
             warn=self.warn,
+            guard=self._lock,
         )
         self.live = live
         self.finished = False
