@@ -21,46 +21,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from dashboard import PAGES, prepare  # type: ignore[import-not-found]  (bench/dashboard.py, run from here)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from chromium import PAGE_SHOWN, launch  # Debian's chromium as the browser tests launch it, and when a page is shown
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "docs" / "img")]
+from chromium import PAGE_SHOWN, launch  # noqa: E402  (Debian's chromium as the browser tests launch it)
+from screenshot import free_port, start_serving, stop  # noqa: E402  (bedside serve as the pictures start it)
 
 TARGET_MS = 2000.0
-SERVE_START_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def serve(run: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """``bedside serve RUN`` on a free port, once it answers its health check."""
-    port = free_port()
-    command = [sys.executable, "-m", "bedside.app.cli", "serve", str(run), "--port", str(port)]
-    with log.open("w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVE_START_S
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
-                return server, url
-        except OSError:
-            time.sleep(0.5)
-    server.kill()
-    sys.exit(f"bedside serve did not answer within {SERVE_START_S:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 def visit(browser, url: str, timeout_s: float) -> dict[str, float]:
@@ -156,12 +129,12 @@ def main() -> None:
     run = (args.workdir / f"run-{args.ranks}x{args.steps}").resolve()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     prepare(run, args.ranks, args.steps)
-    server, url = serve(run, args.workdir / "page-load-serve.log")
+    port = free_port()
+    server = start_serving(run, port, args.workdir / "page-load-serve.log")
     try:
-        report(measure(url, args.repeat, args.timeout))
+        report(measure(f"http://127.0.0.1:{port}", args.repeat, args.timeout))
     finally:
-        os.killpg(server.pid, 15)
-        server.wait()
+        stop(server)
     print(f"\nload average {os.getloadavg()[0]:.2f} (other processes on the machine skew the figures)")
 
 
