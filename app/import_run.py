@@ -1,4 +1,4 @@
-"""``bedside import``: convert a foreign run (CSV, JSONL) into a bedside run and ingest it."""
+"""``bedside import``: convert a foreign run (CSV, JSONL, Megatron log) into a bedside run and ingest it."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``bedside import``."""
     p = commands.add_parser(
         "import",
-        help="convert a foreign run (CSV, JSONL) into a bedside run",
+        help="convert a foreign run (CSV, JSONL, Megatron log) into a bedside run",
         description="Convert a foreign metrics file into a bedside run directory and ingest it.",
     )
-    p.add_argument("format", choices=("csv", "jsonl"), help="input format (see docs/import.md)")
+    p.add_argument("format", choices=("csv", "jsonl", "megatron"), help="input format (see docs/import.md)")
     p.add_argument("file", type=Path, help="file to import")
     p.add_argument("--out", type=Path, required=True, help="run directory to create")
     p.add_argument("--topology", type=Path, help="JSON file: each rank's host and dp/tp/pp coordinates")
@@ -28,14 +28,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Convert a foreign file into a run and ingest it; an error if a line is rejected."""
-    from bedside.collectors.importers import import_csv, import_jsonl
+    from bedside.collectors.importers import import_csv, import_jsonl, import_megatron
     from bedside.collectors.ingest import Collector
     from bedside.collectors.store import Store
 
     from .output import Progress, warn
     from .service.schema import SCHEMAS
 
-    importer = import_csv if args.format == "csv" else import_jsonl
+    importer = {"csv": import_csv, "jsonl": import_jsonl, "megatron": import_megatron}[args.format]
     summary = importer(args.file, args.out, topology=args.topology, name=args.name)
     kinds = ", ".join(f"{n} {kind}" for kind, n in summary.records.items())
     print(

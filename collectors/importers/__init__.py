@@ -1,4 +1,4 @@
-"""Importers: a foreign CSV or JSONL metrics file becomes a bedside run directory.
+"""Importers: a foreign CSV, JSONL or Megatron log file becomes a bedside run directory.
 
 The accepted shapes are specified in ``docs/import.md``. An import reads and
 checks the whole input first and writes nothing when any row is wrong; it
@@ -25,8 +25,9 @@ from ..records import Eval, Metrics, RankInfo, RankStep, Record, Step, to_line
 from ..runinfo import RankPlacement, RunInfo, write_run_info
 from .csv_import import read_csv
 from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
+from .megatron_import import read_megatron
 
-__all__ = ["ImportSummary", "import_csv", "import_jsonl", "read_topology"]
+__all__ = ["ImportSummary", "import_csv", "import_jsonl", "import_megatron", "read_topology"]
 
 EVAL_FIELDS = ("cum_tokens", "cum_flops")
 UNKNOWN_HOST = "unknown"
@@ -67,6 +68,11 @@ def import_csv(path: Path, out: Path, *, topology: Path | None = None, name: str
 def import_jsonl(path: Path, out: Path, *, topology: Path | None = None, name: str | None = None) -> ImportSummary:
     """Import a JSONL file of wide rows, bedside records (copied), or both."""
     return _import(Path(path), Path(out), read_jsonl, topology, name)
+
+
+def import_megatron(path: Path, out: Path, *, topology: Path | None = None, name: str | None = None) -> ImportSummary:
+    """Import a Megatron-LM / NeMo text log (its iteration and validation lines)."""
+    return _import(Path(path), Path(out), read_megatron, topology, name)
 
 
 def read_topology(path: Path) -> tuple[RankPlacement, ...]:

@@ -1,0 +1,103 @@
+"""Reading Megatron-LM / NeMo text logs: the ``training_log`` and validation lines, other output ignored.
+
+An iteration line is `` [time] iteration N/ M | name: value | ... |`` (the time prefix is optional);
+a validation line is ``validation loss at iteration N | lm loss value: V | lm loss PPL: P |``. Names are
+mapped by ``MEGATRON_NAMES``; the rest are kept as user metrics named with underscores. A line that
+starts like one of these but does not parse is an error naming its line number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from pathlib import Path
+
+from ..errors import ImportFormatError
+from ..safefile import UnsafeFileError, read_small_file
+from .jsonl_import import Parsed, make_row, number
+
+MAX_LOG_BYTES = 1 << 30
+"""The largest log read (1 GiB)."""
+
+MEGATRON_NAMES = {
+    "lm loss": "loss",
+    "grad norm": "grad_norm",
+    "learning rate": "lr",
+    "elapsed time per iteration (ms)": "step_time",
+}
+"""Megatron's names that reach canonical metrics (``step_time`` in seconds, rank 0's)."""
+MEGATRON_STEP_TIME = "elapsed time per iteration (ms)"
+
+_ITERATION = re.compile(r"^\s*(?:\[(?P<time>[^\]]*)\]\s*)?iteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|(?P<rest>.*)$")
+_VALIDATION = re.compile(r"^\s*validation loss at iteration\s+(?P<step>\d+)[^|]*\|(?P<rest>.*)$")
+_LOOKS_LIKE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?(?:iteration\s+\d|validation loss at iteration)")
+
+
+def read_megatron(path: Path) -> Parsed:
+    """Every iteration and validation line of the log ``path``; other lines counted as skipped."""
+    parsed = Parsed("megatron")
+    for number_, line in enumerate(_text(path).splitlines(), start=1):
+        where = f"{path}, line {number_}"
+        if match := _ITERATION.match(line):
+            _add_iteration(parsed, match, where)
+        elif match := _VALIDATION.match(line):
+            fields = _fields(match["rest"], where)
+            scores = {"eval/loss": fields.get("lm loss value"), "eval/ppl": fields.get("lm loss PPL")}
+            values = {n: v for n, v in scores.items() if v is not None}
+            if not values:
+                raise ImportFormatError(f"{where}: a validation line without an lm loss value")
+            time = parsed.rows[-1].time if parsed.rows else None
+            parsed.rows.append(make_row({"step": match["step"], "time": time}, values, where))
+        elif _LOOKS_LIKE.match(line):
+            raise ImportFormatError(f"{where}: looks like a Megatron log line but does not parse: {line[:120]!r}")
+        else:
+            parsed.skipped += 1
+    if not parsed.rows:
+        raise ImportFormatError(f"{path}: no Megatron iteration line (' iteration N/ M | ... |')")
+    return parsed
+
+
+def _text(path: Path) -> str:
+    try:
+        return read_small_file(path, MAX_LOG_BYTES).decode("utf-8", "replace")
+    except UnsafeFileError as exc:
+        raise ImportFormatError(f"{path}: {exc}") from exc
+
+
+def _add_iteration(parsed: Parsed, match: re.Match[str], where: str) -> None:
+    fields = _fields(match["rest"], where)
+    job = {MEGATRON_NAMES.get(n, _user_name(n)): v for n, v in fields.items() if n != MEGATRON_STEP_TIME}
+    if "loss" not in job and fields.get("number of nan iterations", 0) > 0:
+        job["loss"] = math.nan  # Megatron leaves a NaN loss out of the line and counts it
+    time = _time(match["time"], where)
+    place = {"step": match["step"], "time": time}
+    parsed.rows.append(make_row(place, job, where))
+    if MEGATRON_STEP_TIME in fields:
+        seconds = {"step_time": fields[MEGATRON_STEP_TIME] / 1000.0}
+        parsed.rows.append(make_row({**place, "rank": 0}, seconds, where))
+
+
+def _fields(rest: str, where: str) -> dict[str, float]:
+    fields: dict[str, float] = {}
+    for part in (p.strip() for p in rest.split("|")):
+        if not part:
+            continue
+        name, colon, value = part.rpartition(":")
+        if not colon or not name.strip():
+            raise ImportFormatError(f"{where}: field {part!r} is not 'name: value'")
+        fields[name.strip()] = float(number(value.strip(), where, name.strip()))
+    return fields
+
+
+def _user_name(name: str) -> str:
+    return re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_").lower()
+
+
+def _time(raw: str | None, where: str) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return datetime.strptime(raw.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
+    except ValueError as exc:
+        raise ImportFormatError(f"{where}: time [{raw}] is not YYYY-MM-DD HH:MM:SS") from exc

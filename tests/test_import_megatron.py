@@ -1,0 +1,83 @@
+"""Megatron-LM logs, written by a fixture in training_log's documented line format, import and show incidents."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bedside.collectors.errors import ImportFormatError
+from bedside.collectors.importers import import_megatron
+from bedside.collectors.store import Store
+
+SPIKE, NAN = 0.6, 0.8  # where the loss spike and the NaN fall, as fractions of the run
+
+
+def iteration_line(step: int, total: int, loss: float, ms: float, stamp: str) -> str:
+    """One line as Megatron-LM's training_log prints it (a NaN loss is left out and counted)."""
+    line = f" [{stamp}] iteration {step:8d}/{total:8d} | consumed samples: {step * 256:12d} |"
+    line += f" elapsed time per iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): 181.2 |"
+    line += f" learning rate: {3e-4:.6E} | global batch size: {256:5d} |"
+    if not math.isnan(loss):
+        line += f" lm loss: {loss:.6E} |"
+    line += f" loss scale: 1.0 | grad norm: {0.9:.3f} | num zeros: 0.0 |"
+    line += f" number of skipped iterations: {0:3d} | number of nan iterations: {int(math.isnan(loss)):3d} |"
+    return line
+
+
+def write_log(path: Path, steps: int, noise: float, seed: int) -> tuple[int, int]:
+    rng = np.random.default_rng(seed)
+    spike, nan = int(steps * SPIKE), int(steps * NAN)
+    lines = ["using world size: 8, data-parallel size: 8", "> building GPT model ..."]
+    for step in range(1, steps + 1):
+        loss = 4.0 * step**-0.15 * math.exp(noise * rng.standard_normal())
+        loss = math.nan if step == nan else loss * (3.0 if step == spike else 1.0)
+        stamp = f"2026-05-01 10:{step // 60 % 60:02d}:{step % 60:02d}"
+        lines.append(iteration_line(step, 500000, loss, 1200 * math.exp(0.02 * rng.standard_normal()), stamp))
+        if step % 50 == 0:
+            lines += [
+                "-" * 40,
+                f" validation loss at iteration {step} | lm loss value: 2.1E+00 | lm loss PPL: 8.2E+00 |",
+            ]
+        if step % 37 == 0:
+            lines.append("(min, max) time across ranks (ms):\n    forward-backward ...: (1100.21, 1150.40)")
+    path.write_text("\n".join(lines) + "\n")
+    return spike, nan
+
+
+@pytest.mark.parametrize("steps, noise, seed", [(300, 0.01, 0), (700, 0.03, 1)])
+def test_a_megatron_log_imports_and_its_spike_and_nan_are_found(tmp_path, steps, noise, seed):
+    from bedside.app.service.detection import detect_run
+    from bedside.collectors.ingest import Collector
+
+    spike, nan = write_log(tmp_path / "train.log", steps, noise, seed)
+    summary = import_megatron(tmp_path / "train.log", tmp_path / "run")
+    assert summary.records["step"] == steps and summary.records["eval"] == steps // 50
+    with Store.open(tmp_path / "run" / "bedside.duckdb") as store:
+        assert Collector(tmp_path / "run", store).ingest_available().rejected == 0
+        rows = store.cursor().execute("SELECT step, loss, lr FROM step_metrics ORDER BY step").fetchall()
+    assert [r[0] for r in rows] == list(range(1, steps + 1)) and rows[0][2] == pytest.approx(3e-4)
+    findings = detect_run(tmp_path / "run")
+    kinds = {(f.kind, f.start_step) for f in findings}
+    assert any(k == "loss_spike" and abs(s - spike) <= 2 for k, s in kinds), kinds
+    assert any(k == "nonfinite" and abs(s - nan) <= 2 for k, s in kinds), kinds
+
+
+def test_a_line_that_looks_like_an_iteration_but_does_not_parse_is_named(tmp_path):
+    write_log(tmp_path / "train.log", 20, 0.01, 0)
+    lines = (tmp_path / "train.log").read_text().splitlines()
+    lines[5] = lines[5].replace("lm loss: ", "lm loss: oops")
+    (tmp_path / "train.log").write_text("\n".join(lines))
+    with pytest.raises(ImportFormatError, match=re.escape("train.log, line 6: lm loss must be a number")):
+        import_megatron(tmp_path / "train.log", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_symlink_is_refused(tmp_path):
+    write_log(tmp_path / "train.log", 20, 0.01, 0)
+    (tmp_path / "link.log").symlink_to(tmp_path / "train.log")
+    with pytest.raises(ImportFormatError, match="symbolic link"):
+        import_megatron(tmp_path / "link.log", tmp_path / "run")
