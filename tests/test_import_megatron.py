@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -81,3 +82,13 @@ def test_a_symlink_is_refused(tmp_path):
     (tmp_path / "link.log").symlink_to(tmp_path / "train.log")
     with pytest.raises(ImportFormatError, match="symbolic link"):
         import_megatron(tmp_path / "link.log", tmp_path / "run")
+
+
+def test_the_cli_imports_a_megatron_log_and_query_reads_it(tmp_path, bedside):
+    write_log(tmp_path / "train.log", 120, 0.02, 2)
+    done = bedside("import", "megatron", tmp_path / "train.log", "--out", tmp_path / "run", "--quiet")
+    assert done.returncode == 0, done.stderr
+    found = bedside(
+        "query", tmp_path / "run", "SELECT count(*) AS n, max(step) AS last FROM step_metrics", "--format", "json"
+    )
+    assert json.loads(found.stdout) == [{"n": 120, "last": 120}]
