@@ -107,7 +107,7 @@ class BedsideCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if state.is_world_process_zero:
-            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            path = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
             self._open().checkpoint(state.global_step, "saved", path=str(path))
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:

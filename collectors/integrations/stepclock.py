@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
 class StepClock:
@@ -26,11 +27,11 @@ class StepClock:
     def optimizer_done(self) -> None:
         self._optimizer_done = time.perf_counter()
 
-    def times(self) -> dict[str, float]:
+    def times(self) -> dict[str, Any]:
         if self._start is None:
             return {}
         end = time.perf_counter()
-        times = {"step_time": end - self._start}
+        times: dict[str, Any] = {"step_time": end - self._start}
         if self._backward_done is not None:
             times["compute_time"] = self._backward_done - self._start
             if self._optimizer_done is not None:
