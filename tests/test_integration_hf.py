@@ -3,40 +3,19 @@ torchrun, then the run collected into a store."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from torchrun_runs import rows, train_and_collect
 
-from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
-
-HERE = Path(__file__).parent
-
-
-def train(run: Path, steps: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    done = subprocess.run(
-        [*torchrun, str(HERE / "hf_run.py"), str(run), str(steps)], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module", params=[6, 10])
 def hf_run(request, tmp_path_factory) -> tuple[Store, int]:
-    run = tmp_path_factory.mktemp("hf") / "run"
-    train(run, request.param)
-    store = Store.open(run / "bedside.duckdb")
-    Collector(run, store).ingest_available()
+    store = train_and_collect("hf_run.py", tmp_path_factory.mktemp("hf") / "run", request.param)
     yield store, request.param
     store.close()
-
-
-def rows(store: Store, query: str) -> list[tuple]:
-    return store.cursor().execute(query).fetchall()
 
 
 def test_every_rank_writes_its_step_times_and_the_job_rank_the_steps(hf_run: tuple[Store, int]) -> None:

@@ -3,39 +3,17 @@ ranks under torchrun, then the run collected into a store."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from torchrun_runs import rows, train_and_collect
 
-from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
-
-HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module", params=[6, 10])
 def fitted_run(request, tmp_path_factory) -> tuple[Store, int]:
-    run = tmp_path_factory.mktemp("lightning") / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    done = subprocess.run(
-        [*torchrun, str(HERE / "lightning_run.py"), str(run), str(request.param)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    store = Store.open(run / "bedside.duckdb")
-    Collector(run, store).ingest_available()
+    store = train_and_collect("lightning_run.py", tmp_path_factory.mktemp("lightning") / "run", request.param)
     yield store, request.param
     store.close()
-
-
-def rows(store: Store, query: str) -> list[tuple]:
-    return store.cursor().execute(query).fetchall()
 
 
 def test_every_rank_writes_rank_step_and_one_rank_the_job_step(fitted_run: tuple[Store, int]) -> None:
