@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bedside.collectors import RunLogger
 from bedside.collectors.ingest import Collector
 from bedside.collectors.integrations.torchtitan import TorchtitanLogger
 from bedside.collectors.store import Store
@@ -77,3 +78,10 @@ def test_a_value_that_is_not_a_number_is_refused_and_nothing_recorded_is_lost(tm
 def test_either_a_run_directory_or_a_logger(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="either a run directory or a RunLogger"):
         TorchtitanLogger()
+    held = RunLogger(tmp_path / "run", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="not both"):
+        TorchtitanLogger(tmp_path / "run", logger=held)
+    titan = TorchtitanLogger(logger=held)
+    titan.log({"loss_metrics/global_avg_loss": 3.5}, step=4)
+    titan.close()
+    assert '"loss":3.5' in (tmp_path / "run/telemetry/rank-00000.jsonl").read_text()
