@@ -57,6 +57,15 @@ NO_IO_CALLS = ("open", "print", "input", "exec", "eval", "breakpoint")
 SERVICE = "bedside.app.service"
 DASHBOARD = "bedside.app.dashboard"
 CONNECT_MODULE = "bedside.collectors.store"
+INTEGRATIONS = "bedside.collectors.integrations"
+FRAMEWORKS = {
+    "transformers": "huggingface",
+    "accelerate": "huggingface",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "torchtitan": "torchtitan",
+}
+"""Each training framework and the one integration module that may import it (which may import torch too)."""
 START_UP_HEAVY = ("pandas", "duckdb", "pyarrow", "numpy", "scipy", "streamlit", "plotly", "torch", "watchdog")
 """What building the CLI's parser must not load: a command's handler imports them when it runs."""
 TRAINER_MAY_USE = (
@@ -142,10 +151,12 @@ def imported_names(imp: Import) -> list[str]:
     return [imp.module] + [f"{imp.module}.{n}" for n in imp.names]
 
 
-def crossings(package: str, forbidden: tuple[str, ...]) -> list[str]:
+def crossings(package: str, forbidden: tuple[str, ...], *, outside: str | None = None) -> list[str]:
+    """The imports of ``package``'s modules (those not within ``outside``) that reach into ``forbidden``."""
     return [
         f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
         for m in modules_of(package)
+        if outside is None or not within(m.name, outside)
         for imp in imports_of(m)
         if any(within(name, f) for name in imported_names(imp) for f in forbidden)
     ]
@@ -271,7 +282,19 @@ def test_walker_finds_our_sources() -> None:
     ],
 )
 def test_package_does_not_cross_its_boundary(package: str, forbidden: tuple[str, ...]) -> None:
-    assert crossings(package, forbidden) == []
+    assert crossings(package, forbidden + tuple(FRAMEWORKS), outside=INTEGRATIONS) == []
+
+
+def test_integrations_import_each_framework_in_its_own_module_only() -> None:
+    downstream = ("streamlit", "bedside.detectors", "bedside.app", "bedside.trainer")
+    bad = crossings("collectors", downstream)
+    for m in modules_of("collectors"):
+        if within(m.name, INTEGRATIONS):
+            for imp in imports_of(m):
+                top = imp.module.split(".")[0]
+                if top in FRAMEWORKS and m.name != f"{INTEGRATIONS}.{FRAMEWORKS[top]}":
+                    bad.append(f"{m.path.relative_to(ROOT)}:{imp.line} imports {imp.module}")
+    assert bad == []
 
 
 def test_detectors_are_pure_statistics() -> None:

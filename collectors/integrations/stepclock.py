@@ -1,0 +1,40 @@
+"""Per-rank phase times of one training step, read from the host clock at a framework's hooks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class StepClock:
+    """Marks a step's start, the end of forward and backward, and the end of the optimizer step.
+
+    ``times()`` gives the ``rank_step`` timings: ``step_time`` from start to the last mark, ``compute_time``
+    (forward and backward, with the gradient all-reduce they overlap) and ``optimizer_time``. A phase whose
+    marks are missing is left out. Reading the clock costs no device sync."""
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._backward_done: float | None = None
+        self._optimizer_done: float | None = None
+
+    def start(self) -> None:
+        self._start, self._backward_done, self._optimizer_done = time.perf_counter(), None, None
+
+    def backward_done(self) -> None:
+        self._backward_done = time.perf_counter()
+
+    def optimizer_done(self) -> None:
+        self._optimizer_done = time.perf_counter()
+
+    def times(self) -> dict[str, Any]:
+        if self._start is None:
+            return {}
+        end = time.perf_counter()
+        times: dict[str, Any] = {"step_time": end - self._start}
+        if self._backward_done is not None:
+            times["compute_time"] = self._backward_done - self._start
+            if self._optimizer_done is not None:
+                times["optimizer_time"] = self._optimizer_done - self._backward_done
+        self._start = None
+        return times

@@ -1,0 +1,42 @@
+"""The Hugging Face callback end to end: a tiny GPT-2 trained by ``transformers.Trainer`` on two gloo ranks under
+torchrun, then the run collected into a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from torchrun_runs import rows, train_and_collect
+
+from bedside.collectors.store import Store
+
+
+@pytest.fixture(scope="module", params=[6, 10])
+def hf_run(request, tmp_path_factory) -> tuple[Store, int]:
+    store = train_and_collect("hf_run.py", tmp_path_factory.mktemp("hf") / "run", request.param)
+    yield store, request.param
+    store.close()
+
+
+def test_every_rank_writes_its_step_times_and_the_job_rank_the_steps(hf_run: tuple[Store, int]) -> None:
+    store, steps = hf_run
+    per_rank = rows(
+        store,
+        "SELECT rank, count(*), count(compute_time), count(optimizer_time), bool_and(step_time >= compute_time)"
+        " FROM rank_step_metrics GROUP BY rank ORDER BY rank",
+    )
+    assert per_rank == [(0, steps, steps, steps, True), (1, steps, steps, steps, True)]
+    assert rows(store, "SELECT count(*), count(loss), count(grad_norm), count(lr), sum(tokens) FROM step_metrics") == [
+        (steps, steps, steps, steps, steps * 2 * 4 * 16)
+    ]
+    assert rows(store, "SELECT status, world_size FROM run") == [("finished", 2)]
+    assert rows(store, "SELECT count(*) FROM rejected") == [(0,)]
+
+
+def test_evaluations_carry_the_compute_spent_and_saves_are_checkpoint_records(hf_run: tuple[Store, int]) -> None:
+    store, steps = hf_run
+    evals = rows(store, "SELECT step, name, cum_tokens, cum_flops > 0 FROM eval_scores ORDER BY step")
+    assert evals == [(steps // 2, "loss", steps // 2 * 128, True), (steps // 2 * 2, "loss", steps // 2 * 2 * 128, True)]
+    saved = rows(store, "SELECT step, event, path FROM checkpoint_events ORDER BY step")
+    assert [(step, event) for step, event, _ in saved] == [(steps // 2, "saved"), (steps // 2 * 2, "saved")]
+    assert all(Path(path).is_dir() for _, _, path in saved)

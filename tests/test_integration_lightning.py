@@ -1,0 +1,41 @@
+"""The Lightning callback end to end: a tiny GPT-2 fitted by ``lightning.pytorch.Trainer`` with DDP on two gloo
+ranks under torchrun, then the run collected into a store."""
+
+from __future__ import annotations
+
+import pytest
+from torchrun_runs import rows, train_and_collect
+
+from bedside.collectors.store import Store
+
+
+@pytest.fixture(scope="module", params=[6, 10])
+def fitted_run(request, tmp_path_factory) -> tuple[Store, int]:
+    store = train_and_collect("lightning_run.py", tmp_path_factory.mktemp("lightning") / "run", request.param)
+    yield store, request.param
+    store.close()
+
+
+def test_every_rank_writes_rank_step_and_one_rank_the_job_step(fitted_run: tuple[Store, int]) -> None:
+    store, steps = fitted_run
+    per_rank = rows(
+        store,
+        "SELECT rank, count(*), count(compute_time), count(optimizer_time), count(extra['local_loss'])"
+        " FROM rank_step_metrics GROUP BY rank ORDER BY rank",
+    )
+    assert per_rank == [(0, steps, steps, steps, steps), (1, steps, steps, steps, steps)]
+    job = rows(store, "SELECT count(*), count(DISTINCT rank), count(loss), count(grad_norm), min(grad_norm) FROM steps")
+    assert job[0][:4] == (steps, 1, steps, steps) and job[0][4] > 0
+    assert rows(store, "SELECT status, world_size FROM run") == [("finished", 2)]
+    assert rows(store, "SELECT count(*) FROM rejected") == [(0,)]
+
+
+def test_validation_ends_are_evals_and_saves_are_checkpoint_records(fitted_run: tuple[Store, int]) -> None:
+    store, steps = fitted_run
+    half = steps // 2
+    assert rows(store, "SELECT step, name FROM eval_scores ORDER BY step") == [
+        (half, "val_loss"),
+        (2 * half, "val_loss"),
+    ]
+    saves = rows(store, "SELECT step, event FROM checkpoint_events ORDER BY step")
+    assert (2 * half, "save_started") in saves
