@@ -61,6 +61,7 @@ START_UP_HEAVY = ("pandas", "duckdb", "pyarrow", "numpy", "scipy", "streamlit", 
 """What building the CLI's parser must not load: a command's handler imports them when it runs."""
 TRAINER_MAY_USE = (
     "bedside.collectors.writer",
+    "bedside.collectors.kit",
     "bedside.collectors.controlkey",
     "bedside.collectors.safefile",
     "bedside.detectors.faults",
