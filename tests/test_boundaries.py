@@ -5,7 +5,7 @@ Rules (docs/architecture.md "Packages", DESIGN "Folders"): dependencies point on
 collectors/ knows nothing of detectors, app or trainer; detectors/ imports only the standard
 library (no threads, processes, files or network), numpy, pandas, scipy and itself; the service
 never imports the dashboard or a CLI module; the dashboard never imports a CLI module (every
-module of app/ outside service/ and dashboard/); trainer/ uses only the telemetry writer of ours,
+module of app/ outside service/ and dashboard/); trainer/ uses only the telemetry writer of ours, the instrumentation kit,
 the control client's key and safe file reader, and the fault catalog; ``duckdb.connect`` is called in
 collectors/store/__init__.py only; importing the CLI loads no subsystem it does not need, and ``bedside --help``,
 ``bedside --version`` and ``bedside COMMAND --help`` load none of the heavy libraries (each handler imports them).
@@ -70,6 +70,7 @@ START_UP_HEAVY = ("pandas", "duckdb", "pyarrow", "numpy", "scipy", "streamlit", 
 """What building the CLI's parser must not load: a command's handler imports them when it runs."""
 TRAINER_MAY_USE = (
     "bedside.collectors.writer",
+    "bedside.collectors.kit",
     "bedside.collectors.controlkey",
     "bedside.collectors.safefile",
     "bedside.detectors.faults",

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from bedside.trainer.model import ModelConfig, Transformer, flops_per_token, mfu, parameter_count, tiny_model_config
+from bedside.collectors.kit import flops_per_token, mfu
+from bedside.trainer.model import ModelConfig, Transformer, parameter_count, tiny_model_config
 
 SMALL = ModelConfig(vocab_size=32, seq_len=16, d_model=32, n_layers=2, n_heads=4)
 
@@ -92,14 +93,14 @@ def test_flops_per_token_by_hand() -> None:
     n = 2 * (4 * 16 * 16 + 2 * 16 * 64)  # 6144 non-embedding matmul weights
     head = 16 * 10
     attention = 2 * 8 * 16  # n_layers * n_ctx * d_attn
-    assert flops_per_token(config) == 6 * (n + head) + 6 * attention == 39360.0
+    assert flops_per_token(config.shape) == 6 * (n + head) + 6 * attention == 39360.0
 
 
 def test_mfu() -> None:
     config = ModelConfig(vocab_size=10, seq_len=8, d_model=16, n_layers=2, n_heads=2)
-    assert mfu(1000.0, config, peak_flops=39360.0 * 4000) == pytest.approx(0.25)
+    assert mfu(1000.0, config.shape, peak_flops=39360.0 * 4000) == pytest.approx(0.25)
     with pytest.raises(ValueError):
-        mfu(1000.0, config, peak_flops=0.0)
+        mfu(1000.0, config.shape, peak_flops=0.0)
 
 
 def test_loss_at_init_is_close_to_uniform() -> None:

@@ -1,5 +1,5 @@
-"""A small GPT-style decoder (pre-LayerNorm) in plain torch.nn, and its accounting:
-exact parameter counts, training FLOPs per token and model FLOPs utilisation.
+"""A small GPT-style decoder (pre-LayerNorm) in plain torch.nn, and its exact
+parameter counts; training FLOPs per token and MFU come from the kit (``ModelConfig.shape``).
 
 Blocks live in ``Transformer.blocks`` (an ``nn.ModuleList``) so FSDP2 ``fully_shard``
 can wrap each one. Initialisation draws from the global torch RNG only: the same
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..collectors.kit import ModelShape
 
 INIT_STD = 0.02
 
@@ -44,6 +46,17 @@ class ModelConfig:
     @property
     def d_mlp(self) -> int:
         return self.mlp_ratio * self.d_model
+
+    @property
+    def shape(self) -> ModelShape:
+        """The description the kit's FLOPs accounting reads."""
+        return ModelShape(
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            d_mlp=self.d_mlp,
+            seq_len=self.seq_len,
+            vocab_size=self.vocab_size,
+        )
 
 
 def tiny_model_config(vocab_size: int, seq_len: int) -> ModelConfig:
@@ -154,35 +167,3 @@ def parameter_count(config: ModelConfig, *, embeddings: bool = True) -> int:
         return body
     head = 0 if config.tie_embeddings else config.vocab_size * d
     return body + (config.vocab_size + config.seq_len) * d + head
-
-
-def flops_per_token(config: ModelConfig) -> float:
-    """Training FLOPs (forward + backward) per token, Kaplan et al. 2020 (Table 1) convention.
-
-    Forward per token: 2 FLOPs per matmul weight, ``2 * N`` with
-    ``N = n_layers * (4 d_model^2 + 2 d_model d_mlp)`` (QKV, attention output and both
-    MLP matrices; ``d_attn = d_model``), plus attention over the context
-    ``2 * n_layers * seq_len * d_model`` (QK^T and AV under the causal mask, each query
-    seeing seq_len / 2 keys on average), plus the LM head ``2 * d_model * vocab_size``
-    (kept because it dominates tiny models). Training is 3x forward (backward = 2x), so
-    ``6 * (N + d_model * vocab_size) + 6 * n_layers * seq_len * d_model``.
-
-    Not counted (O(d_model) per token, as in Kaplan and Chinchilla's 6N): biases,
-    LayerNorms, GELU, softmax, dropout, embedding lookups, the loss and the optimizer.
-    PaLM / nanoGPT's ``estimate_mfu`` count unmasked attention (``12 * n_layers * seq_len
-    * d_model``), so their MFU for the same run reads higher.
-    """
-    d, L = config.d_model, config.n_layers
-    matmul_weights = L * (4 * d * d + 2 * d * config.d_mlp) + d * config.vocab_size
-    return float(6 * matmul_weights + 6 * L * config.seq_len * d)
-
-
-def mfu(tokens_per_second: float, config: ModelConfig, peak_flops: float) -> float:
-    """Model FLOPs utilisation: achieved training FLOP/s over ``peak_flops``.
-
-    ``peak_flops`` is the peak of whatever produced ``tokens_per_second``: one device's
-    peak for per-rank throughput, ``world_size`` times it for global throughput.
-    """
-    if peak_flops <= 0:
-        raise ValueError(f"peak_flops must be > 0, got {peak_flops!r}")
-    return tokens_per_second * flops_per_token(config) / peak_flops

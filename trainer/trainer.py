@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bedside.collectors.kit import flops_per_token
 from bedside.collectors.writer import RunLogger
 
 from .checkpoint import rng_state, set_rng_state
@@ -24,7 +25,7 @@ from .control import ControlChannel, ControlState
 from .ddp_hooks import LocalGrads
 from .faults import FaultPlan
 from .language import MarkovLanguage, ShardedCorpus
-from .model import Transformer, flops_per_token
+from .model import Transformer
 from .parallel import clip_grad_norm, local, wrap
 from .sampler import BatchSampler
 from .schedule import lr_at
@@ -83,7 +84,7 @@ class Trainer:
         )
         self.step = 0
         self.control_state = ControlState()
-        self.flops_per_step = flops_per_token(config.model) * config.tokens_per_step
+        self.flops_per_step = flops_per_token(config.model.shape) * config.tokens_per_step
         self.spent_tokens = 0
         self.spent_flops = 0.0
 
