@@ -200,6 +200,11 @@ def test_a_receiver_that_is_down_holds_only_its_own_notifier(tiny_faults: Path, 
     with owning(tiny_faults, settings_for({"hook": webhook(receiver), "gone": elsewhere})) as owner:
         expected = int((owner.outbox()["notifier"] == "hook").sum())
         receiver.wait_for(expected)
+        # the receiver answers before the sender records the delivery: wait for the record, not the request
+        eventually(
+            lambda: set(owner.outbox().query("notifier == 'hook'")["status"]) == {"delivered"},
+            "every message to the live receiver recorded delivered",
+        )
         eventually(lambda: (owner.outbox().query("notifier == 'gone'")["attempts"] >= 2).any(), "retries elsewhere")
         rows = owner.outbox()
     assert set(rows.query("notifier == 'hook'")["status"]) == {"delivered"}
