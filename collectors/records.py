@@ -99,9 +99,10 @@ class Action(Envelope):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat(Envelope):
-    """Proof of life between steps."""
+    """Proof of life between steps; ``control``: a control reader polls the run's requests."""
 
     kind: ClassVar[Kind] = Kind.HEARTBEAT
+    control: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -161,9 +161,10 @@ class RunLogger:
         """A human-readable line for the run's event log."""
         self._put(Log, step, fields={"level": level, "message": str(message)})
 
-    def heartbeat(self, step: int) -> None:
-        """Proof of life between steps (long evals, checkpoints, data stalls)."""
-        self._put(Heartbeat, step)
+    def heartbeat(self, step: int, *, control: bool | None = None) -> None:
+        """Proof of life between steps (long evals, checkpoints, data stalls); ``control``: a control reader
+        polls this run's requests (``kit.ControlClient`` says so)."""
+        self._put(Heartbeat, step, fields={"control": True} if control else None)
 
     def flush(self) -> None:
         """Block until every record handed over so far has been written to the OS."""

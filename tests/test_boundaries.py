@@ -283,7 +283,14 @@ def test_walker_finds_our_sources() -> None:
     ],
 )
 def test_package_does_not_cross_its_boundary(package: str, forbidden: tuple[str, ...]) -> None:
-    assert crossings(package, forbidden + tuple(FRAMEWORKS), outside=INTEGRATIONS) == []
+    found = crossings(package, forbidden + tuple(FRAMEWORKS), outside=INTEGRATIONS)
+    assert [c for c in found if not is_kit_torch(c)] == []
+
+
+def is_kit_torch(crossing: str) -> bool:
+    """Whether a crossing is a module of the instrumentation kit importing torch, which the kit may."""
+    where, _, imported = crossing.partition(" imports ")
+    return where.startswith("collectors/kit/") and within(imported, "torch")
 
 
 def test_integrations_import_each_framework_in_its_own_module_only() -> None:

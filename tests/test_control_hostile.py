@@ -22,6 +22,7 @@ import pytest
 
 from bedside.app.cli import main as bedside
 from bedside.collectors.control import build_request, request_action
+from bedside.collectors.control_inbox import MAX_REQUEST_BYTES, Request, RequestInbox
 from bedside.collectors.controlkey import (
     KEY_ENV,
     ControlKeyError,
@@ -34,7 +35,6 @@ from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
-from bedside.trainer.control import MAX_REQUEST_BYTES, Request, RequestInbox
 
 NOT_BLOCKED_S = 30.0  # a liveness bound, not a timing: a poll that blocks never returns
 

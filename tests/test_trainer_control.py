@@ -20,6 +20,7 @@ from bedside.app.cli import build_parser
 from bedside.app.cli import main as bedside
 from bedside.app.train import torchrun_command
 from bedside.collectors.control import ACTIONS, build_request, check_args, request_action
+from bedside.collectors.control_inbox import RETAKEN_NOTE
 from bedside.collectors.controlkey import (
     ensure_control_key,
     read_control_key,
@@ -31,7 +32,6 @@ from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
-from bedside.trainer.control import RETAKEN_NOTE
 
 STEPS, EVERY, FILE_AT = 100, 10, 25
 SKIPPED = (40, 44)

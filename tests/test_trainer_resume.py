@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from bedside.collectors.control import request_action
+from bedside.collectors.control_inbox import RETAKEN_NOTE
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
-from bedside.trainer.control import RETAKEN_NOTE
 
 STEPS, EVERY, CRASH = 30, 10, 25
 

@@ -15,13 +15,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bedside.collectors.kit import flops_per_token
+from bedside.collectors.kit import ControlState, flops_per_token
 from bedside.collectors.writer import RunLogger
 
 from .checkpoint import rng_state, set_rng_state
 from .checkpointing import Checkpointing
 from .config import TrainConfig
-from .control import ControlChannel, ControlState
+from .control import ControlChannel
 from .ddp_hooks import LocalGrads
 from .faults import FaultPlan
 from .language import MarkovLanguage, ShardedCorpus
@@ -141,7 +141,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.spent_tokens, self.spent_flops = state["spent_tokens"], state["spent_flops"]
         # checkpoints written before the control state was saved have none: nothing was handled then
-        self.control_state = ControlState.from_state_dict(state["control"]) if "control" in state else ControlState()
+        self.control_state.load_state_dict(state.get("control", ControlState().state_dict()))
 
     def train_step(self) -> None:
         """One optimizer step on the next global batch."""

@@ -1,0 +1,101 @@
+"""Skip requests in any loop: a batch-sampler wrapper that drops the requested batches and records their ids.
+
+``SkippingSampler`` wraps an iterable of batches of sample ids (a ``torch.utils.data.BatchSampler``,
+or any batch sampler that yields the same global batches on every rank). Batches are numbered
+from 0 in the order read, across epochs: the ``first_batch`` and ``last_batch`` of a skip request.
+Its ``skip`` is a ``ControlClient`` handler (``on_skip=sampler.skip``): the request stays open
+until the sampler has passed its last batch, and is then acknowledged ``applied`` with the exact
+ids dropped (``args.sample_ids``). Its ``state_dict`` (position, ranges, open requests) belongs
+in the loop's checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..control_inbox import Rejected, Request
+from .actions import Action, ControlClient, int_arg
+
+
+@dataclass
+class _Skip:
+    """One skip request in force: the batches still to drop, and the ids dropped so far."""
+
+    first: int
+    last: int
+    action: Action
+    sample_ids: list[int] = field(default_factory=list)
+
+
+class SkippingSampler:
+    """Yields the wrapped sampler's batches except those a skip request names."""
+
+    def __init__(self, batches: Iterable[Sequence[int]], client: ControlClient) -> None:
+        self.batches, self.client = batches, client
+        self.position = 0
+        """The number of the next batch read (every batch counts, skipped or not)."""
+        self._skips: list[_Skip] = []
+
+    def skip(self, action: Action) -> None:
+        """Drop batches ``first_batch`` to ``last_batch`` when they come (``Rejected`` when all were read)."""
+        first, last = int_arg(action, "first_batch"), int_arg(action, "last_batch")
+        if first > last:
+            raise Rejected(f"skip needs first_batch <= last_batch, got {first} > {last}")
+        if last < self.position:
+            raise Rejected(f"batches {first} to {last} were already read: the next batch is {self.position}")
+        action.defer()
+        self._skips.append(_Skip(max(first, self.position), last, action))
+
+    def __iter__(self) -> Iterator[Sequence[int]]:
+        for batch in self.batches:
+            index, self.position = self.position, self.position + 1
+            skip = next((s for s in self._skips if s.first <= index <= s.last), None)
+            if skip is None:
+                yield batch
+                continue
+            skip.sample_ids.extend(int(i) for i in batch)
+            if index == skip.last:
+                self._finish(skip)
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]  # as the wrapped sampler: DataLoader asks
+
+    def _finish(self, skip: _Skip) -> None:
+        self._skips.remove(skip)
+        asked = skip.action.args["first_batch"]
+        late = f" (batches before {skip.first} were already read)" if asked < skip.first else ""
+        skip.action.applied(
+            f"skipped batches {skip.first} to {skip.last}: {len(skip.sample_ids)} samples not read{late}",
+            sample_ids=skip.sample_ids,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position and the skips still open, with their requests and the ids dropped so far (JSON)."""
+        return {
+            "position": self.position,
+            "skips": [
+                {
+                    "first": s.first,
+                    "last": s.last,
+                    "request": _request_state(s.action.request),
+                    "sample_ids": s.sample_ids,
+                }
+                for s in self._skips
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; its open skip requests are answered when their batches have passed."""
+        self.position = int(state["position"])
+        self._skips = [
+            _Skip(
+                int(s["first"]), int(s["last"]), self.client.action_for(Request(**s["request"])), list(s["sample_ids"])
+            )
+            for s in state["skips"]
+        ]
+
+
+def _request_state(request: Request) -> dict[str, Any]:
+    return {name: value for name, value in asdict(request).items() if name not in ("problem", "retaken")}
