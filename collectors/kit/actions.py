@@ -154,8 +154,8 @@ class ControlClient:
     def actions(self, step: int) -> list[Action]:
         """The requests to act on at ``step``, the same on every rank (every rank must call it, at every
         boundary); what the previous call handed over and was left unanswered is rejected first."""
-        self._reject_unanswered()
         self.step = step
+        self._reject_unanswered()
         self._beat(step)
         requests = self._receive()
         handed = []
@@ -184,10 +184,10 @@ class ControlClient:
     def close(self, step: int, refusal: str = "the run finished before it could be applied") -> None:
         """At the end of the loop (every rank): reject what is still filed, open or deferred, so every request
         gets an answer."""
-        self._reject_unanswered()
         for action in self.actions(step):
             action.rejected(refusal)
         for action in list(self.deferred.values()):
+            action.step = step
             action.rejected(refusal)
 
     def state_dict(self) -> dict[str, Any]:
@@ -277,6 +277,7 @@ class ControlClient:
     def _reject_unanswered(self) -> None:
         for action in self._open:
             if action.status is None:
+                action.step = self.step
                 action.rejected(_unhandled(action.action))
         self._open = []
 

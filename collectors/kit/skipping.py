@@ -3,7 +3,7 @@
 ``SkippingSampler`` wraps an iterable of batches of sample ids (a ``torch.utils.data.BatchSampler``,
 or any batch sampler that yields the same global batches on every rank). Batches are numbered
 from 0 in the order read, across epochs: the ``first_batch`` and ``last_batch`` of a skip request.
-Its ``skip`` is a ``ControlClient`` handler (``on_skip=sampler.skip``): the request stays open
+It makes itself the ``ControlClient``'s skip handler: the request stays open
 until the sampler has passed its last batch, and is then acknowledged ``applied`` with the exact
 ids dropped (``args.sample_ids``). Its ``state_dict`` (position, ranges, open requests) belongs
 in the loop's checkpoints.
@@ -30,10 +30,11 @@ class _Skip:
 
 
 class SkippingSampler:
-    """Yields the wrapped sampler's batches except those a skip request names."""
+    """Yields the wrapped sampler's batches except those a skip request names; it handles ``client``'s skips."""
 
     def __init__(self, batches: Iterable[Sequence[int]], client: ControlClient) -> None:
         self.batches, self.client = batches, client
+        client.handlers["skip"] = self.skip
         self.position = 0
         """The number of the next batch read (every batch counts, skipped or not)."""
         self._skips: list[_Skip] = []

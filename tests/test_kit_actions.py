@@ -1,0 +1,159 @@
+"""Control requests in a plain loop through the kit's ControlClient: on two gloo ranks under torchrun, a
+rewind filed with ``request_action`` calls the loop's load function on both ranks at the same step, a skip
+drops exactly the batches asked and records their sample ids, an action without a handler is rejected
+with the reason, and a restart from the saved client state applies nothing again. In one process: an
+action the loop leaves unanswered is rejected at the next boundary, and an action is answered once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bedside.collectors.control import build_request, request_action, write_request
+from bedside.collectors.controlkey import RUN_ID, SIGNATURE, read_control_key, run_identity, sign_request
+from bedside.collectors.kit import ControlClient
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.writer import RunLogger
+
+HERE = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+
+
+def records(run: Path, rank: int = 0) -> list[dict]:
+    path = RunLayout(run).rank_file(rank)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
+
+
+def acks(run: Path, request_id: str) -> list[dict]:
+    return [r for r in records(run) if r["kind"] == "action" and r["request_id"] == request_id]
+
+
+def wait_for(condition, what: str, loop: subprocess.Popen) -> None:
+    import time
+
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert loop.poll() is None, f"the loop ended before {what}: {loop.communicate()[0]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def answered(run: Path, request_id: str) -> bool:
+    return any(r["status"] != "requested" for r in acks(run, request_id))
+
+
+def file_foreign(layout: RunLayout, action: str) -> str:
+    """A signed request for an action bedside's writer does not know (a newer tool might file one)."""
+    request = {**build_request("pause", {}, operator="tester", reason="a newer tool's action"), "action": action}
+    request[RUN_ID] = run_identity(layout)
+    request[SIGNATURE] = sign_request(request, read_control_key(layout))
+    write_request(layout.control_requests, request)
+    return request["request_id"]
+
+
+@pytest.fixture(scope="module")
+def loop_run(tmp_path_factory) -> dict:
+    """The first run (stopped by a request) and its restart; the request ids and what each rank saw."""
+    folder = tmp_path_factory.mktemp("kit-loop")
+    run, out = folder / "run", folder / "out"
+    out.mkdir()
+    loop = subprocess.Popen(
+        [*TORCHRUN, str(HERE / "kit_loop.py"), str(run), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    layout = RunLayout(run)
+    file = lambda action, **args: request_action(layout, action, args, operator="tester", reason="test")  # noqa: E731
+    try:
+        wait_for(lambda: any(r.get("control") for r in records(run) if r["kind"] == "heartbeat"), "a reader", loop)
+        ids = {"pause": file("pause")}
+        wait_for(lambda: answered(run, ids["pause"]), "the pause", loop)
+        paused_at = acks(run, ids["pause"])[-1]["step"]
+        ids |= {
+            "rewind": file("rewind", to_step=1),
+            "skip": file("skip", first_batch=paused_at + 2, last_batch=paused_at + 3),
+            "quarantine": file("quarantine", shard=3),
+            "evict": file_foreign(layout, "evict"),
+        }
+        ids["resume"] = file("resume")
+        wait_for(lambda: answered(run, ids["skip"]), "the skip", loop)
+        ids["stop"] = file("stop")
+        assert loop.wait(timeout=120) == 0, loop.communicate()[0]
+    finally:
+        if loop.poll() is None:
+            loop.kill()
+    restart = subprocess.run(
+        [*TORCHRUN, str(HERE / "kit_loop.py"), str(run), str(out), "--restart"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert restart.returncode == 0, restart.stdout + restart.stderr
+    seen = {name: json.loads((out / f"{name}.json").read_text()) for name in ("rank-0", "rank-1", "rank-0-restart")}
+    return {"run": run, "ids": ids, "paused_at": paused_at, "seen": seen}
+
+
+def test_a_rewind_calls_the_loops_load_function_on_both_ranks_at_the_same_step(loop_run) -> None:
+    run, ids, seen = loop_run["run"], loop_run["ids"], loop_run["seen"]
+    assert seen["rank-0"]["rewinds"] == seen["rank-1"]["rewinds"] == [{"at": loop_run["paused_at"], "to": 1}]
+    requested, applied = acks(run, ids["rewind"])
+    assert (requested["status"], applied["status"]) == ("requested", "applied")
+    assert (requested["step"], applied["step"], applied["message"]) == (
+        loop_run["paused_at"],
+        1,
+        "loaded the checkpoint of step 1",
+    )
+
+
+def test_a_skip_drops_exactly_the_batches_asked_and_records_their_sample_ids(loop_run) -> None:
+    run, ids, seen, paused_at = loop_run["run"], loop_run["ids"], loop_run["seen"], loop_run["paused_at"]
+    first, last = paused_at + 2, paused_at + 3
+    skipped = list(range(4 * first, 4 * (last + 1)))
+    (applied,) = [r for r in acks(run, ids["skip"]) if r["status"] == "applied"]
+    assert applied["args"] == {"first_batch": first, "last_batch": last, "sample_ids": skipped}
+    assert applied["message"] == f"skipped batches {first} to {last}: 8 samples not read"
+    for rank in ("rank-0", "rank-1"):
+        trained = [i for batch in seen[rank]["trained"] for i in batch]
+        assert not set(trained) & set(skipped)
+        assert trained[: 4 * first] == list(range(4 * first)) and trained[4 * first : 4 * first + 4] == list(
+            range(4 * (last + 1), 4 * (last + 2))
+        )
+
+
+def test_actions_without_a_handler_are_rejected_with_the_reason(loop_run) -> None:
+    run, ids = loop_run["run"], loop_run["ids"]
+    assert [(r["status"], r.get("message")) for r in acks(run, ids["quarantine"])] == [
+        ("requested", None),
+        ("rejected", "no handler for 'quarantine' in this loop: it was not applied"),
+    ]
+    assert acks(run, ids["evict"])[-1]["message"] == "unknown action 'evict'"
+    assert [r["status"] for r in acks(run, ids["stop"])] == ["requested", "applied"]
+
+
+def test_a_restart_from_the_saved_client_state_applies_nothing_again(loop_run) -> None:
+    run, ids, seen = loop_run["run"], loop_run["ids"], loop_run["seen"]
+    assert seen["rank-0-restart"]["rewinds"] == [] and len(seen["rank-0-restart"]["trained"]) == 5
+    for request_id in ids.values():
+        assert {r["timeline"] for r in acks(run, request_id)} == {0}
+    assert {r["timeline"] for r in records(run) if r["kind"] == "run_end"} == {0, 1}
+
+
+def test_an_action_left_unanswered_is_rejected_at_the_next_boundary_and_answered_once(tmp_path) -> None:
+    log = RunLogger(tmp_path / "run", name="one-rank", rank=0, world_size=1)
+    client = ControlClient(log)
+    request_id = request_action(log.layout, "checkpoint", operator="tester", reason="test")
+    (action,) = client.actions(1)
+    assert (action.action, action.request_id) == ("checkpoint", request_id)
+    assert client.actions(2) == []
+    with pytest.raises(ValueError, match=f"request {request_id} is already rejected: an action is answered once"):
+        action.applied("too late")
+    log.close()
+    assert [(r["status"], r["step"], r.get("message")) for r in acks(tmp_path / "run", request_id)] == [
+        ("requested", 1, None),
+        ("rejected", 2, "no handler for 'checkpoint' in this loop: it was not applied"),
+    ]
