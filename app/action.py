@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import sys
 from pathlib import Path
 
 from bedside.collectors.control import ACTIONS
@@ -43,8 +44,10 @@ def _default_operator() -> str:
 
 
 def cmd_action(args: argparse.Namespace) -> int:
-    """Write the request, record it in the run's audit trail, and print its id."""
+    """Write the request, record it in the run's audit trail, and print its id; warn on stderr when the
+    run has ended or no control reader polls it (filed all the same)."""
     from bedside.collectors import audit
+    from bedside.collectors.control_reader import run_reader_warning
 
     layout = RunLayout(require_run_dir(args.run))
     given = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name) is not None}
@@ -60,4 +63,6 @@ def cmd_action(args: argparse.Namespace) -> int:
             message = message.replace(name, option)
         raise BedsideError(message) from None
     print(request_id)
+    if warning := run_reader_warning(layout):
+        print(f"bedside: warning: {warning}", file=sys.stderr)
     return 0

@@ -643,3 +643,29 @@ def test_request_status_follows_the_request_from_filing_to_the_trainers_answer(t
         request_status("req-1", answered("rejected", "no checkpoint at step 40"), layout)
         == "rejected by the trainer: no checkpoint at step 40"
     )
+
+
+def with_control_heartbeat(run: Path) -> Path:
+    """``run`` with a heartbeat of rank 0 written now that says a control reader polls (as ControlClient writes)."""
+    path = RunLayout(run).rank_file(0)
+    last = json.loads(path.read_text().splitlines()[-1])
+    beat = {**{k: last[k] for k in ("rank", "step", "timeline")}, "time": time.time(), "seq": last["seq"] + 1}
+    with path.open("a") as fh:
+        fh.write(json.dumps({"kind": "heartbeat", **beat, "control": True}) + "\n")
+    return run
+
+
+def test_the_form_says_when_no_control_reader_polls_the_run_before_anything_is_filed(operator: AppTest) -> None:
+    assert (
+        "A request filed now may not be applied: no control reader: no heartbeat of rank 0 says a loop polls this "
+        "run's requests (the loop needs the kit's ControlClient); the request waits until one does."
+    ) in [i.value for i in operator.info]
+    assert not operator.button(key="review").disabled
+
+
+def test_the_form_says_nothing_of_readers_when_one_polls(run: Path) -> None:
+    serve(with_control_heartbeat(run), token=TOKEN)
+    app = unlock(open_page("incidents"), OPERATOR, TOKEN)
+    assert_rendered(app)
+    assert not [i.value for i in app.info if "control reader" in i.value]
+    assert from_store(run, "SELECT beats FROM control_reader")["beats"].tolist() == [1]

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from bedside.app.cli import main as bedside
 from bedside.collectors.control import build_request, request_action, write_request
+from bedside.collectors.control_reader import run_reader_warning
 from bedside.collectors.controlkey import RUN_ID, SIGNATURE, read_control_key, run_identity, sign_request
 from bedside.collectors.kit import ControlClient
 from bedside.collectors.layout import RunLayout
@@ -33,8 +36,6 @@ def acks(run: Path, request_id: str) -> list[dict]:
 
 
 def wait_for(condition, what: str, loop: subprocess.Popen) -> None:
-    import time
-
     deadline = time.monotonic() + 120
     while not condition():
         assert loop.poll() is None, f"the loop ended before {what}: {loop.communicate()[0]}"
@@ -157,3 +158,38 @@ def test_an_action_left_unanswered_is_rejected_at_the_next_boundary_and_answered
         ("requested", 1, None),
         ("rejected", 2, "no handler for 'checkpoint' in this loop: it was not applied"),
     ]
+
+
+def file_with_the_cli(run: Path, capsys) -> tuple[int, str, str]:
+    """``bedside action RUN pause``: its exit status, the request id it printed, and its stderr."""
+    capsys.readouterr()
+    status = bedside(["action", str(run), "pause", "--reason", "test", "--operator", "tester"])
+    out, err = capsys.readouterr()
+    return status, out.strip(), err
+
+
+def test_bedside_action_warns_when_the_run_has_ended_and_files_the_request_all_the_same(loop_run, capsys) -> None:
+    status, request_id, err = file_with_the_cli(loop_run["run"], capsys)
+    assert status == 0 and (RunLayout(loop_run["run"]).control_requests / f"{request_id}.json").exists()
+    assert err == (
+        "bedside: warning: the run has finished (run_end): no loop is left to read the request; "
+        "a resumed run with a control reader would take it\n"
+    )
+
+
+def test_bedside_action_warns_when_no_control_reader_polls_or_the_last_is_stale(tmp_path, capsys) -> None:
+    log = RunLogger(tmp_path / "run", name="no-reader", rank=0, world_size=1)
+    client = ControlClient(log)  # makes the control key; reads nothing before its first boundary
+    log.heartbeat(1)
+    log.flush()
+    status, request_id, err = file_with_the_cli(tmp_path / "run", capsys)
+    assert status == 0 and (log.layout.control_requests / f"{request_id}.json").exists()
+    assert err.startswith("bedside: warning: no control reader: no heartbeat of rank 0 says a loop polls")
+    assert [a.action for a in client.actions(2)] == ["pause"]
+    log.flush()
+    assert file_with_the_cli(tmp_path / "run", capsys)[2] == ""
+    later = time.time() + 300
+    assert run_reader_warning(log.layout, now=later).startswith(
+        "the control reader is stale: its last heartbeat was 300 s ago (more than 120 s)"
+    )
+    log.close()

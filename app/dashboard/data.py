@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from bedside.collectors import audit
+from bedside.collectors.control_reader import reader_warning
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.query import ReadView, open_for_reading
@@ -135,6 +136,13 @@ class RunData:
             if not status.empty and status.iloc[0] == "resolved":
                 return "the incident is resolved: act on an open one"
         return None
+
+    def reader_warning(self) -> str | None:
+        """Why a request filed now may wait unread (no control reader, or a stale one, or the run has ended)."""
+        run, reader = self.frame("run"), self.frame("control_reader")
+        status = str(run["status"].iloc[0]) if not run.empty else "empty"
+        last = reader["last_beat"].dropna()
+        return reader_warning(status, float(last.iloc[0]) if not last.empty else None, time.time())
 
     def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str, incident_id: str | None) -> str:
         """File a control request for the trainer and record it in the audit trail; its request id."""

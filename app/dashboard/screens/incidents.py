@@ -211,6 +211,8 @@ else:
     refusal = data.action_refusal(chosen)
     if refusal:
         st.info(f"No request can be filed: {refusal}.")
+    elif unread := data.reader_warning():
+        st.info(f"A request filed now may not be applied: {unread}.", icon=":material/hourglass_empty:")
     here = {"run": str(data.run_dir), "incident_id": chosen}
     pending = st.session_state.get("confirming")
     if pending and {name: pending[name] for name in here} != here:  # reviewed on another run or incident
