@@ -5,7 +5,7 @@ atomically (a hidden temporary file, fsync, rename) so the trainer never reads h
 a request. Each request names the run it is for (``run_id``) and is signed with the run's
 control key (``controlkey.py``), so the trainer can tell it from a file anyone could drop there
 or one filed for another run. The trainer reads, applies and acknowledges them
-(``trainer/control.py``) and moves each handled file to ``RUN/control/processed/``. Format: docs/telemetry-format.md, "Control requests".
+(``kit/actions.py`` over ``control_inbox.py``) and moves each handled file to ``RUN/control/processed/``. Format: docs/telemetry-format.md, "Control requests".
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from bedside.app.cli import main as bedside
 from bedside.collectors.control import build_request, request_action, write_request
 from bedside.collectors.control_reader import run_reader_warning
 from bedside.collectors.controlkey import RUN_ID, SIGNATURE, read_control_key, run_identity, sign_request
-from bedside.collectors.kit import ControlClient
+from bedside.collectors.kit import ControlClient, SkippingSampler
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.writer import RunLogger
 
@@ -193,3 +193,42 @@ def test_bedside_action_warns_when_no_control_reader_polls_or_the_last_is_stale(
         "the control reader is stale: its last heartbeat was 300 s ago (more than 120 s)"
     )
     log.close()
+
+
+def test_a_skip_open_across_a_restart_is_answered_with_every_id_it_dropped(tmp_path) -> None:
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    def sampler_of(client: ControlClient) -> SkippingSampler:  # 50 batches of 2 an epoch
+        return SkippingSampler(BatchSampler(SequentialSampler(range(100)), batch_size=2, drop_last=True), client)
+
+    def file(first: int, last: int) -> str:
+        return request_action(log.layout, "skip", {"first_batch": first, "last_batch": last}, operator="t", reason="t")
+
+    log = RunLogger(tmp_path / "run", name="one-rank", rank=0, world_size=1)
+    client = ControlClient(log)
+    sampler = sampler_of(client)
+    read = iter(sampler)
+    assert [next(read), next(read)] == [[0, 1], [2, 3]]
+    past, late, across = file(0, 1), file(1, 3), file(48, 51)
+    assert client.at_step_boundary(2)
+    assert [i for batch in read for i in batch] == list(range(8, 96))  # batches 2, 3, 48 and 49 dropped
+    saved = {"sampler": sampler.state_dict(), "control": client.state_dict()}
+    log.close()  # a crash: the skip of batches 48 to 51 is still open
+
+    log = RunLogger(tmp_path / "run", name="one-rank", rank=0, world_size=1, resume=True)
+    client = ControlClient(log)
+    sampler_of(client).load_state_dict(saved["sampler"])
+    client.load_state_dict(saved["control"], 48)
+    client.close(48)
+    log.close()
+    run = tmp_path / "run"
+    assert acks(run, past)[-1]["message"] == "batches 0 to 1 were already read: the next batch is 2"
+    assert [r["status"] for r in acks(run, late)] == ["requested", "applied"]
+    applied = acks(run, late)[-1]
+    assert applied["args"] == {"first_batch": 1, "last_batch": 3, "sample_ids": [4, 5, 6, 7]}
+    assert applied["message"] == "skipped batches 2 to 3: 4 samples not read (batches before 2 were already read)"
+    assert [(r["status"], r["timeline"], r.get("message")) for r in acks(run, across)] == [
+        ("requested", 0, None),
+        ("rejected", 1, "the run finished before it could be applied"),
+    ]
+    assert acks(run, across)[-1]["args"]["sample_ids"] == [96, 97, 98, 99]

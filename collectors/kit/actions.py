@@ -25,7 +25,15 @@ import torch
 import torch.distributed as dist
 
 from ..control import ACTION_ARGS
-from ..control_inbox import REPEATABLE_ACTIONS, RETAKEN_NOTE, ControlState, Rejected, Request, open_inbox
+from ..control_inbox import (
+    REPEATABLE_ACTIONS,
+    RETAKEN_NOTE,
+    ControlState,
+    Rejected,
+    Request,
+    RequestInbox,
+    open_inbox,
+)
 from ..writer import RunLogger
 
 PAUSE_POLL_S = 1.0
@@ -44,6 +52,8 @@ class Action:
     client: ControlClient = field(repr=False)
     status: str | None = None
     """None while open; then ``applied`` or ``rejected`` (``deferred``: a helper answers it later)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """What its answer adds to its ``args`` (a deferred skip: the sample ids dropped so far)."""
 
     @property
     def action(self) -> str:
@@ -74,7 +84,7 @@ class Action:
         self._answer("applied", message, details)
 
     def rejected(self, reason: str) -> None:
-        """Acknowledge it as not done, and why."""
+        """Acknowledge it as not done, and why (with its ``details``: what a deferred one did meanwhile)."""
         self._answer("rejected", reason, {})
 
     def defer(self) -> None:
@@ -89,7 +99,8 @@ class Action:
             raise ValueError(f"request {self.request_id} is already {self.status}: an action is answered once")
         self.status = status
         self.client.deferred.pop(self.request_id, None)
-        self.client.acknowledge(self.request, status, message, {**self.request.args, **details}, step=self.step)
+        args = {**self.request.args, **self.details, **details}
+        self.client.acknowledge(self.request, status, message, args, step=self.step)
 
 
 class ControlClient:
@@ -144,7 +155,7 @@ class ControlClient:
         self._beat_at: float | None = None
         self.inbox = self._open_inbox() if self.rank == 0 else None
 
-    def _open_inbox(self) -> Any:
+    def _open_inbox(self) -> RequestInbox:
         inbox, problem = open_inbox(self.log.layout)
         if problem is not None:
             self.log.log(0, f"{problem}; every control request will be rejected", level="error")
@@ -177,7 +188,9 @@ class ControlClient:
         while self.state.paused and self.stop_reason is None:
             if self.rank == 0:  # rank 0 sets the pace; the others wait in the broadcast
                 time.sleep(self.pause_poll_s)
-            self.log.heartbeat(self.step, control=True if self.rank == 0 else None)
+                self._beat_at = None  # a heartbeat a poll, with the control flag
+            else:
+                self.log.heartbeat(self.step)
             self._dispatch(self.actions(self.step))
         return self.stop_reason is None
 

@@ -5,14 +5,14 @@ or any batch sampler that yields the same global batches on every rank). Batches
 from 0 in the order read, across epochs: the ``first_batch`` and ``last_batch`` of a skip request.
 It makes itself the ``ControlClient``'s skip handler: the request stays open
 until the sampler has passed its last batch, and is then acknowledged ``applied`` with the exact
-ids dropped (``args.sample_ids``). Its ``state_dict`` (position, ranges, open requests) belongs
+ids dropped (``args.sample_ids``; a skip the loop's ``close`` rejects lists those dropped before). Its ``state_dict`` (position, ranges, open requests) belongs
 in the loop's checkpoints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..control_inbox import Rejected, Request
@@ -21,12 +21,16 @@ from .actions import Action, ControlClient, int_arg
 
 @dataclass
 class _Skip:
-    """One skip request in force: the batches still to drop, and the ids dropped so far."""
+    """One skip request in force: the batches to drop, and its action (whose details keep the ids dropped)."""
 
     first: int
     last: int
     action: Action
-    sample_ids: list[int] = field(default_factory=list)
+
+    @property
+    def sample_ids(self) -> list[int]:
+        ids: list[int] = self.action.details.setdefault("sample_ids", [])
+        return ids
 
 
 class SkippingSampler:
@@ -60,16 +64,12 @@ class SkippingSampler:
             if index == skip.last:
                 self._finish(skip)
 
-    def __len__(self) -> int:
-        return len(self.batches)  # type: ignore[arg-type]  # as the wrapped sampler: DataLoader asks
-
     def _finish(self, skip: _Skip) -> None:
         self._skips.remove(skip)
         asked = skip.action.args["first_batch"]
         late = f" (batches before {skip.first} were already read)" if asked < skip.first else ""
         skip.action.applied(
-            f"skipped batches {skip.first} to {skip.last}: {len(skip.sample_ids)} samples not read{late}",
-            sample_ids=skip.sample_ids,
+            f"skipped batches {skip.first} to {skip.last}: {len(skip.sample_ids)} samples not read{late}"
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -90,12 +90,11 @@ class SkippingSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``; its open skip requests are answered when their batches have passed."""
         self.position = int(state["position"])
-        self._skips = [
-            _Skip(
-                int(s["first"]), int(s["last"]), self.client.action_for(Request(**s["request"])), list(s["sample_ids"])
-            )
-            for s in state["skips"]
-        ]
+        self._skips = []
+        for saved in state["skips"]:
+            skip = _Skip(int(saved["first"]), int(saved["last"]), self.client.action_for(Request(**saved["request"])))
+            skip.sample_ids.extend(int(i) for i in saved["sample_ids"])
+            self._skips.append(skip)
 
 
 def _request_state(request: Request) -> dict[str, Any]:
