@@ -67,7 +67,7 @@ EXAMPLES: list[Record] = [  # every field of every kind set
         message="rewound",
         args={"to_step": 1},
     ),
-    Heartbeat(**ENVELOPE),
+    Heartbeat(**ENVELOPE, control=True),
     Log(**ENVELOPE, message="spike seen", level="warning"),
     FaultInjected(**ENVELOPE, fault="nan_loss", target_ranks=[0], args={"p": 1.0}),
     Event(**ENVELOPE, kind="custom_probe", metrics={"value": 1.0}, fields={"note": "a kind unknown to v1"}),
