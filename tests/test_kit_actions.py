@@ -63,7 +63,7 @@ def loop_run(tmp_path_factory) -> dict:
     run, out = folder / "run", folder / "out"
     out.mkdir()
     loop = subprocess.Popen(
-        [*TORCHRUN, str(HERE / "kit_loop.py"), str(run), str(out)],
+        [*TORCHRUN, str(HERE / "kit_control_loop.py"), str(run), str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -89,7 +89,7 @@ def loop_run(tmp_path_factory) -> dict:
         if loop.poll() is None:
             loop.kill()
     restart = subprocess.run(
-        [*TORCHRUN, str(HERE / "kit_loop.py"), str(run), str(out), "--restart"],
+        [*TORCHRUN, str(HERE / "kit_control_loop.py"), str(run), str(out), "--restart"],
         capture_output=True,
         text=True,
         timeout=180,

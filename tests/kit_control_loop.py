@@ -1,6 +1,6 @@
 """A plain training loop (not bedside's trainer) that takes control requests through the kit's ControlClient.
 
-``python -m torch.distributed.run --nproc-per-node 2 tests/kit_loop.py RUN OUT [--restart]``: every rank
+``python -m torch.distributed.run --nproc-per-node 2 tests/kit_control_loop.py RUN OUT [--restart]``: every rank
 reads batches of four sample ids from a SkippingSampler over a BatchSampler of 0..9999, one batch a step,
 and calls ``client.at_step_boundary(step)`` before each step; a rewind request calls ``load_checkpoint``,
 which sets the loop's step back. The loop runs until a stop request (first run) or for five steps (with
