@@ -40,12 +40,14 @@ class Row:
 
 @dataclass
 class Parsed:
-    """An input file read and checked: data rows, bedside records to copy, blank rows."""
+    """An input file read and checked: data rows, bedside records to copy, blank rows, and what was not
+    imported though readable or lost to damage (``warnings``, one line each)."""
 
     format: str
     rows: list[Row] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     skipped: int = 0
+    warnings: list[str] = field(default_factory=list)
 
 
 def read_jsonl(path: Path) -> Parsed:
