@@ -10,8 +10,8 @@ from pathlib import Path
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 
-FORMATS = ("csv", "jsonl", "megatron", "tensorboard")
-MAPPED = ("tensorboard",)
+FORMATS = ("csv", "jsonl", "megatron", "tensorboard", "wandb")
+MAPPED = ("tensorboard", "wandb")
 """The formats whose foreign names ``--map`` renames (the others name their metrics as bedside does)."""
 
 
@@ -32,7 +32,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="SRC=DST",
-        help="import metric SRC as DST (SRC= leaves it out); repeatable; tensorboard",
+        help="import metric SRC as DST (SRC= leaves it out); repeatable; tensorboard and wandb",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(handler=cmd_import)
@@ -48,9 +48,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise BedsideError(f"--map applies to {' and '.join(MAPPED)} imports, not {args.format}")
     names = importers.NameMap.parse(args.map).mapping
     if args.format in MAPPED:
-        summaries = importers.import_tensorboard(
-            args.source, args.out, names=names, topology=args.topology, name=args.name
-        )
+        run = importers.import_tensorboard if args.format == "tensorboard" else importers.import_wandb
+        summaries = run(args.source, args.out, names=names, topology=args.topology, name=args.name)
     else:
         one = {"csv": importers.import_csv, "jsonl": importers.import_jsonl, "megatron": importers.import_megatron}
         summaries = [one[args.format](args.source, args.out, topology=args.topology, name=args.name)]

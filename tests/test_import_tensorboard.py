@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -163,13 +161,3 @@ def test_the_cli_maps_names_and_leaves_metrics_out(tmp_path, logdir, bedside):
     assert [r["name"] for r in json.loads(found.stdout)] == ["grad_norm", "loss", "lr", "throughput"]
     twice = bedside("import", "tensorboard", logdir, "--out", tmp_path / "x", "--map", "a=b", "--map", "a=c")
     assert twice.returncode == 2 and "a is mapped to two names, b and c" in twice.stderr
-
-
-def test_without_tensorboard_the_error_names_the_extra(tmp_path, logdir):
-    script = (
-        "import sys; sys.modules['tensorboard'] = None\n"
-        "from pathlib import Path\nfrom bedside.collectors.importers import import_tensorboard\n"
-        f"import_tensorboard(Path({str(logdir / 'single')!r}), Path({str(tmp_path / 'run')!r}))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert "pip install 'bedside[tensorboard]'" in done.stderr, done.stderr

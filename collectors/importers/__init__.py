@@ -11,10 +11,10 @@ reject them.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
 from .megatron_import import read_megatron
 from .names import DEFAULT_NAMES, NameMap
 from .tensorboard_import import find_tensorboard_runs, read_tensorboard_run
+from .wandb_import import read_wandb
 
 __all__ = [
     "DEFAULT_NAMES",
@@ -37,6 +38,7 @@ __all__ = [
     "import_jsonl",
     "import_megatron",
     "import_tensorboard",
+    "import_wandb",
     "read_topology",
 ]
 
@@ -97,8 +99,21 @@ def import_tensorboard(
 ) -> list[ImportSummary]:
     """Import every run under a TensorBoard log dir: one run into ``out``, several each into ``out/<its path>``."""
     runs = find_tensorboard_runs(Path(logdir))
-    read = {where: partial(read_tensorboard_run, run, NameMap(names)) for where, run in runs.items()}
-    return _import_runs(Path(logdir), Path(out), read, topology, name)
+    parsed = {where: read_tensorboard_run(run, NameMap(names)) for where, run in runs.items()}
+    return _import_runs(Path(logdir), Path(out), parsed, topology, name)
+
+
+def import_wandb(
+    src: Path,
+    out: Path,
+    *,
+    names: Mapping[str, str] | None = None,
+    topology: Path | None = None,
+    name: str | None = None,
+) -> list[ImportSummary]:
+    """Import a W&B export (CSV, JSONL or Parquet history, offline run files): one run into ``out``, several
+    each into ``out/<run name>``."""
+    return _import_runs(Path(src), Path(out), read_wandb(Path(src), NameMap(names)), topology, name)
 
 
 def read_topology(path: Path) -> tuple[RankPlacement, ...]:
@@ -126,23 +141,28 @@ def _import(
 
 
 def _import_runs(
-    path: Path, out: Path, read: Mapping[str, Callable[[], Parsed]], topology: Path | None, name: str | None
+    path: Path, out: Path, runs: Mapping[str, Parsed], topology: Path | None, name: str | None
 ) -> list[ImportSummary]:
-    """Import the runs of one source (by their path in it): all are read and checked before any is written."""
-    if name and len(read) > 1:
-        raise ImportFormatError(f"{path}: holds {len(read)} runs ({', '.join(read)}); a name names one run")
-    names = {where: path.name if where == "." else where for where in read}
-    targets = {where: out if len(read) == 1 else out / names[where] for where in read}
+    """Write the runs read from ``path`` (by their name in it, ``"."`` for ``path`` itself), none unless all fit."""
+    if name and len(runs) > 1:
+        raise ImportFormatError(f"{path}: holds {len(runs)} runs ({', '.join(runs)}); a name names one run")
+    named = {where: (out if len(runs) == 1 else path).name if where == "." else where for where in runs}
+    targets = {where: out if len(runs) == 1 else out / _folder(named[where]) for where in runs}
+    if len(set(targets.values())) < len(targets):
+        raise ImportFormatError(f"{path}: two runs would be written into one folder: {', '.join(runs)}")
     for target in targets.values():
         _check_free(target)
     placements = read_topology(topology) if topology else ()
-    parsed = {where: each() for where, each in read.items()}
     return [
-        _write_run(
-            path, targets[where], parsed[where], (topology, placements), name if len(read) == 1 else names[where]
-        )
-        for where in read
+        _write_run(path, targets[w], runs[w], (topology, placements), name or runs[w].run_name or named[w])
+        for w in runs
     ]
+
+
+def _folder(name: str) -> Path:
+    """A run's folder for its name: each ``/``-separated part kept to letters, digits, ``.``, ``-``, ``_``."""
+    parts = [re.sub(r"[^\w.-]+", "_", part) for part in name.split("/")]
+    return Path(*(part if part.strip(".") else "_" for part in parts))
 
 
 def _check_free(out: Path) -> None:
