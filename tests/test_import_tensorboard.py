@@ -27,11 +27,14 @@ def loss_curve(seed: int) -> list[float]:
 
 
 def write_single(folder: Path) -> None:
-    """One writer as a training script uses it: loss, lr, grad norm, a val loss, a user metric, a histogram."""
+    """One writer as a training script uses it: loss, lr, grad norm, a val loss, a user metric, a histogram, and a
+    scalar as TensorFlow 2's ``tf.summary.scalar`` writes it (a tensor of the scalars plugin)."""
+    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
     from torch.utils.tensorboard import SummaryWriter
 
     with SummaryWriter(str(folder)) as writer:
         for step, loss in enumerate(loss_curve(0)):
+            writer.file_writer.add_summary(scalar_pb("tf2/throughput", 100.0 + step), step)
             writer.add_scalar("train/loss", loss, step)
             writer.add_scalar("train/learning_rate", 3e-4, step)
             writer.add_scalar("grad_norm", 0.9, step)
@@ -95,8 +98,8 @@ def test_the_spike_becomes_an_incident_and_names_reach_canonical_metrics(importe
     assert (rows[0][2], rows[0][3]) == (3e-4, 0.9)  # float32 read back as the decimal that was logged
     evals = query(run, "SELECT step, name FROM eval_scores ORDER BY step")
     assert evals == [(s, "loss") for s in range(49, STEPS, 50)]
-    user = query(run, "SELECT kind, value FROM metrics WHERE name = 'tokens_per_s' AND step = 7")
-    assert user == [("step", 1007.0)]
+    user = query(run, "SELECT name, kind, value FROM metrics WHERE name LIKE 't%' AND step = 7 ORDER BY name")
+    assert user == [("tf2/throughput", "step", 107.0), ("tokens_per_s", "step", 1007.0)]
 
 
 def test_rank_subdirectories_become_ranks(imported):
@@ -158,6 +161,6 @@ def test_the_cli_maps_names_and_leaves_metrics_out(tmp_path, logdir, bedside):
     assert done.returncode == 0, done.stderr
     assert "left out as mapped: val_loss" in done.stderr
     found = bedside("query", tmp_path / "run", "SELECT DISTINCT name FROM metrics ORDER BY name", "--format", "json")
-    assert [r["name"] for r in json.loads(found.stdout)] == ["grad_norm", "loss", "lr", "throughput"]
+    assert [r["name"] for r in json.loads(found.stdout)] == ["grad_norm", "loss", "lr", "tf2/throughput", "throughput"]
     twice = bedside("import", "tensorboard", logdir, "--out", tmp_path / "x", "--map", "a=b", "--map", "a=c")
     assert twice.returncode == 2 and "a is mapped to two names, b and c" in twice.stderr

@@ -171,6 +171,12 @@ def test_bad_rows_are_named(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_fifo_is_refused_unread(tmp_path):
+    os.mkfifo(tmp_path / "history.jsonl")
+    with pytest.raises(ImportFormatError, match="a FIFO, not a regular file: refused unread"):
+        import_wandb(tmp_path / "history.jsonl", tmp_path / "run")
+
+
 def test_the_cli_imports_a_history_export_with_a_map(exports, tmp_path, bedside):
     done = bedside(
         "import", "wandb", exports["jsonl"], "--out", tmp_path / "run", "--quiet",

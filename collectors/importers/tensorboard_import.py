@@ -3,8 +3,8 @@
 A directory holding event files (``*tfevents*``) is a run, named by its path under the log dir. A directory
 named like a rank (``rank0``, ``rank_1``, ``rank-02``: ``RANK_DIR``) is that rank of the run its parent
 directory is; event files in that parent are the run's job-level writer (``scalars.py`` says where each name
-goes). A run's event files are read in name order (TensorBoard names them by creation time). Scalars (the
-``scalars`` plugin, and old ``simple_value`` summaries, migrated by TensorBoard's ``data_compat``) are imported;
+goes). A run's event files are read in name order (TensorBoard names them by creation time). Scalars (``simple_value``
+summaries, and the ``scalars`` plugin's tensors, older summaries migrated by TensorBoard's ``data_compat``) are imported;
 histograms, images, text and other plugins' data are counted and left out. A tag whose step goes back (a run
 restarted from an earlier checkpoint) starts the next timeline of its writer; a tag logged again at a step
 it already has keeps the later value.
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..errors import ImportFormatError, MissingExtraError
 from .jsonl_import import Parsed
@@ -104,27 +106,38 @@ class _Reader:
                     source.scalars.append(Scalar(tag, step, value, where, time, timeline))
         return source
 
-    def _scalars(self, data: bytes, path: Path, number: int) -> list[tuple[str, int, Any, float]]:
+    def _scalars(self, data: bytes, path: Path, number: int) -> list[tuple[str, int, float, float]]:
         try:
-            event = self.migrate(self.event_from(data))
+            event = self.event_from(data)
         except Exception as exc:  # protobuf's DecodeError: an intact record that is no event
             raise ImportFormatError(f"{path}, record {number}: not a TensorBoard event ({exc})") from exc
         found = []
         for value in event.summary.value:
-            if value.metadata.plugin_data.plugin_name != SCALARS_PLUGIN or value.tensor.tensor_shape.dim:
+            scalar = self._number(value)
+            if scalar is None:
                 self.other += 1
-                continue
-            found.append((value.tag, event.step, _scalar_of(value.tensor), event.wall_time))
+            else:
+                found.append((value.tag, event.step, scalar, event.wall_time))
         return found
 
+    def _number(self, value: Any) -> float | None:
+        """The number a summary value holds; None when it is no scalar."""
+        if value.WhichOneof("value") == "simple_value":  # what torch's and TF 1's add_scalar write: a float32
+            return _shortest(np.float32(value.simple_value))
+        migrated = self.migrate(value)  # TensorBoard's data_compat: older summaries into their plugin's form
+        if migrated.metadata.plugin_data.plugin_name != SCALARS_PLUGIN or migrated.tensor.tensor_shape.dim:
+            return None
+        from tensorboard.util import tensor_util
 
-def _scalar_of(tensor: Any) -> float:
-    """The one number of a scalar ``TensorProto`` (float, double, half, or integer typed); a float32 reads as the
-    shortest decimal that gives it back (``0.001``, not ``0.0010000000474974513``)."""
-    from tensorboard.util import tensor_util
+        return _shortest(tensor_util.make_ndarray(migrated.tensor).reshape(())[()])
 
-    value = tensor_util.make_ndarray(tensor).reshape(())[()]
-    return float(str(value)) if value.dtype.kind == "f" and value.dtype.itemsize <= 4 else float(value)
+
+def _shortest(value: np.generic) -> float:
+    """A number as a float; a float32 or float16 as the shortest decimal that gives it back (``0.001``, not
+    ``0.0010000000474974513``: the decimal that was logged)."""
+    if isinstance(value, np.floating) and value.dtype.itemsize <= 4:
+        return float(str(value))
+    return float(value)
 
 
 def _library() -> tuple[Any, Callable[[Any], Any], Callable[[bytes], int]]:
@@ -138,4 +151,4 @@ def _library() -> tuple[Any, Callable[[Any], Any], Callable[[bytes], int]]:
             f"reading TensorBoard event files needs the tensorboard package ({exc.name} is missing): "
             "pip install 'bedside[tensorboard]'"
         ) from exc
-    return event_pb2.Event.FromString, data_compat.migrate_event, masked_crc32c
+    return event_pb2.Event.FromString, data_compat.migrate_value, masked_crc32c
