@@ -124,6 +124,17 @@ def test_a_truncated_event_file_imports_what_was_written_and_says_what_was_lost(
     assert "the last record is truncated" in lost and f"{30 * 2} records before it were read" in lost
 
 
+def test_a_record_that_fails_its_checksum_is_skipped_and_counted(tmp_path):
+    write_ranked(tmp_path / "logs", ranks=1, steps=30)
+    (event,) = (tmp_path / "logs" / "rank_0").iterdir()
+    data = event.read_bytes()
+    at = data.index(b"step_time", len(data) // 2)
+    event.write_bytes(data[:at] + b"S" + data[at + 1 :])
+    (summary,) = import_tensorboard(tmp_path / "logs", tmp_path / "run")
+    assert summary.records["rank_step"] == 29 and summary.records["step"] == 30
+    assert summary.warnings == (f"{event}: 1 record skipped (failed the checksum)",)
+
+
 def test_a_restart_from_an_earlier_step_starts_a_new_timeline(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 

@@ -96,7 +96,8 @@ class _Reader:
             if framed.lost:
                 self.warnings.append(framed.lost)
             if framed.damaged:
-                self.warnings.append(f"{path}: {framed.damaged} records failed their checksum and were skipped")
+                failed = "1 record" if framed.damaged == 1 else f"{framed.damaged} records"
+                self.warnings.append(f"{path}: {failed} skipped (failed the checksum)")
             for number, data in enumerate(framed.records):
                 for tag, step, value, time in self._scalars(data, path, number):
                     if step < last.get(tag, -1):

@@ -135,7 +135,8 @@ def _offline(path: Path, names: NameMap) -> Parsed:
     if framed.lost:
         rows.parsed.warnings.append(framed.lost)
     if framed.damaged:
-        rows.parsed.warnings.append(f"{path}: {framed.damaged} damaged chunks skipped, with the records they held")
+        chunks = "1 damaged chunk" if framed.damaged == 1 else f"{framed.damaged} damaged chunks"
+        rows.parsed.warnings.append(f"{path}: {chunks} skipped, with the records they held")
     return rows.finish(names, path)
 
 
@@ -152,6 +153,7 @@ def _history_row(history: Any, where: str) -> dict[str, Any]:
         for key in keys[:-1]:
             here = here.setdefault(key, {})
         here[keys[-1]] = value
+    row.setdefault("_step", history.step.num)  # wandb writes _step as an item too; the record's own step else
     return row
 
 
@@ -164,6 +166,9 @@ def _csv(path: Path, names: NameMap) -> dict[str, Parsed]:
             f"{path}, line 1: no {CSV_STEP} column (export a chart's data from W&B; its CSV has one)"
         )
     columns = {i: _csv_column(c) for i, c in enumerate(header) if c != CSV_STEP and not c.endswith(CSV_BANDS)}
+    bare = [header[i] for i, (run, _) in columns.items() if run == "."]
+    if len(bare) < len(columns):  # columns name their runs: a bare one is another axis (time), not a metric
+        columns = {i: column for i, column in columns.items() if column[0] != "."}
     runs = {run: _Rows("wandb-csv") for run, _ in columns.values()}
     for cells in reader:
         where = f"{path}, line {reader.line_num}"
@@ -175,7 +180,11 @@ def _csv(path: Path, names: NameMap) -> dict[str, Parsed]:
         for run, row in per_run.items():
             if any(v is not None for k, v in row.items() if k != "_step"):
                 runs[run].add(row, where)
-    return {run: rows.finish(names, path) for run, rows in runs.items()}
+    parsed = {run: rows.finish(names, path) for run, rows in runs.items()}
+    if bare and "." not in runs:
+        for each in parsed.values():
+            each.warnings.append(f"{path}: columns not of a run left out: {', '.join(bare)}")
+    return parsed
 
 
 def _csv_column(column: str) -> tuple[str, str]:
