@@ -155,6 +155,10 @@ def test_a_symbolic_link_is_refused_and_nothing_is_written(tmp_path, logdir):
     with pytest.raises(ImportFormatError, match="a symbolic link, not a regular file: refused unread"):
         import_tensorboard(tmp_path / "logs", tmp_path / "run")
     assert not (tmp_path / "run").exists()
+    (tmp_path / "logs" / target.name).unlink()
+    os.symlink(logdir / "single", tmp_path / "logs" / "linked")
+    with pytest.raises(ImportFormatError, match="linked: a symbolic link to a directory, not followed: refused"):
+        import_tensorboard(tmp_path / "logs", tmp_path / "run")
 
 
 def test_two_names_for_one_metric_are_named(tmp_path, logdir):

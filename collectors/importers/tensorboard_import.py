@@ -41,12 +41,17 @@ class TensorboardRun:
 
 
 def find_tensorboard_runs(logdir: Path) -> dict[str, TensorboardRun]:
-    """The runs under ``logdir``, by their path under it (``"."``: ``logdir`` itself); symbolic links to
-    directories are not followed."""
+    """The runs under ``logdir``, by their path under it (``"."``: ``logdir`` itself); a symbolic link to a
+    directory in it is refused (not followed)."""
     if not logdir.is_dir():
         raise ImportFormatError(f"{logdir}: not a directory (give a TensorBoard log directory)")
     runs: dict[str, TensorboardRun] = {}
-    for folder, _, files in sorted(os.walk(logdir)):
+    for folder, folders, files in sorted(os.walk(logdir)):
+        if links := sorted(name for name in folders if os.path.islink(os.path.join(folder, name))):
+            raise ImportFormatError(
+                f"{os.path.join(folder, links[0])}: a symbolic link to a directory, not followed: refused "
+                "(import the directory it points to by its own path)"
+            )
         if not any(EVENT_FILE_MARK in name for name in files):
             continue
         here = Path(folder)

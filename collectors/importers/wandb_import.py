@@ -104,11 +104,20 @@ def _run_files(folder: Path) -> dict[str, Path]:
         for parent in (folder, folder / "wandb")
         for pattern in RUN_DIRS
         for run_dir in sorted(parent.glob(pattern))
-        if run_dir.is_dir() and not run_dir.is_symlink() and (path := _run_file(run_dir))
+        if _real_dir(run_dir) and (path := _run_file(run_dir))
     }
     if not found:
         raise ImportFormatError(f"{folder}: no W&B run file (run-ID.wandb) in it or in its run directories")
     return found
+
+
+def _real_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory; a symbolic link to one is refused (not followed)."""
+    if path.is_symlink() and path.is_dir():
+        raise ImportFormatError(
+            f"{path}: a symbolic link to a directory, not followed: refused (import the directory it points to)"
+        )
+    return path.is_dir()
 
 
 def _run_file(folder: Path) -> Path | None:
