@@ -179,3 +179,13 @@ def test_the_cli_maps_names_and_leaves_metrics_out(tmp_path, logdir, bedside):
     assert [r["name"] for r in json.loads(found.stdout)] == ["grad_norm", "loss", "lr", "tf2/throughput", "throughput"]
     twice = bedside("import", "tensorboard", logdir, "--out", tmp_path / "x", "--map", "a=b", "--map", "a=c")
     assert twice.returncode == 2 and "a is mapped to two names, b and c" in twice.stderr
+
+
+def test_the_cli_imports_every_run_of_a_log_dir_and_runs_lists_them(tmp_path, logdir, bedside):
+    done = bedside("import", "tensorboard", logdir, "--out", tmp_path / "runs", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "1 non-scalar values (histograms, images, text, ...) not imported" in done.stderr
+    listed = bedside("runs", tmp_path / "runs", "--format", "json")
+    assert sorted(r["name"] for r in json.loads(listed.stdout)) == ["ranked", "single"]
+    again = bedside("import", "tensorboard", logdir, "--out", tmp_path / "runs", "--name", "x")
+    assert again.returncode == 2 and "holds 2 runs (ranked, single); a name names one run" in again.stderr
