@@ -26,7 +26,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("source", type=Path, help="file or directory to import")
     p.add_argument("--out", type=Path, required=True, help="run directory to create (several runs: one each inside)")
     p.add_argument("--topology", type=Path, help="JSON file: each rank's host and dp/tp/pp coordinates")
-    p.add_argument("--name", help="run name (default: the output folder's name)")
+    p.add_argument("--name", help="run name, for a source of one run (default: its own name, else the output folder's)")
     p.add_argument(
         "--map",
         action="append",

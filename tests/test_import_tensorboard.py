@@ -189,3 +189,22 @@ def test_the_cli_imports_every_run_of_a_log_dir_and_runs_lists_them(tmp_path, lo
     assert sorted(r["name"] for r in json.loads(listed.stdout)) == ["ranked", "single"]
     again = bedside("import", "tensorboard", logdir, "--out", tmp_path / "runs", "--name", "x")
     assert again.returncode == 2 and "holds 2 runs (ranked, single); a name names one run" in again.stderr
+
+
+def test_the_dashboard_shows_an_imported_run_and_its_spike(imported):
+    from dashboard_app import assert_rendered, open_page, serve, table
+
+    from bedside.app.dashboard import registry
+    from bedside.app.service.detection import detect_run
+
+    detect_run(imported[0] / "single")
+    serve(imported[0])
+    try:
+        overview = open_page("overview", run="single")
+        assert_rendered(overview)
+        incidents = open_page("incidents", run="single")
+        assert_rendered(incidents)
+        listed = table(incidents, "severity", "status", "onset", "id")
+        assert any(str(i).startswith("loss_spike@0:") for i in listed["id"]), listed
+    finally:
+        registry.close_all()
