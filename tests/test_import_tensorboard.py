@@ -135,6 +135,26 @@ def test_a_record_that_fails_its_checksum_is_skipped_and_counted(tmp_path):
     assert summary.warnings == (f"{event}: 1 record skipped (failed the checksum)",)
 
 
+def test_megatron_tensorboard_names_reach_canonical_metrics(tmp_path):
+    """Megatron-LM's writer: ``lm loss``, ``grad-norm``, ``learning-rate``, ``iteration-time`` (seconds) per
+    iteration, and copies of each against the samples consumed, which are left out."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "tb")) as writer:
+        for step in range(1, 21):
+            for tag, value in (("lm loss", 2.0), ("grad-norm", 0.9), ("learning-rate", 3e-4), ("iteration-time", 1.2)):
+                writer.add_scalar(tag, value, step)
+                writer.add_scalar(f"{tag} vs samples", value, step * 256)
+            if step % 10 == 0:
+                writer.add_scalar("lm loss validation", 2.1, step)
+    (summary,) = import_tensorboard(tmp_path / "tb", tmp_path / "run")
+    assert summary.records == {"rank_info": 1, "step": 20, "rank_step": 20, "eval": 2}
+    assert summary.warnings[0].startswith("left out as mapped: grad-norm vs samples, iteration-time vs samples")
+    records = [json.loads(x) for x in (tmp_path / "run/telemetry/rank-00000.jsonl").read_text().splitlines()]
+    assert records[1]["metrics"] == {"loss": 2.0, "grad_norm": 0.9, "lr": 3e-4}
+    assert records[2]["kind"] == "rank_step" and records[2]["metrics"] == {"step_time": 1.2}
+
+
 def test_a_restart_from_an_earlier_step_starts_a_new_timeline(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 

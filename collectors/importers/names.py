@@ -4,7 +4,8 @@ The table maps the names the common stacks log (Hugging Face's ``train/loss``, L
 Megatron's ``lm loss`` and ``grad-norm``, torchtitan's ``loss_metrics/global_avg_loss``, the PyTorch tutorial's
 ``Loss/train``) to the canonical metrics the detectors read; lookups ignore case. A name in neither the table
 nor the map is kept as it is, a user metric. ``--map SRC=DST`` renames ``SRC`` to ``DST`` (taking precedence
-over the table); ``--map SRC=`` leaves ``SRC`` out of the import.
+over the table); ``--map SRC=`` leaves ``SRC`` out of the import, as Megatron's ``... vs samples`` copies are
+by default.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ _CANONICAL: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_NAMES: dict[str, str] = {source: canonical for canonical, sources in _CANONICAL.items() for source in sources}
 """Foreign names (lower case) and the bedside name each is imported under; ``eval/NAME`` is an eval score."""
+OTHER_AXES = (" vs samples", " vs tokens")
+"""Endings of the copies Megatron-LM's TensorBoard writer logs against another x axis (``lm loss vs samples``, its
+step the samples consumed): left out unless ``--map`` names them, since their steps are not training steps."""
 
 
 class NameMap:
@@ -59,4 +63,6 @@ class NameMap:
         """The bedside name of ``name``; None when ``--map`` leaves it out."""
         if name in self.mapping:
             return self.mapping[name] or None
+        if name.lower().endswith(OTHER_AXES):
+            return None
         return DEFAULT_NAMES.get(name.lower(), name)
