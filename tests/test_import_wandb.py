@@ -160,6 +160,20 @@ def test_a_nan_loss_is_kept_and_an_empty_value_is_not_logged(tmp_path):
     assert [r["metrics"] for r in lines if r["kind"] == "step"] == [{"loss": 1.0, "lr": 0.1}, {"loss": "NaN"}]
 
 
+def test_a_hugging_face_run_is_stepped_by_its_global_step(tmp_path):
+    """The Trainer's W&B callback logs train and eval calls apart, each with train/global_step; _step counts calls."""
+    rows = [{"_step": 0, "train/epoch": 0}]  # a call before training: no global step
+    for call, step in enumerate(range(10, 60, 10)):
+        rows.append({"_step": 2 * call + 1, "train/loss": 2.0 - step / 100, "train/global_step": step})
+        rows.append({"_step": 2 * call + 2, "eval/loss": 2.1 - step / 100, "train/global_step": step})
+    (tmp_path / "h.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (summary,) = import_wandb(tmp_path / "h.jsonl", tmp_path / "run")
+    assert summary.warnings == (f"{tmp_path / 'h.jsonl'}: 1 history rows without train/global_step left out",)
+    lines = [json.loads(x) for x in (tmp_path / "run/telemetry/rank-00000.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in lines[1:3]] == [("step", 10), ("eval", 10)]
+    assert [r["step"] for r in lines if r["kind"] == "step"] == [10, 20, 30, 40, 50]
+
+
 def test_bad_rows_are_named(tmp_path):
     (tmp_path / "h.jsonl").write_text('{"_step": 0, "train/loss": 1.0}\n{"_step": 1, "train/loss": "diverged"}\n')
     with pytest.raises(ImportFormatError, match=r"h\.jsonl, line 2: train/loss at step 1 is 'diverged', not a number"):

@@ -4,7 +4,7 @@
   (a column without `` - `` is a metric of one unnamed run); the ``__MIN``/``__MAX`` band columns are left out.
 - **JSONL / Parquet**: one row per history row, as ``run.history()`` or ``run.scan_history()`` give them:
   ``_step`` (required), ``_timestamp`` (unix seconds, the time), other ``_`` fields (``_runtime``,
-  ``_wandb``) left out.
+  ``_wandb``) left out. A run whose rows carry ``train/global_step`` (``STEP_KEY``) is stepped by it.
 - **Offline runs**: a ``run-ID.wandb`` file (``wandb_records.py``), a run directory holding one, or a directory
   whose ``offline-run-*`` / ``run-*`` subdirectories (also under ``wandb/``) hold one each.
 
@@ -37,23 +37,43 @@ CSV_RUN_SEPARATOR = " - "
 CSV_BANDS = ("__MIN", "__MAX")
 RUN_FILE = re.compile(r"^run-.+\.wandb$")
 RUN_DIRS = ("offline-run-*", "run-*")
+STEP_KEY = "train/global_step"
+"""The training step of a run that logs it (the Hugging Face Trainer's W&B callback logs it in every call and makes
+it the x axis; its ``_step`` counts log calls)."""
 
 
 class _Rows:
-    """History rows read into one source, counting what was left out."""
+    """History rows of one run, read into one source at the end, counting what was left out."""
 
     def __init__(self, fmt: str) -> None:
-        self.source = Source(None, True)
+        self.rows: list[tuple[dict[str, Any], str]] = []
         self.parsed = Parsed(fmt)
         self.other = 0
 
     def add(self, row: dict[str, Any], where: str) -> None:
-        """One history row: ``_step``, ``_timestamp`` and the metrics (nested ones flattened)."""
-        if blank(row.get("_step")):
-            raise ImportFormatError(f"{where}: no _step (a W&B history row has one)")
-        step, time = integer(row["_step"], where, "_step"), time_value(row.get("_timestamp"), where)
-        for name, value in self._flat(row, ""):
-            self.source.scalars.append(Scalar(name, step, value, where, time))
+        self.rows.append((row, where))
+
+    def finish(self, names: NameMap, where: Path) -> Parsed:
+        """The run's rows as import rows: each history row at its step (``_step``, or ``STEP_KEY`` when the
+        run logs it), metrics flattened."""
+        step_key = STEP_KEY if any(not blank(row.get(STEP_KEY)) for row, _ in self.rows) else "_step"
+        source, unplaced = Source(None, True), 0
+        for row, at in self.rows:
+            if blank(row.get(step_key)):
+                if step_key != "_step":
+                    unplaced += 1
+                    continue
+                raise ImportFormatError(f"{at}: no _step (a W&B history row has one)")
+            step, time = integer(row[step_key], at, step_key), time_value(row.get("_timestamp"), at)
+            source.scalars += [Scalar(n, step, v, at, time) for n, v in self._flat(row, "") if n != step_key]
+        add_rows(self.parsed, [source], names)
+        if not self.parsed.rows:
+            raise ImportFormatError(f"{where}: no scalar metrics in its history")
+        if self.other:
+            self.parsed.warnings.append(f"{self.other} media, histogram, table or list values not imported")
+        if unplaced:
+            self.parsed.warnings.append(f"{where}: {unplaced} history rows without {STEP_KEY} left out")
+        return self.parsed
 
     def _flat(self, values: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
         for key, value in values.items():
@@ -65,14 +85,6 @@ class _Rows:
                 self.other += 1
             else:
                 yield f"{prefix}{key}", value
-
-    def finish(self, names: NameMap, where: Path) -> Parsed:
-        add_rows(self.parsed, [self.source], names)
-        if not self.parsed.rows:
-            raise ImportFormatError(f"{where}: no scalar metrics in its history")
-        if self.other:
-            self.parsed.warnings.append(f"{self.other} media, histogram, table or list values not imported")
-        return self.parsed
 
 
 def read_wandb(src: Path, names: NameMap) -> dict[str, Parsed]:
