@@ -53,25 +53,26 @@ def bands(rows: pd.DataFrame, band: int, flagged: Iterable[int] = ()) -> pd.Data
     """The heatmap's rows (``rank_rows`` rows, in order) grouped ``band`` at a time: each band's label (its host and
     ranks, and the flagged ones it holds), first row, host, stage and flagged ranks."""
     marked = {int(r) for r in flagged}
-    out = []
-    for number, first in enumerate(range(0, len(rows), band)):
-        members = rows.iloc[first : first + band]
-        ranks = [int(r) for r in members["rank"]]
-        hosts = members["host"].dropna().astype(str).unique() if "host" in members else []
-        where = f"{hosts[0]}: " if len(hosts) == 1 else f"{hosts[0]}-{hosts[-1]}: " if len(hosts) else ""
-        hits = sorted(marked.intersection(ranks))
-        name = f"rank {ranks[0]}" if band == 1 else f"{where}ranks {id_ranges(ranks, runs=3)}"
-        out.append(
-            {
-                "band": number,
-                "label": name + (f" (flagged: rank {id_ranges(hits)})" if hits and band > 1 else ""),
-                "first_row": first,
-                "host": hosts[0] if len(hosts) else None,
-                "pp": members["pp"].iloc[0] if "pp" in members else None,
-                "flagged": hits,
-            }
-        )
-    return pd.DataFrame(out, columns=["band", "label", "first_row", "host", "pp", "flagged"])
+    ranks = rows["rank"].to_numpy(dtype=np.int64)
+    hosts = rows["host"].to_numpy(dtype=object) if "host" in rows else np.full(len(rows), None, dtype=object)
+    stages = rows["pp"].to_numpy(dtype=object) if "pp" in rows else np.full(len(rows), None, dtype=object)
+    firsts = np.arange(0, len(rows), band)
+    labels: list[str] = []
+    hits_of: list[list[int]] = []
+    for first in firsts.tolist():
+        members = ranks[first : first + band].tolist()
+        hits = sorted(marked.intersection(members))
+        hits_of.append(hits)
+        if band == 1:
+            labels.append(f"rank {members[0]}")
+            continue
+        named = list(dict.fromkeys(h for h in hosts[first : first + band] if isinstance(h, str)))
+        where = f"{named[0]}: " if len(named) == 1 else f"{named[0]}-{named[-1]}: " if named else ""
+        flags = f" (flagged: rank {id_ranges(hits)})" if hits else ""
+        labels.append(f"{where}ranks {id_ranges(members, runs=3)}{flags}")
+    out = {"band": np.arange(len(firsts)), "label": labels, "first_row": firsts, "host": hosts[firsts]}
+    out |= {"pp": stages[firsts], "flagged": hits_of}
+    return pd.DataFrame(out)
 
 
 def heat_grid(cells: pd.DataFrame, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ WITH cells AS (
     FROM rank_steps
     WHERE timeline = $timeline
     GROUP BY ALL
-), placed AS (
+), placed AS MATERIALIZED (
     SELECT c.rank, c.step, c.seconds, r.host, r.dp, r.tp, r.pp
     FROM cells c LEFT JOIN ranks r USING (rank)
 ), ratios AS (
