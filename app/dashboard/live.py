@@ -108,8 +108,9 @@ def steady() -> None:
 
 
 def preload_plotly() -> None:
-    """Every page: the browser starts fetching and compiling plotly.js (megabytes of script) as the page's script
-    starts, in the sidebar, rather than when the page's first chart arrives after its queries."""
+    """A page with charts, first: the browser starts fetching and compiling plotly.js (megabytes of script) as the
+    page's script starts, from an empty element in the sidebar, rather than when its first chart arrives after its
+    queries. (Not on a page without charts, such as SQL, which would only pay for it.)"""
     if PLOTLY_CHUNK is not None:
         with st.sidebar:
             _PRELOAD(key="plotly_preload", data={"chunk": PLOTLY_CHUNK.name})

@@ -23,7 +23,6 @@ page = st.navigation(
         st.Page(PAGES / "sql.py", title="SQL", icon=":material/database:", url_path="sql"),
     ]
 )
-live.preload_plotly()
 narrow_screens()
 live.steady()
 trouble_banner()

@@ -16,6 +16,7 @@ BAND_ABOVE, HEATMAP_ROWS = 2048, 512
 RECENT_STEPS = 200
 TIME_COLUMNS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
 
+live.preload_plotly()  # its charts need plotly.js: fetched while the queries run
 data = current_run()
 st.title(f"{data.name}: ranks")
 
