@@ -14,7 +14,7 @@ from dashboard_app import assert_rendered, copy_run, from_store, open_page, serv
 
 from bedside.app.dashboard import registry
 from bedside.app.dashboard.data import PREVIEW_LIMITS
-from bedside.app.dashboard.exports import EXPORTS, ROUTE, csv_note
+from bedside.app.dashboard.exports import EXPORTS, KEEP_S, ROUTE, csv_note
 from bedside.app.simulation import SimulationConfig, simulate_run
 from bedside.collectors.errors import QueryError
 from bedside.collectors.store.console import ConsoleLimits, write_console_csv
@@ -69,6 +69,19 @@ def test_prepare_csv_writes_the_whole_result_to_a_file_the_link_serves(served: P
     assert "First 1,000 rows shown" in texts(app)  # the preview stays
     _, again = prepared(app)
     assert again != path and not path.exists()  # a session keeps one download: the one before is removed
+
+
+def test_a_prepared_download_goes_after_its_time_and_a_failed_one_leaves_no_file(served: Path) -> None:
+    data = registry.desk().data(served / FAULTS)
+    export = EXPORTS.add("steps.csv", lambda out: data.user_csv("SELECT step FROM step_metrics", out))
+    assert EXPORTS.get(export.token) == export and export.written.rows == 200
+    assert export.path.parent.stat().st_mode & 0o777 == 0o700
+    EXPORTS.expire(now=export.made + KEEP_S + 1)
+    assert EXPORTS.get(export.token) is None and not export.path.exists()
+    before = set(export.path.parent.iterdir())
+    with pytest.raises(QueryError):
+        EXPORTS.add("bad.csv", lambda out: data.user_csv("DELETE FROM step_metrics", out))
+    assert set(export.path.parent.iterdir()) == before
 
 
 def test_a_download_past_its_limits_says_which_rows_it_holds(served: Path) -> None:
