@@ -17,7 +17,7 @@ from bedside.app.dashboard.data import PREVIEW_LIMITS
 from bedside.app.dashboard.exports import EXPORTS, KEEP_S, ROUTE, csv_note
 from bedside.app.simulation import SimulationConfig, simulate_run
 from bedside.collectors.errors import QueryError
-from bedside.collectors.store.console import ConsoleLimits, write_console_csv
+from bedside.collectors.store.console import ConsoleLimits, CsvExport, write_console_csv
 
 FAULTS, REWIND, WIDE = "tiny-faults", "tiny-rewind", "sixteen-ranks"
 EVERY_RANK_STEP = "SELECT * EXCLUDE (extra) FROM rank_step_metrics"  # AppTest cannot decode a MAP column
@@ -82,6 +82,15 @@ def test_a_prepared_download_goes_after_its_time_and_a_failed_one_leaves_no_file
     with pytest.raises(QueryError):
         EXPORTS.add("bad.csv", lambda out: data.user_csv("DELETE FROM step_metrics", out))
     assert set(export.path.parent.iterdir()) == before
+
+
+def test_a_download_link_escapes_the_run_s_name() -> None:
+    export = EXPORTS.add('a "run" <b>&#.csv', lambda out: CsvExport(0, out.write(b"")))
+    assert export.link("Download CSV") == (
+        f'<a href="{ROUTE}/{export.token}/a%20%22run%22%20%3Cb%3E%26%23.csv" '
+        'download="a &quot;run&quot; &lt;b&gt;&amp;#.csv">Download CSV</a>'
+    )
+    EXPORTS.drop(export.token)
 
 
 def test_a_download_past_its_limits_says_which_rows_it_holds(served: Path) -> None:

@@ -9,6 +9,7 @@ folder is this process's own (mode 0700) and goes with it.
 from __future__ import annotations
 
 import atexit
+import html
 import secrets
 import shutil
 import tempfile
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
@@ -41,7 +43,11 @@ class Export:
 
     @property
     def url(self) -> str:
-        return f"{ROUTE}/{self.token}/{self.file_name}"
+        return f"{ROUTE}/{self.token}/{quote(self.file_name)}"
+
+    def link(self, label: str) -> str:
+        """An HTML link that downloads the file under its name (both escaped: a run's folder may be named anything)."""
+        return f'<a href="{html.escape(self.url)}" download="{html.escape(self.file_name)}">{html.escape(label)}</a>'
 
 
 class Exports:

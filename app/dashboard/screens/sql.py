@@ -67,7 +67,7 @@ def show_result(data: RunData, query: str, result: ConsoleResult) -> None:
     export = EXPORTS.get(st.session_state.get("sql_export", ""))
     if export is not None:
         st.markdown(
-            f'<a href="{export.url}" download="{export.file_name}">Download CSV</a> ({csv_note(export.written, CSV_LIMITS)})',
+            f"{export.link('Download CSV')} ({csv_note(export.written, CSV_LIMITS)})",
             unsafe_allow_html=True,
         )
 
