@@ -211,8 +211,9 @@ def test_the_sql_page_runs_an_example_and_offers_the_result_as_csv(served: Path)
     result = table(app, "step", "loss", "grad_norm", "shards")
     assert list(result["step"]) == list(range(onset - 10, onset + 11))
     assert "21 rows" in [c.value for c in app.caption]
-    [download] = app.download_button
-    assert download.label == "Download CSV" and download.proto.deferred_file_id
+    app = app.button(key="sql_csv").click().run()
+    assert_rendered(app)
+    assert [m.value for m in app.markdown if "Download CSV" in m.value and "(all 21 rows, " in m.value]
 
 
 @pytest.mark.parametrize(
