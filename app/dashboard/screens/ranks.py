@@ -10,7 +10,8 @@ import streamlit as st
 from bedside.app.dashboard import live, rank_view
 from bedside.app.dashboard.common import current_run
 
-HEATMAP_COLUMNS = 400
+HEATMAP_COLUMNS, HEATMAP_CELLS = 400, 160_000
+"""At most this many step buckets, and fewer when the rows are many: the browser draws cells, not rows."""
 BAND_ABOVE, HEATMAP_ROWS = 2048, 512
 """Above this many ranks the heatmap's rows are bands of consecutive ranks, at most ``HEATMAP_ROWS`` of them."""
 RECENT_STEPS = 200
@@ -59,10 +60,15 @@ def ranks() -> None:
     straggler_list(stragglers, timeline)
 
 
+def heatmap_columns(drawn_rows: int) -> int:
+    """Step buckets for ``drawn_rows`` rows: ``HEATMAP_COLUMNS``, fewer (down to 100) above ``HEATMAP_CELLS`` cells."""
+    return min(HEATMAP_COLUMNS, max(100, HEATMAP_CELLS // max(drawn_rows, 1)))
+
+
 def heatmap(timeline: int, last: int, phase: str, flagged: list[int]) -> None:
-    bucket = max(1, -(-(last + 1) // HEATMAP_COLUMNS))
     rows = data.frame("rank_rows", timeline=timeline)
     band = 1 if len(rows) <= BAND_ABOVE else -(-len(rows) // HEATMAP_ROWS)
+    bucket = max(1, -(-(last + 1) // heatmap_columns(-(-len(rows) // band))))
     cells = data.frame(
         "rank_heatmap", bucket=bucket, timeline=timeline, phase=phase, band=band, first_row=0, last_row=len(rows)
     )
