@@ -15,7 +15,7 @@ HERE = Path(__file__).parent
 
 def train_and_collect(script: str, run: Path, steps: int, *, args: tuple[str, ...] = (), nproc: int = 2) -> Store:
     """Run ``tests/SCRIPT [ARGS] RUN STEPS`` on ``nproc`` ranks, then ingest the run into its store (opened for writing)."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     done = subprocess.run(
         [*torchrun, str(HERE / script), *args, str(run), str(steps)],
         capture_output=True,

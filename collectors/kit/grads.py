@@ -70,7 +70,7 @@ class LocalGrads:
         observer, then add its squared norm (no sync)."""
         if self.on_gradients is not None:
             self.on_gradients(self.step, gradients)
-        squared = gradients.detach().float().pow(2).sum()
+        squared = torch.linalg.vector_norm(gradients.detach(), dtype=torch.float32).square()  # no temporary
         self.squared_norm = squared if self.squared_norm is None else self.squared_norm + squared
 
 

@@ -50,7 +50,8 @@ class Monitor:
     reduce-scatter is set on each), or a plain module. ``shape`` and ``tokens_per_step``
     (the whole job's tokens per optimizer step) give tokens and FLOPs per step;
     ``peak_flops`` (one device's peak) adds MFU. ``scaler`` is the loop's
-    ``torch.amp.GradScaler``. ``checksum_every`` steps (0: never) the parameters are
+    ``torch.amp.GradScaler`` (the local gradient norm is then divided by the loss scale, on the
+    device). ``checksum_every`` steps (0: never) the parameters are
     digested on device. ``on_gradients(step, flat)`` sees each gradient bucket before
     its reduction.
     """
@@ -176,11 +177,11 @@ class StepScope:
         self._backward_end = monitor.grads.clock.mark()
         if loss is not None:
             self.loss = loss.detach()
-        self.local_grad_norm = monitor.grads.local_grad_norm()
-        if self.local_grad_norm is None and not monitor.grads.hooked:  # nothing reduced: the gradients are local
-            self.local_grad_norm = total_grad_norm(monitor.model.parameters())
-        if monitor.scaler is not None:
-            monitor.scaler.before_step()
+        norm = monitor.grads.local_grad_norm()
+        if norm is None and not monitor.grads.hooked:  # nothing reduced: the gradients are local
+            norm = total_grad_norm(monitor.model.parameters())
+        scale = None if monitor.scaler is None else monitor.scaler.before_step()
+        self.local_grad_norm = norm if norm is None or scale is None else norm / scale  # of the unscaled gradients
 
     def record(self, **metrics: Any) -> None:
         """More of this rank's metrics of the step (``rank_step``)."""

@@ -31,10 +31,11 @@ class ScalerState:
         enabled = getattr(self.scaler, "_enabled", True)
         return scale if enabled and isinstance(scale, torch.Tensor) else None
 
-    def before_step(self) -> None:
-        """After backward, before ``scaler.step``: keep the scale this step used (a device copy)."""
+    def before_step(self) -> torch.Tensor | None:
+        """After backward, before ``scaler.step``: keep the scale this step used (a device copy), and return it."""
         scale = self._scale()
         self._used = None if scale is None else scale.detach().clone()
+        return self._used
 
     def after_step(self) -> dict[str, torch.Tensor]:
         """After ``scaler.update()``: ``loss_scale`` (the scale the step used), ``overflow_skipped``
