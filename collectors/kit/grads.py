@@ -4,7 +4,7 @@
 this rank's unreduced gradients (a device tensor, no sync), the mark of the moment the
 last gradient group was ready (which splits backward into local compute and the wait
 for communication: a slow rank shows long compute, its peers long waits), and, under
-DDP, the job's mean loss reduced with the last bucket. ``watch_gradients`` installs the
+DDP, the job's mean loss reduced with one of the buckets. ``watch_gradients`` installs the
 hooks on a DDP module (``ddp.py``: a comm hook) or on every FSDP2 module of a model
 (``fsdp.py``: a custom reduce-scatter, whose input is this rank's full unreduced
 gradient of one group). ``on_gradients(step, flat)`` sees each flat group first and may
@@ -55,7 +55,7 @@ class LocalGrads:
         self.mean_loss: torch.Tensor | None = None
 
     def reset(self, step: int, loss: torch.Tensor | None = None) -> None:
-        """Start a backward pass; ``loss`` rides along with the last bucket's all-reduce (DDP)."""
+        """Start a backward pass; ``loss`` rides along with a bucket's all-reduce (DDP)."""
         self.step = step
         self.squared_norm = None
         self.last_bucket_ready = None

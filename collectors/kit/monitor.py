@@ -16,7 +16,7 @@ gradient norm, local loss, the GradScaler's state, every ``checksum_every`` step
 parameter digest) and, on the logger's job rank, the job's ``step`` record (mean loss,
 lr, tokens, FLOPs, MFU). Nothing in the step waits for the device: every value stays a
 tensor or a CUDA event until the writer thread reads it. The one collective of its own
-is the loss mean under FSDP2 (under DDP it rides with the last gradient bucket).
+is the loss mean under FSDP2 (under DDP it rides with a gradient bucket).
 """
 
 from __future__ import annotations
@@ -75,11 +75,14 @@ class Monitor:
             raise ValueError("shape needs tokens_per_step (the job's tokens per optimizer step) to count FLOPs")
         if peak_flops is not None and (shape is None or peak_flops <= 0):
             raise ValueError(f"peak_flops needs a shape and must be > 0, got {peak_flops!r}")
+        first = next(model.parameters(), None)
+        if first is None:
+            raise ValueError(f"the model ({type(model).__name__}) has no parameters to monitor")
         self._owns_logger = not isinstance(logger, RunLogger)
         self.logger = RunLogger(logger) if not isinstance(logger, RunLogger) else logger
         self.model, self.optimizer = model, optimizer
         self.digested = model.module if isinstance(model, DistributedDataParallel) else model
-        self.device = next(model.parameters()).device
+        self.device = first.device
         self.grads = LocalGrads(on_gradients=on_gradients, clock=clock_for(self.device))
         watch_gradients(model, self.grads)
         self.scaler = None if scaler is None else ScalerState(scaler)
@@ -116,7 +119,7 @@ class Monitor:
     def _mean_loss(self, scope: StepScope) -> torch.Tensor | None:
         if scope.loss is None:
             return None
-        if self.grads.mean_loss is not None:  # reduced with the last gradient bucket (DDP)
+        if self.grads.mean_loss is not None:  # reduced with a gradient bucket (DDP)
             return self.grads.mean_loss
         if self.world_size == 1:
             return scope.loss
@@ -164,7 +167,7 @@ class StepScope:
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` (scaled by the GradScaler when there is one), then the optimizer phase
-        begins. Under DDP the loss rides with the last gradient bucket's all-reduce."""
+        begins. Under DDP the loss rides with a gradient bucket's all-reduce."""
         monitor = self.monitor
         monitor.grads.loss = loss
         (loss if monitor.scaler is None else monitor.scaler.scaler.scale(loss)).backward()
