@@ -1,7 +1,7 @@
 """A DDP communication hook that sees each rank's gradients before the all-reduce (``LocalGrads``).
 
 The rank's loss rides with the step's first bucket of at most ``RIDE_ALONG_MAX`` elements
-(DDP caps the first bucket ready at 1 MB), or with the last bucket if none is that small:
+(DDP caps the first bucket ready at about 1 MB), or with the last bucket if none is that small:
 the job's mean loss costs no collective of its own, only a copy of one bucket.
 
 No ``from __future__ import annotations`` here: DDP checks the hook's annotations at
@@ -14,10 +14,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .grads import LocalGrads
 
-RIDE_ALONG_MAX = 1 << 18
-"""Elements of a bucket up to which appending the loss is cheap (1 MB of fp32; the copy costs
-about 0.5 ns an element twice, where a collective of its own costs a round trip between the
-ranks: 0.1 ms on an idle gloo host, milliseconds on a busy one)."""
+RIDE_ALONG_MAX = 1 << 20
+"""Elements of a bucket up to which appending the loss is cheap (4 MB of fp32; DDP's first
+bucket of a step, capped at 1 MB plus the parameter that crosses the cap, usually fits; the
+copy costs about 0.5 ns an element twice on a CPU, where a collective of its own costs a
+round trip between the ranks: 0.1 ms on an idle gloo host, milliseconds on a busy one)."""
 
 
 def allreduce_with_local_norm(state: LocalGrads, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
