@@ -13,11 +13,11 @@ from bedside.collectors.store import Store
 HERE = Path(__file__).parent
 
 
-def train_and_collect(script: str, run: Path, steps: int) -> Store:
-    """Run ``tests/SCRIPT RUN STEPS`` on two ranks, then ingest the run into its store (opened for writing)."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+def train_and_collect(script: str, run: Path, steps: int, *, args: tuple[str, ...] = (), nproc: int = 2) -> Store:
+    """Run ``tests/SCRIPT [ARGS] RUN STEPS`` on ``nproc`` ranks, then ingest the run into its store (opened for writing)."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     done = subprocess.run(
-        [*torchrun, str(HERE / script), str(run), str(steps)],
+        [*torchrun, str(HERE / script), *args, str(run), str(steps)],
         capture_output=True,
         text=True,
         timeout=300,
