@@ -10,10 +10,10 @@ import streamlit as st
 from bedside.app.dashboard import live, rank_view
 from bedside.app.dashboard.common import current_run
 
+# At most this many step buckets, and fewer when the rows are many: the browser draws cells, not rows.
 HEATMAP_COLUMNS, HEATMAP_CELLS = 400, 160_000
-"""At most this many step buckets, and fewer when the rows are many: the browser draws cells, not rows."""
+# Above this many ranks the heatmap's rows are bands of consecutive ranks, at most HEATMAP_ROWS of them.
 BAND_ABOVE, HEATMAP_ROWS = 2048, 512
-"""Above this many ranks the heatmap's rows are bands of consecutive ranks, at most ``HEATMAP_ROWS`` of them."""
 RECENT_STEPS = 200
 TIME_COLUMNS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
 

@@ -11,8 +11,7 @@ from bedside.app.service.schema import SERVICE
 from bedside.collectors.errors import QueryError
 from bedside.collectors.store.console import ConsoleResult, console_examples
 
-AROUND = 10
-"""Steps either side of the newest incident's onset in the examples."""
+AROUND = 10  # steps either side of the newest incident's onset in the examples
 RECENT = 200
 
 
