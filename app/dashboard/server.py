@@ -45,6 +45,8 @@ def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, 
     app = st.App(Path(__file__).parent / "main.py", routes=exports.routes())  # Streamlit's routes and the downloads'
     try:
         app.run(config=settings)
+    except KeyboardInterrupt:  # SIGINT is how an operator stops the server: a clean stop, not a failure
+        print("bedside: stopped", file=sys.stderr)
     finally:
         stop.set()
         registry.close_all()
