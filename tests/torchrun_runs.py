@@ -1,23 +1,30 @@
-"""A run written by a framework's training script on two gloo ranks under torchrun, collected into a store."""
+"""A run written by a framework's training script on two gloo ranks under torchrun, collected into a store, and
+its rank files read while it runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from bedside.collectors.control import request_action
 from bedside.collectors.ingest import Collector
+from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
 HERE = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
 
 
 def train_and_collect(script: str, run: Path, steps: int) -> Store:
     """Run ``tests/SCRIPT RUN STEPS`` on two ranks, then ingest the run into its store (opened for writing)."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     done = subprocess.run(
-        [*torchrun, str(HERE / script), str(run), str(steps)],
+        [*TORCHRUN, str(HERE / script), str(run), str(steps)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -31,3 +38,38 @@ def train_and_collect(script: str, run: Path, steps: int) -> Store:
 
 def rows(store: Store, query: str) -> list[tuple]:
     return store.cursor().execute(query).fetchall()
+
+
+def records(run: Path, rank: int = 0) -> list[dict]:
+    path = RunLayout(run).rank_file(rank)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
+
+
+def acks(run: Path, request_id: str) -> list[dict]:
+    return [r for r in records(run) if r["kind"] == "action" and r["request_id"] == request_id]
+
+
+def wait_for(condition, what: str, loop: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert loop.poll() is None, f"the loop ended before {what}: {loop.communicate()[0]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def answered(run: Path, request_id: str) -> bool:
+    return any(r["status"] != "requested" for r in acks(run, request_id))
+
+
+def start(script: str, run: Path, *args: str) -> tuple[subprocess.Popen, Callable[..., str]]:
+    """``tests/SCRIPT RUN ARGS...`` started on two ranks, and a function that files a signed request for RUN
+    (``file("skip", first_batch=3, last_batch=4)``: its request id)."""
+    loop = subprocess.Popen(
+        [*TORCHRUN, str(HERE / script), str(run), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    layout = RunLayout(run)
+
+    def file(action: str, **action_args: Any) -> str:
+        return request_action(layout, action, action_args, operator="tester", reason="test")
+
+    return loop, file
