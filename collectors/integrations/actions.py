@@ -130,3 +130,18 @@ class StepShareIds(StepShare):
     def __iter__(self) -> Iterator[int]:  # type: ignore[override]
         for batch in super().__iter__():
             yield from batch
+
+
+class Interleaved:
+    """The ids of one sampler per rank dealt out in turn: the global order a ``DistributedSampler`` hands its ranks
+    their shares of (every ``len(samplers)``-th id, from its rank)."""
+
+    def __init__(self, samplers: Sequence[Any]) -> None:
+        self.samplers = samplers
+
+    def __iter__(self) -> Iterator[int]:
+        for ids in zip(*self.samplers, strict=True):
+            yield from ids
+
+    def __len__(self) -> int:
+        return sum(len(sampler) for sampler in self.samplers)
