@@ -22,8 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dashboard import PAGES, prepare  # type: ignore[import-not-found]  (bench/dashboard.py, run from here)
@@ -109,8 +112,10 @@ def table(visits: dict[str, list[dict[str, float]]]) -> None:
         )
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_arguments(description: str, timeout_s: float) -> argparse.ArgumentParser:
+    """The options of a bench over a prepared, served run: its size, where it is kept, how long a step may take."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--timeout", type=float, default=timeout_s, help="seconds one visit or download may take")
     parser.add_argument("--ranks", type=int, default=1024, help="world size of the simulated run")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps of the simulated run")
     parser.add_argument(
@@ -119,23 +124,30 @@ def parse_args() -> argparse.Namespace:
         default=Path(tempfile.gettempdir()) / "bedside-bench-dashboard",
         help="where the prepared run is kept (reused when present; shared with bench/dashboard.py)",
     )
-    parser.add_argument("--repeat", type=int, default=3, help="timed visits of each page")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds one visit may take")
-    return parser.parse_args()
+    return parser
 
 
-def main() -> None:
-    args = parse_args()
+@contextmanager
+def served(args: argparse.Namespace, log_name: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The run of ``args`` prepared and served by ``bedside serve``: its address and the server's process."""
     run = (args.workdir / f"run-{args.ranks}x{args.steps}").resolve()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     prepare(run, args.ranks, args.steps)
     port = free_port()
-    server = start_serving(run, port, args.workdir / "page-load-serve.log")
+    server = start_serving(run, port, args.workdir / log_name)
     try:
-        report(measure(f"http://127.0.0.1:{port}", args.repeat, args.timeout))
+        yield f"http://127.0.0.1:{port}", server
     finally:
         stop(server)
-    print(f"\nload average {os.getloadavg()[0]:.2f} (other processes on the machine skew the figures)")
+        print(f"\nload average {os.getloadavg()[0]:.2f} (other processes on the machine skew the figures)")
+
+
+def main() -> None:
+    parser = run_arguments(__doc__.splitlines()[0], timeout_s=120.0)
+    parser.add_argument("--repeat", type=int, default=3, help="timed visits of each page")
+    args = parser.parse_args()
+    with served(args, "page-load-serve.log") as (url, _):
+        report(measure(url, args.repeat, args.timeout))
 
 
 if __name__ == "__main__":

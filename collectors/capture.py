@@ -12,12 +12,29 @@ from __future__ import annotations
 import json
 import operator
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .format import encode_number
 
 _NOT_A_NUMBER = "metric values must be numbers or one-element tensors"
+_DIGEST_MASK = 0xFFFFFFFFFFFFFFFF
+
+
+class Later:
+    """A value that only the writer thread computes, e.g. the time between two CUDA events.
+
+    ``compute`` runs in the writer thread and may wait for the device there (it synchronizes
+    on what it needs itself); it returns a number or a string.
+    """
+
+    __slots__ = ("compute",)
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self.compute = compute
+
+    def item(self) -> Any:
+        return self.compute()
 
 
 class Pending:
@@ -49,7 +66,7 @@ def capture_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, Any], Pending
 
 def capture(value: Any) -> Any:
     """A number, or a detached device tensor to read later; TypeError for anything else."""
-    if value is None or type(value) in (float, int):
+    if value is None or type(value) in (float, int) or type(value) is Later:
         return value
     if type(value) is bool:
         return int(value)
@@ -82,7 +99,7 @@ def _capture_tensor(tensor: Any) -> Any:
 
 
 def _is_device_tensor(value: Any) -> bool:
-    return type(value) is not float and type(value) is not int and value.device.type != "cpu"
+    return type(value) not in (float, int, Later) and value.device.type != "cpu"
 
 
 def _record_event(tensor: Any) -> Any:
@@ -102,9 +119,39 @@ def resolve(value: Any) -> Any:
         return None
     if hasattr(value, "item"):
         value = value.item()
+    if isinstance(value, str):  # a Later's digest
+        return value
     if isinstance(value, int):
         return int(value)
     return encode_number(float(value))
+
+
+def capture_digest(digest: Any) -> str | Later:
+    """A parameter digest: a string as given, or a one-element integer tensor formatted as 16 hex
+    digits of its 64 bits (a CPU tensor now, a device tensor by the writer thread after one event)."""
+    if isinstance(digest, str):
+        return digest
+    if not (hasattr(digest, "is_cpu") and hasattr(digest, "numel")):
+        raise TypeError(f"param_checksum must be a string or an integer tensor, got {type(digest).__name__}")
+    if digest.numel() != 1 or digest.is_floating_point() or digest.is_complex():
+        raise TypeError(
+            f"param_checksum must be a one-element integer tensor, got {digest.dtype} of shape {tuple(digest.shape)}"
+        )
+    if digest.is_cpu:
+        return _hex_digest(digest.item())
+    digest = digest.detach()
+    event = _record_event(digest)
+
+    def read() -> str:
+        if event is not None:
+            event.synchronize()
+        return _hex_digest(digest.item())
+
+    return Later(read)
+
+
+def _hex_digest(value: int) -> str:
+    return f"{int(value) & _DIGEST_MASK:016x}"
 
 
 def capture_step(step: Any) -> int:

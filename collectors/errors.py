@@ -31,3 +31,7 @@ class QueryError(StoreError):
 
 class ImportFormatError(BedsideError):
     """A foreign file to import does not have the documented shape."""
+
+
+class MissingExtraError(BedsideError):
+    """An optional library that a command needs is not installed; the message names the extra to install."""

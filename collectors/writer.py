@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from .appendfile import AppendFile, tail_records
-from .capture import Pending, capture, capture_field, capture_metrics, capture_shards, capture_step, resolve
+from .capture import (
+    Pending,
+    capture,
+    capture_digest,
+    capture_field,
+    capture_metrics,
+    capture_shards,
+    capture_step,
+    resolve,
+)
 from .format import ENVELOPE_FIELDS, Kind, RunEndStatus
 from .layout import RunLayout
 from .records import Checkpoint, Eval, Heartbeat, Log, RankInfo, RankStep, Record, RunEnd, Step, build_record, to_line
@@ -118,9 +127,12 @@ class RunLogger:
         fields = {"shards": capture_shards(shards)} if shards is not None else None
         self._put(Step, step, *capture_metrics(metrics), fields=fields)
 
-    def rank_step(self, step: int, *, param_checksum: str | None = None, **metrics: Any) -> None:
-        """This rank's metrics of ``step`` (step_time and phases, local_grad_norm, any other)."""
-        fields = {"param_checksum": str(param_checksum)} if param_checksum is not None else None
+    def rank_step(self, step: int, *, param_checksum: Any = None, **metrics: Any) -> None:
+        """This rank's metrics of ``step`` (step_time and phases, local_grad_norm, any other).
+
+        ``param_checksum`` is a string, or a one-element integer tensor (the kit's on-device digest)
+        that is written as the 16 hex digits of its 64 bits, read by the writer thread."""
+        fields = {"param_checksum": capture_digest(param_checksum)} if param_checksum is not None else None
         self._put(RankStep, step, *capture_metrics(metrics), fields=fields)
 
     def eval(

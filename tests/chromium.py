@@ -25,7 +25,9 @@ PAGE_SHOWN = """() => {
         const plot = element.querySelector('.js-plotly-plot');
         return plot !== null && plot._fullLayout !== undefined;
     };  // live.chart's components make their plot once mounted: each must hold one drawn
-    const drawn = charts.every(plotted) && [...document.querySelectorAll('[data-testid^="stBidiComponent"]')].every(plotted);
+    const components = [...document.querySelectorAll('[data-testid^="stBidiComponent"]')]
+        .filter((element) => !element.closest('[data-testid="stSidebar"]'));  // the sidebar's draws no chart
+    const drawn = charts.every(plotted) && components.every(plotted);
     if (!title || busy || !drawn) return null;
     const length = (trace) => trace._length || (trace.x && trace.x.length) || 0;
     const points = charts.reduce((sum, chart) => sum + (chart.querySelector('.js-plotly-plot')._fullData || [])
@@ -34,7 +36,7 @@ PAGE_SHOWN = """() => {
 }"""
 """For ``page.wait_for_function``: null until the page is shown (its title there, no loading skeleton, the script
 idle: no status widget, every Plotly chart drawn: ``_fullLayout`` set on its plot, ``live.chart``'s components
-included); then the time since navigation started (ms, the browser's clock), the charts and their points."""
+included, not the sidebar's plotly preloader); then the time since navigation started (ms, the browser's clock), the charts and their points."""
 
 
 def launch(playwright: Any) -> Any:

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -417,19 +418,28 @@ def assert_store_intact(run: Path, reference: Path) -> None:
 
 
 def test_the_sql_page_previews_a_large_result_and_downloads_all_of_it_as_csv(tmp_path: Path, serve, page) -> None:
-    """A 16-rank run's 3,200 rank steps: the page shows the first 1,000; the CSV, written on the server when the
-    button is clicked, holds every one."""
+    """A 16-rank run's 3,200 rank steps: the page shows the first 1,000; Prepare CSV writes every one to a file on
+    the server, and the Download CSV link gets that file from the server's own route, not through the page."""
     run = tmp_path / "sixteen-ranks"
     simulate_run(SimulationConfig(ranks=16, steps=200, ranks_per_host=8, nuisances=False), run)
-    page.goto(f"{serve(run, token=None)}/sql?run={run.name}")
+    url = serve(run, token=None)
+    page.goto(f"{url}/sql?run={run.name}")
     run_sql(page, "SELECT rank, step, compute_time, extra FROM rank_step_metrics ORDER BY step, rank")
     expect_visible(page.get_by_text("First 1,000 rows shown: the result has more"))
+    page.get_by_role("button", name="Prepare CSV").click()
+    expect_visible(page.get_by_text(f"all {16 * 200:,} rows"))
+    link = page.get_by_role("link", name="Download CSV")
     with page.expect_download(timeout=WIDGET_S * 1000) as download:
-        page.get_by_role("button", name="Download CSV").click()
+        link.click()
     written = pd.read_csv(download.value.path())
     assert len(written) == 16 * 200 and list(written.columns) == ["rank", "step", "compute_time", "extra"]
     assert list(written["step"][:16]) == [1] * 16 and list(written["rank"][:16]) == list(range(16))
+    assert download.value.suggested_filename == f"{run.name}.csv"
     expect_visible(page.get_by_text("First 1,000 rows shown"))  # the download did not rerun the page away
+    href = link.get_attribute("href")
+    assert href and href.startswith("/bedside/export/")
+    with pytest.raises(urllib.error.HTTPError, match="404"):  # a token the server does not hold
+        urllib.request.urlopen(url + href.replace(href.split("/")[3], "not-a-token"))
 
 
 NARROW = {"width": 400, "height": 1600}

@@ -4,6 +4,7 @@ the links alerts send (``/incidents?run=NAME&incident=ID``)."""
 
 from __future__ import annotations
 
+import ast
 import math
 from pathlib import Path
 
@@ -211,8 +212,9 @@ def test_the_sql_page_runs_an_example_and_offers_the_result_as_csv(served: Path)
     result = table(app, "step", "loss", "grad_norm", "shards")
     assert list(result["step"]) == list(range(onset - 10, onset + 11))
     assert "21 rows" in [c.value for c in app.caption]
-    [download] = app.download_button
-    assert download.label == "Download CSV" and download.proto.deferred_file_id
+    app = app.button(key="sql_csv").click().run()
+    assert_rendered(app)
+    assert [m.value for m in app.markdown if "Download CSV" in m.value and "(all 21 rows, " in m.value]
 
 
 @pytest.mark.parametrize(
@@ -299,3 +301,18 @@ def test_a_runs_directory_s_bedside_toml_configures_the_dashboard_s_alerts(tmp_p
         assert [n.name for n in registry.desk().settings.notifiers] == ["ops"]
     finally:
         registry.close_all()
+
+
+@pytest.mark.parametrize(
+    "screen", sorted((Path(registry.__file__).parent / "screens").glob("*.py")), ids=lambda p: p.stem
+)
+def test_no_page_script_shows_a_stray_string(screen: Path) -> None:
+    """Streamlit's magic writes a page script's bare expressions into the page: a string under a constant, meant
+    as its docstring, appears as text above the title. Only the module's docstring is left alone."""
+    body = ast.parse(screen.read_text()).body
+    stray = [
+        node.lineno
+        for node in body[1:]
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    ]
+    assert stray == [], f"{screen.name}: bare strings at lines {stray} would be drawn on the page"

@@ -4,6 +4,7 @@ in bounded memory, examples with the run's own numbers, and the console still re
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,12 +14,14 @@ from dashboard_app import assert_rendered, copy_run, from_store, open_page, serv
 
 from bedside.app.dashboard import registry
 from bedside.app.dashboard.data import PREVIEW_LIMITS
+from bedside.app.dashboard.exports import EXPORTS, KEEP_S, ROUTE, csv_note
 from bedside.app.simulation import SimulationConfig, simulate_run
 from bedside.collectors.errors import QueryError
-from bedside.collectors.store.console import ConsoleLimits, write_console_csv
+from bedside.collectors.store.console import ConsoleLimits, CsvExport, write_console_csv
 
 FAULTS, REWIND, WIDE = "tiny-faults", "tiny-rewind", "sixteen-ranks"
 EVERY_RANK_STEP = "SELECT * EXCLUDE (extra) FROM rank_step_metrics"  # AppTest cannot decode a MAP column
+LIMITS = ConsoleLimits(max_rows=700, max_bytes=1 << 30)
 
 
 @pytest.fixture(scope="module")
@@ -42,20 +45,71 @@ def test_the_page_shows_a_preview_not_the_whole_result(served: Path) -> None:
     assert_rendered(app)
     shown = table(app, "rank", "step", "compute_time")
     assert len(shown) == PREVIEW_LIMITS.max_rows == 1_000
-    assert "First 1,000 rows shown: the result has more (Download CSV holds them all)." in texts(app)
-    [download] = app.download_button
-    assert download.label == "Download CSV" and download.proto.deferred_file_id  # made on the server when clicked
-    assert not download.proto.url  # nothing of it sent with the page
+    assert "First 1,000 rows shown: the result has more (Prepare CSV writes them all on the server)." in texts(app)
+    assert not [m for m in app.markdown if "href" in m.value] and not app.download_button  # nothing written yet
+
+
+def prepared(app) -> tuple[str, Path]:
+    """Press Prepare CSV: the download link's note, and the file on the server it names."""
+    app = app.button(key="sql_csv").click().run()
+    assert_rendered(app)
+    [link] = [m.value for m in app.markdown if "Download CSV" in m.value]
+    token = re.search(rf'href="{ROUTE}/([^/"]+)/', link)
+    assert token, link
+    export = EXPORTS.get(token.group(1))
+    assert export is not None and export.path.is_file()
+    return link, export.path
+
+
+def test_prepare_csv_writes_the_whole_result_to_a_file_the_link_serves(served: Path) -> None:
+    app = run_sql(open_page("sql", run=WIDE), EVERY_RANK_STEP + " ORDER BY step, rank")
+    link, path = prepared(app)
+    assert f"(all {16 * 200:,} rows, " in link
+    assert len(pd.read_csv(path)) == 16 * 200
+    assert "First 1,000 rows shown" in texts(app)  # the preview stays
+    _, again = prepared(app)
+    assert again != path and not path.exists()  # a session keeps one download: the one before is removed
+
+
+def test_a_prepared_download_goes_after_its_time_and_a_failed_one_leaves_no_file(served: Path) -> None:
+    data = registry.desk().data(served / FAULTS)
+    export = EXPORTS.add("steps.csv", lambda out: data.user_csv("SELECT step FROM step_metrics", out))
+    assert EXPORTS.get(export.token) == export and export.written.rows == 200
+    assert export.path.parent.stat().st_mode & 0o777 == 0o700
+    EXPORTS.expire(now=export.made + KEEP_S + 1)
+    assert EXPORTS.get(export.token) is None and not export.path.exists()
+    before = set(export.path.parent.iterdir())
+    with pytest.raises(QueryError):
+        EXPORTS.add("bad.csv", lambda out: data.user_csv("DELETE FROM step_metrics", out))
+    assert set(export.path.parent.iterdir()) == before
+
+
+def test_a_download_link_escapes_the_run_s_name() -> None:
+    export = EXPORTS.add('a "run" <b>&#.csv', lambda out: CsvExport(0, out.write(b"")))
+    assert export.link("Download CSV") == (
+        f'<a href="{ROUTE}/{export.token}/a%20%22run%22%20%3Cb%3E%26%23.csv" '
+        'download="a &quot;run&quot; &lt;b&gt;&amp;#.csv">Download CSV</a>'
+    )
+    EXPORTS.drop(export.token)
+
+
+def test_a_download_past_its_limits_says_which_rows_it_holds(served: Path) -> None:
+    export = write_console_csv(registry.desk().owner(served / WIDE).store, EVERY_RANK_STEP, io.BytesIO(), LIMITS)
+    assert csv_note(export, LIMITS) == (
+        f"the first 700 of 3,200 rows, {export.bytes / 1024:.0f} KiB: a download holds at most 700 rows or 1 GiB; add a LIMIT or aggregate"
+    )
 
 
 def test_the_csv_holds_the_whole_result_written_a_batch_at_a_time(served: Path) -> None:
     data = registry.desk().data(served / WIDE)
-    csv, export = data.user_csv("SELECT * FROM rank_step_metrics ORDER BY step, rank")
+    out = io.BytesIO()
+    export = data.user_csv("SELECT * FROM rank_step_metrics ORDER BY step, rank", out)
+    csv = out.getvalue()
     written = pd.read_csv(io.BytesIO(csv))
     stored = from_store(
         served / WIDE, "SELECT rank, step, compute_time, extra FROM rank_step_metrics ORDER BY step, rank"
     )
-    assert (export.rows, export.bytes, export.truncated) == (len(stored), len(csv), False)
+    assert (export.rows, export.bytes, export.truncated, export.total) == (len(stored), len(csv), False, len(stored))
     assert list(written[["rank", "step"]].itertuples(index=False)) == list(
         stored[["rank", "step"]].itertuples(index=False)
     )
@@ -66,11 +120,13 @@ def test_a_csv_past_its_limits_stops_at_a_whole_row_and_says_so(served: Path) ->
     owner = registry.desk().owner(served / WIDE)
     out = io.BytesIO()
     export = write_console_csv(owner.store, EVERY_RANK_STEP, out, ConsoleLimits(max_rows=700))
-    assert (export.rows, export.truncated) == (700, True) and len(pd.read_csv(io.BytesIO(out.getvalue()))) == 700
+    assert (export.rows, export.truncated, export.total) == (700, True, 3_200)
+    assert len(pd.read_csv(io.BytesIO(out.getvalue()))) == 700
     out = io.BytesIO()
     export = write_console_csv(owner.store, EVERY_RANK_STEP, out, ConsoleLimits(max_bytes=100_000))
-    assert export.truncated and export.bytes == len(out.getvalue()) <= 100_000
-    assert len(pd.read_csv(io.BytesIO(out.getvalue()))) == export.rows  # whole rows only
+    assert export.truncated and export.bytes == len(out.getvalue()) <= 100_000 and export.total == 3_200
+    assert len(pd.read_csv(io.BytesIO(out.getvalue()))) == export.rows > 0  # whole rows only, as many as fit
+    assert export.bytes > 100_000 - 2 * export.bytes // export.rows  # the last row that fits, not a batch before
 
 
 @pytest.mark.parametrize(
@@ -98,7 +154,7 @@ def test_a_csv_holds_every_type_a_query_can_return(served: Path, value: str, tex
 @pytest.mark.parametrize("sql", ["DELETE FROM steps", "SELECT * FROM read_csv('/etc/passwd')", "COPY steps TO 'x'"])
 def test_the_csv_is_read_only_too(served: Path, sql: str) -> None:
     with pytest.raises(QueryError):
-        registry.desk().data(served / FAULTS).user_csv(sql)
+        registry.desk().data(served / FAULTS).user_csv(sql, io.BytesIO())
     [[steps]] = from_store(served / FAULTS, "SELECT count(*) FROM steps").values
     assert steps == 200
 

@@ -9,6 +9,7 @@ import pytest
 from bedside.app.dashboard.rank_view import (
     MAX_SPAN,
     MIN_SPAN,
+    bands,
     flagged_ranks,
     phase_breakdown,
     phase_ranks,
@@ -29,18 +30,23 @@ def places(ranks: int, per_host: int, stages: int = 1) -> pd.DataFrame:
     )
 
 
-def cells(ranks: int, steps: int, ratio=lambda rank, step: 1.0) -> pd.DataFrame:
-    """``rank_heatmap`` rows: every rank at every step."""
-    return pd.DataFrame(
-        [(r, s, ratio(r, s)) for r in range(ranks) for s in range(steps)], columns=["rank", "step", "ratio"]
-    )
+def cells(ranks: int | pd.DataFrame, steps: int, ratio=lambda rank, step: 1.0, band: int = 1) -> pd.DataFrame:
+    """``rank_heatmap`` rows of ``rank_rows`` rows (or of ranks 0..n-1 in order), bands of ``band`` rows: each
+    band's highest ratio at every step, and its rank."""
+    order = list(ranks["rank"]) if isinstance(ranks, pd.DataFrame) else list(range(ranks))
+    out = []
+    for first in range(0, len(order), band):
+        for s in range(steps):
+            slowest = max(order[first : first + band], key=lambda r: ratio(r, s))
+            out.append((first // band, s, ratio(slowest, s), slowest))
+    return pd.DataFrame(out, columns=["band", "step", "ratio", "slowest_rank"])
 
 
 def test_the_rank_heatmap_puts_the_ranks_in_the_order_given() -> None:
-    order = places(5, per_host=5).iloc[[3, 1, 4, 0]]
-    fig = rank_heatmap(cells(5, 3, lambda r, s: 1.0 + r / 10), order, "compute")
+    order = places(5, per_host=5).iloc[[3, 1, 4, 0, 2]]
+    fig = rank_heatmap(cells(order, 3, lambda r, s: 1.0 + r / 10), order, "compute")
     [heat] = fig.data
-    assert list(heat.y) == ["rank 3", "rank 1", "rank 4", "rank 0", "rank 2"]  # one left out of the order goes last
+    assert list(heat.y) == ["rank 3", "rank 1", "rank 4", "rank 0", "rank 2"]
     assert list(heat.x) == [0, 1, 2]
     np.testing.assert_allclose(np.asarray(heat.z)[:, 0], [1.3, 1.1, 1.4, 1.0, 1.2], rtol=1e-6)
     assert fig.layout.yaxis.autorange == "reversed"  # the first in order on top
@@ -72,6 +78,31 @@ def test_above_64_ranks_the_rows_are_named_by_host() -> None:
 def test_the_heatmap_keeps_a_pixel_for_every_rank() -> None:
     fig = rank_heatmap(cells(1024, 2), places(1024, per_host=8), "compute")
     assert fig.layout.height - fig.layout.margin.t - fig.layout.margin.b >= 1024
+
+
+def test_bands_of_ranks_are_coloured_by_their_slowest_and_name_it_and_the_flagged_ranks() -> None:
+    slow = lambda r, s: 1.5 if r == 77 else 1.0 + r / 10_000  # noqa: E731
+    fig = rank_heatmap(cells(1024, 3, slow, band=8), places(1024, per_host=8), "compute", band=8, flagged=[77])
+    [heat] = fig.data
+    z, slowest = np.asarray(heat.z), np.asarray(heat.customdata)
+    assert z.shape == slowest.shape == (128, 3)
+    assert z[:, 0].argmax() == 77 // 8 and (slowest[9] == 77).all() and (slowest[0] == 7).all()
+    assert heat.y[9] == "node-0009: ranks 72-79 (flagged: rank 77)" and heat.y[0] == "node-0000: ranks 0-7"
+    assert "rank %{customdata} the slowest" in heat.hovertemplate and "%{y}" in heat.hovertemplate
+    ticks = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext))
+    assert ticks[heat.y[9]] == "rank 77*" and ticks[heat.y[0]] == "node-0000"  # the flagged band is named on the axis
+    assert fig.layout.title.text.startswith("Compute time by band of 8 ranks")
+
+
+def test_a_band_spanning_hosts_names_them_and_the_last_band_may_be_short() -> None:
+    rows = places(20, per_host=4)
+    labelled = bands(rows, 8, flagged=[19])
+    assert list(labelled["label"]) == [
+        "node-0000-node-0001: ranks 0-7",
+        "node-0002-node-0003: ranks 8-15",
+        "node-0004: ranks 16-19 (flagged: rank 19)",
+    ]
+    assert list(labelled["first_row"]) == [0, 8, 16] and list(labelled["flagged"]) == [[], [], [19]]
 
 
 def phases(compute: list[float], **columns) -> pd.DataFrame:

@@ -18,13 +18,13 @@ from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
 HERE = Path(__file__).parent
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def train_and_collect(script: str, run: Path, steps: int) -> Store:
-    """Run ``tests/SCRIPT RUN STEPS`` on two ranks, then ingest the run into its store (opened for writing)."""
+def train_and_collect(script: str, run: Path, steps: int, *, args: tuple[str, ...] = (), nproc: int = 2) -> Store:
+    """Run ``tests/SCRIPT [ARGS] RUN STEPS`` on ``nproc`` ranks, then ingest the run into its store (opened for writing)."""
     done = subprocess.run(
-        [*TORCHRUN, str(HERE / script), str(run), str(steps)],
+        [*TORCHRUN[:-1], str(nproc), str(HERE / script), *args, str(run), str(steps)],
         capture_output=True,
         text=True,
         timeout=300,

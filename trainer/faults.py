@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bedside.collectors.kit.grads import local
 from bedside.collectors.writer import RunLogger
 from bedside.detectors.faults import (
     TRAINER_FAULTS,
@@ -334,8 +335,6 @@ class ParamBitflip(_Bitflip):
 
     @torch.no_grad()
     def corrupt(self, step: int, module: torch.nn.Module) -> None:
-        from .parallel import local  # parallel -> ddp_hooks -> faults: import at use
-
         if not self.window.covers(step):
             return
         named = [(name, local(p)) for name, p in module.named_parameters()]

@@ -1,48 +1,33 @@
 """The training loop: forward, backward, finite check, optimizer step, emit.
 
-Everything around the step (evaluation, parameter checksums, the learning-rate
-schedule, timing) is a small method or module of its own; the step itself never
-waits for the device or for telemetry.
+Everything around the step (evaluation, the learning-rate schedule) is a small
+method or module of its own; the telemetry of the step (phase times, local gradient
+norms, parameter checksums, tokens and FLOPs) is the instrumentation kit's
+``Monitor``, the same any loop uses; the step itself never waits for the device or
+for telemetry.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from bedside.collectors.kit import ControlState, flops_per_token
+from bedside.collectors.kit import ControlState, Monitor, clip_grad_norm, flops_per_token
 from bedside.collectors.writer import RunLogger
 
 from .checkpoint import rng_state, set_rng_state
 from .checkpointing import Checkpointing
 from .config import TrainConfig
 from .control import ControlChannel
-from .ddp_hooks import LocalGrads
 from .faults import FaultPlan
 from .language import MarkovLanguage, ShardedCorpus
 from .model import Transformer
-from .parallel import clip_grad_norm, local, wrap
+from .parallel import wrap
 from .sampler import BatchSampler
 from .schedule import lr_at
-
-
-@dataclass
-class StepTimes:
-    """Host-side wall times of one step's phases, in seconds."""
-
-    data: float
-    compute: float
-    comm: float
-    optimizer: float
-
-    @property
-    def total(self) -> float:
-        return self.data + self.compute + self.comm + self.optimizer
 
 
 class Trainer:
@@ -77,10 +62,19 @@ class Trainer:
         self.entropy_floor = self.language.entropy_rate()
         torch.manual_seed(config.seed)
         self.faults = faults or FaultPlan.none()
-        self.grads = LocalGrads(faults=self.faults)
-        self.model, self.core = wrap(Transformer(config.model).to(device), config.parallelism, device, self.grads)
+        self.model, self.core = wrap(Transformer(config.model).to(device), config.parallelism, device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
+        )
+        self.monitor = Monitor(
+            logger,
+            self.model,
+            self.optimizer,
+            shape=config.model.shape,
+            tokens_per_step=config.tokens_per_step,
+            peak_flops=config.peak_flops_per_device,
+            checksum_every=config.checksum_every,
+            on_gradients=self.faults.corrupt_gradients,  # gradient faults enter where a faulty chip's would
         )
         self.step = 0
         self.control_state = ControlState()
@@ -146,24 +140,15 @@ class Trainer:
     def train_step(self) -> None:
         """One optimizer step on the next global batch."""
         self.step += 1
-        started = time.perf_counter()
-        batch_index, ids = self.sampler.next_batch()
-        inputs, targets = self._batch(self.sampler.rank_slice(ids, self.rank, self.world_size))
-        data_done = time.perf_counter()
-        self.faults.before_compute(self.step)
-        loss = self.faults.corrupt_loss(self.step, self.core.loss(self.model(inputs), targets))
-        self.grads.reset(self.step, loss)
-        loss.backward()
-        backward_done = time.perf_counter()
-        grad_norm = self._optimizer_step()
-        finished = time.perf_counter()
-        times = StepTimes(
-            data=data_done - started,
-            compute=self.grads.last_bucket_ready - data_done,
-            comm=backward_done - self.grads.last_bucket_ready,
-            optimizer=finished - backward_done,
-        )
-        self._emit(loss.detach(), grad_norm, times, batch_index, ids)
+        with self.monitor.step(self.step) as step:
+            batch_index, ids = self.sampler.next_batch()
+            inputs, targets = self._batch(self.sampler.rank_slice(ids, self.rank, self.world_size))
+            step.compute()
+            self.faults.before_compute(self.step)
+            step.backward(self.faults.corrupt_loss(self.step, self.core.loss(self.model(inputs), targets)))
+            grad_norm = self._optimizer_step()
+            self.spend()
+            step.record_job(grad_norm=grad_norm, batch=batch_index, shards=self.sampler.shards_of(ids))
 
     def _optimizer_step(self) -> torch.Tensor:
         """Clip, then step unless the gradient is not finite (the update is skipped and said so).
@@ -192,55 +177,6 @@ class Trainer:
         """Count ``steps`` steps' tokens and FLOPs as spent: every timeline's, abandoned branches included."""
         self.spent_tokens += steps * self.config.tokens_per_step
         self.spent_flops += steps * self.flops_per_step
-
-    def _emit(
-        self, loss: torch.Tensor, grad_norm: torch.Tensor, times: StepTimes, batch_index: int, ids: list[int]
-    ) -> None:
-        self.spend()
-        mean_loss = self.grads.mean_loss  # reduced with the last gradient bucket under DDP
-        if mean_loss is None:  # FSDP: a scalar collective of its own, read later by the writer thread
-            mean_loss = loss.clone()
-            dist.all_reduce(mean_loss)
-            mean_loss /= self.world_size
-        checksum = self._param_checksum() if self.step % self.config.checksum_every == 0 else None
-        self.log.rank_step(
-            self.step,
-            step_time=times.total,
-            data_time=times.data,
-            compute_time=times.compute,
-            comm_time=times.comm,
-            optimizer_time=times.optimizer,
-            local_grad_norm=self.grads.local_grad_norm(),
-            local_loss=loss,
-            param_checksum=checksum,
-        )
-        if self.rank == 0:
-            self.log.step(
-                self.step,
-                loss=mean_loss,
-                grad_norm=grad_norm,
-                lr=self.optimizer.param_groups[0]["lr"],
-                tokens=self.config.tokens_per_step,
-                flops=self.flops_per_step,
-                mfu=self._mfu(times.total),
-                batch=batch_index,
-                shards=self.sampler.shards_of(ids),
-            )
-
-    def _mfu(self, step_time: float) -> float:
-        peak = self.config.peak_flops_per_device * self.world_size
-        return self.flops_per_step / step_time / peak if step_time > 0 else 0.0
-
-    def _param_checksum(self) -> str:
-        """A digest of this rank's parameters: DDP replicas must agree bit for bit; under FSDP
-        it covers this rank's own shards (ranks differ, and each shard is checked over time).
-
-        Each tensor's bits, read as integers, are summed on its device (wrapping int64),
-        and the sums are weighted by position: any change of one element changes the
-        digest. One host read every ``checksum_every`` steps.
-        """
-        sums = [_bit_sum(local(t)) * (i + 1) for i, t in enumerate(self.core.state_dict().values())]
-        return f"{int(torch.stack(sums).sum()) & 0xFFFFFFFFFFFFFFFF:016x}"
 
     # -- evaluation ---------------------------------------------------------------
     @torch.no_grad()
@@ -272,15 +208,6 @@ class Trainer:
         mine = list(range(self.rank, total, self.world_size))
         size = self.config.global_batch // self.world_size
         return [mine[start : start + size] for start in range(0, len(mine), size)]
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bit_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """The sum of a tensor's elements read as integers of their width (int64, on its device)."""
-    bits = tensor.detach().contiguous().view(_INT_OF_SIZE[tensor.element_size()])
-    return bits.sum(dtype=torch.int64)
 
 
 def _inputs_and_targets(samples: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -91,6 +91,7 @@ def training_curves(
     live = steps["timeline"].max() if not steps.empty else None
     about_speed = ~incidents["kinds"].map(_about_training).astype(bool)
     legend: set[str] = set()  # the marks' entries, each once
+    shades: list[dict] = []
     flagged = steps["nonfinite"].explode() if "nonfinite" in steps else pd.Series(dtype=object)
     for row, panel in enumerate(panels, start=1):
         for timeline, series in steps.groupby("timeline"):
@@ -99,9 +100,10 @@ def training_curves(
         _nonfinite_marks(fig, steps, flagged, panel, row, legend)
         fig.update_yaxes(title=panel.title, type="log" if log_y and panel.log else "linear", row=row, col=1)
         shown = incidents[about_speed == panel.pace]
-        _shade_incidents(fig, shown, row)
+        shades += _incident_shades(shown, row)
         if panel is next(p for p in panels if p.pace == panel.pace):  # the top panel of its kind
             _mark_incidents(fig, steps, shown, panel.column, row, legend)
+    fig.update_layout(shapes=shades)  # at once: each add_vrect validates every shape before it again
     _mark_actions(fig, actions)
     fig.update_xaxes(title="step", row=max(1, len(panels)), col=1)
     return apply_layout(fig, "Training", height=160 + 150 * len(panels))
@@ -166,17 +168,15 @@ def _first_in(legend: set[str], name: str) -> bool:
     return first
 
 
-def _shade_incidents(fig: go.Figure, incidents: pd.DataFrame, row: int) -> None:
-    for incident in incidents.itertuples():
-        fig.add_vrect(
-            x0=incident.start_step - 0.5,
-            x1=incident.end_step + 0.5,
-            line_width=0,
-            opacity=0.15,
-            fillcolor=SEVERITY_COLORS.get(incident.severity, "#94a3b8"),
-            row=row,
-            col=1,
-        )
+def _incident_shades(incidents: pd.DataFrame, row: int) -> list[dict]:
+    """A band over each incident's steps in panel ``row``, by severity (the shapes ``add_vrect`` makes)."""
+    axis = "" if row == 1 else str(row)
+    return [
+        {"type": "rect", "xref": f"x{axis}", "yref": f"y{axis} domain", "y0": 0, "y1": 1, "opacity": 0.15}
+        | {"x0": incident.start_step - 0.5, "x1": incident.end_step + 0.5, "line": {"width": 0}}
+        | {"fillcolor": SEVERITY_COLORS.get(incident.severity, "#94a3b8")}
+        for incident in incidents.itertuples()
+    ]
 
 
 def _mark_incidents(

@@ -8,11 +8,10 @@ refresh, without findings (those live in the owner's store).
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pandas as pd
 
@@ -37,8 +36,9 @@ CACHED_VERSIONS = 1
 ENDED = ("finished", "failed", "aborted")
 PREVIEW_LIMITS = ConsoleLimits(timeout_s=10.0, max_rows=1_000, max_bytes=16 << 20)
 """What the SQL page shows of a result: the browser gets at most this, whatever the query."""
-CSV_LIMITS = ConsoleLimits(timeout_s=60.0, max_rows=20_000_000, max_bytes=256 << 20)
-"""What a CSV download of a result may hold: written on the server a batch at a time, bounded in memory."""
+CSV_LIMITS = ConsoleLimits(timeout_s=120.0, max_rows=50_000_000, max_bytes=4 << 30)
+"""What a CSV download of a result may hold: written to a file on the server a batch at a time (memory holds one
+batch), so the bounds are the disk's and the time's."""
 
 
 class RunData:
@@ -114,16 +114,13 @@ class RunData:
         with self._lock:  # a read-only copy stays open while the query runs
             return run_console_query(self.store(), sql, PREVIEW_LIMITS)
 
-    def user_csv(self, sql: str) -> tuple[bytes, CsvExport]:
-        """The whole result of a viewer's SELECT as CSV (within ``CSV_LIMITS``), run again in a new sandbox and
-        written a batch at a time, and what it holds."""
-        out = io.BytesIO()
+    def user_csv(self, sql: str, out: BinaryIO) -> CsvExport:
+        """Write the whole result of a viewer's SELECT to ``out`` as CSV (within ``CSV_LIMITS``), run again in a
+        new sandbox a batch at a time; what it holds."""
         if self.owner:
-            export = write_console_csv(self.owner.store, sql, out, CSV_LIMITS)
-        else:
-            with self._lock:
-                export = write_console_csv(self.store(), sql, out, CSV_LIMITS)
-        return out.getvalue(), export
+            return write_console_csv(self.owner.store, sql, out, CSV_LIMITS)
+        with self._lock:
+            return write_console_csv(self.store(), sql, out, CSV_LIMITS)
 
     def action_refusal(self, incident_id: str | None) -> str | None:
         """Why no control request may be filed now (the run has ended, the incident is resolved); None if one may."""

@@ -33,7 +33,7 @@ PLOTLY_CHUNK = next(
 """Streamlit's own plotly.js bundle (loading it sets ``window.Plotly``): the browser has it already, nothing new is
 served."""
 
-CHART_JS = """
+LOADER_JS = """
 let loading;
 function plotly(chunk) {
   if (window.Plotly) return Promise.resolve(window.Plotly);
@@ -44,6 +44,11 @@ function plotly(chunk) {
   }
   return loading;
 }
+"""
+
+CHART_JS = (
+    LOADER_JS
+    + """
 function xRange(change) {  // a zoom or pan of any x axis (they match), or a reset: null
   for (const [name, value] of Object.entries(change)) {
     if (/^xaxis\\d*\\.autorange$/.test(name) && value) return null;
@@ -79,7 +84,15 @@ export default function (component) {
   });
 }
 """
+)
 _CHART = st.components.v2.component(CHART_NAME, js=CHART_JS, isolate_styles=False)
+PRELOAD_JS = (
+    LOADER_JS
+    + """
+export default function (component) { plotly(component.data.chunk); }
+"""
+)
+_PRELOAD = st.components.v2.component("bedside_plotly_preload", js=PRELOAD_JS, isolate_styles=False)
 
 STEADY_CSS = """<style>
 /* A live panel's refresh leaves its elements as they are until their new values come: no dimming. Only the
@@ -92,6 +105,15 @@ def steady() -> None:
     """Every page: elements a refresh is about to replace are not dimmed (Streamlit fades them to a third after
     half a second, which on a loaded machine is every refresh)."""
     st.html(STEADY_CSS)
+
+
+def preload_plotly() -> None:
+    """A page with charts, first: the browser starts fetching and compiling plotly.js (megabytes of script) as the
+    page's script starts, from an empty element in the sidebar, rather than when its first chart arrives after its
+    queries. (Not on a page without charts, such as SQL, which would only pay for it.)"""
+    if PLOTLY_CHUNK is not None:
+        with st.sidebar:
+            _PRELOAD(key="plotly_preload", data={"chunk": PLOTLY_CHUNK.name})
 
 
 def paused() -> bool:

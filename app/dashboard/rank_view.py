@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from bedside.detectors.incidents import id_ranges
+
 from .figures import apply_layout
 
 PHASES = ("compute", "data", "comm", "optimizer")
@@ -47,24 +49,61 @@ def colour_span(ratios: np.ndarray) -> float:
     return min(max(span, MIN_SPAN), MAX_SPAN)
 
 
-def heat_grid(cells: pd.DataFrame, order: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
-    """The ``rank_heatmap`` query's cells as a (rows, steps) array, its steps, and the rows' places (``rank_order``
-    rows; a rank missing from it goes last)."""
-    missing = np.setdiff1d(cells["rank"].unique(), order["rank"].to_numpy())
-    rows = pd.concat([order, pd.DataFrame({"rank": np.sort(missing)})], ignore_index=True)
+def bands(rows: pd.DataFrame, band: int, flagged: Iterable[int] = ()) -> pd.DataFrame:
+    """The heatmap's rows (``rank_rows`` rows, in order) grouped ``band`` at a time: each band's label (its host and
+    ranks, and the flagged ones it holds), first row, host, stage and flagged ranks."""
+    marked = {int(r) for r in flagged}
+    ranks = rows["rank"].to_numpy(dtype=np.int64)
+    hosts = rows["host"].to_numpy(dtype=object) if "host" in rows else np.full(len(rows), None, dtype=object)
+    stages = rows["pp"].to_numpy(dtype=object) if "pp" in rows else np.full(len(rows), None, dtype=object)
+    firsts = np.arange(0, len(rows), band)
+    labels: list[str] = []
+    hits_of: list[list[int]] = []
+    for first in firsts.tolist():
+        members = ranks[first : first + band].tolist()
+        hits = sorted(marked.intersection(members))
+        hits_of.append(hits)
+        if band == 1:
+            labels.append(f"rank {members[0]}")
+            continue
+        named = list(dict.fromkeys(h for h in hosts[first : first + band] if isinstance(h, str)))
+        where = f"{named[0]}: " if len(named) == 1 else f"{named[0]}-{named[-1]}: " if named else ""
+        flags = f" (flagged: rank {id_ranges(hits)})" if hits else ""
+        labels.append(f"{where}ranks {id_ranges(members, runs=3)}{flags}")
+    out = {"band": np.arange(len(firsts)), "label": labels, "first_row": firsts, "host": hosts[firsts]}
+    out |= {"pp": stages[firsts], "flagged": hits_of}
+    return pd.DataFrame(out)
+
+
+def heat_grid(cells: pd.DataFrame, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``rank_heatmap`` query's cells as (rows, steps) arrays of ratios and of the rank that has each, and the
+    steps."""
     steps = np.unique(cells["step"].to_numpy())
-    row_of = pd.Series(np.arange(len(rows)), index=rows["rank"].to_numpy())
-    grid = np.full((len(rows), len(steps)), np.nan, dtype=np.float32)
-    grid[row_of[cells["rank"]].to_numpy(), np.searchsorted(steps, cells["step"].to_numpy())] = cells["ratio"]
-    return grid, steps, rows
+    at = (cells["band"].to_numpy(dtype=np.int64), np.searchsorted(steps, cells["step"].to_numpy()))
+    grid = np.full((rows, len(steps)), np.nan, dtype=np.float32)
+    grid[at] = cells["ratio"].to_numpy(dtype=np.float32, na_value=np.nan)
+    slowest = np.full((rows, len(steps)), -1, dtype=np.int32)
+    slowest[at] = cells["slowest_rank"].to_numpy(dtype=np.int32)
+    return grid, slowest, steps
 
 
-def rank_heatmap(cells: pd.DataFrame, order: pd.DataFrame, phase: str) -> go.Figure:
-    """Each rank's ``phase`` time over its peers' (rows in ``order``: host, then mesh coordinates; columns: step
-    buckets) on a scale centred on 1, with a line between hosts and a heavier one between pipeline stages."""
-    grid, steps, rows = heat_grid(cells, order)
+def rank_heatmap(
+    cells: pd.DataFrame, rows: pd.DataFrame, phase: str, *, band: int = 1, flagged: Iterable[int] = ()
+) -> go.Figure:
+    """Each rank's ``phase`` time over its peers' (rows: ``rank_rows``, by host, then mesh coordinates; columns:
+    step buckets) on a scale centred on 1, with a line between hosts and a heavier one between pipeline stages.
+    With ``band`` > 1 each row is a band of that many ranks coloured by its slowest one, which the hover names,
+    with the flagged ranks it holds."""
+    labelled = bands(rows, band, flagged)
+    grid, slowest, steps = heat_grid(cells, len(labelled))
     span = colour_span(grid)
-    labels = [f"rank {r}" for r in rows["rank"]]
+    labels = labelled["label"].tolist()
+    if band == 1:
+        hover = f"%{{y}}, step %{{x}}: %{{z:.2f}}x its peers' {phase} time<extra></extra>"
+        extra: dict = {}
+    else:
+        extra = {"customdata": slowest}
+        hover = f"%{{y}}<br>step %{{x}}: rank %{{customdata}} the slowest, %{{z:.2f}}x its peers' {phase} time<extra></extra>"
     fig = go.Figure(
         go.Heatmap(
             z=grid,
@@ -74,14 +113,16 @@ def rank_heatmap(cells: pd.DataFrame, order: pd.DataFrame, phase: str) -> go.Fig
             zmax=1 + span,
             colorscale="RdBu_r",
             colorbar={"title": f"{phase} time<br>x peers'"},
-            hovertemplate=f"%{{y}}, step %{{x}}: %{{z:.2f}}x its peers' {phase} time<extra></extra>",
+            hovertemplate=hover,
+            **extra,
         )
     )
-    fig.update_layout(shapes=separators(rows))
-    fig.update_yaxes(autorange="reversed", **host_ticks(rows, labels))
+    fig.update_layout(shapes=separators(labelled))
+    fig.update_yaxes(autorange="reversed", **host_ticks(labelled))
     fig.update_xaxes(title="step")
-    plot_px = max(min(max(ROW_PX * len(rows), MIN_PLOT_PX), MAX_PLOT_PX), len(rows))
-    return apply_layout(fig, f"{phase.capitalize()} time by rank, over its peers'", height=plot_px + AROUND_PX)
+    plot_px = max(min(max(ROW_PX * len(labelled), MIN_PLOT_PX), MAX_PLOT_PX), len(labelled))
+    what = "rank" if band == 1 else f"band of {band} ranks (its slowest)"
+    return apply_layout(fig, f"{phase.capitalize()} time by {what}, over its peers'", height=plot_px + AROUND_PX)
 
 
 def separators(rows: pd.DataFrame) -> list[dict]:
@@ -102,14 +143,19 @@ def _line(y: float, width: float, colour: str) -> dict:
     }
 
 
-def host_ticks(rows: pd.DataFrame, labels: list[str]) -> dict:
-    """Above ``RANK_TICKS`` rows, the y axis names the hosts at their first row (every k-th host when crowded)."""
+def host_ticks(rows: pd.DataFrame) -> dict:
+    """Above ``RANK_TICKS`` rows, the y axis names the hosts at their first row (every k-th host when crowded), and
+    every row holding a flagged rank (``bands`` rows)."""
     if len(rows) <= RANK_TICKS or "host" not in rows or rows["host"].isna().all():
         return {}
     hosts = rows["host"].astype(str).to_numpy()
     firsts = np.flatnonzero(np.r_[True, hosts[1:] != hosts[:-1]])
     firsts = firsts[:: -(-len(firsts) // HOST_TICKS)]
-    return {"tickmode": "array", "tickvals": [labels[i] for i in firsts], "ticktext": list(hosts[firsts])}
+    names = dict(zip(firsts.tolist(), hosts[firsts]))
+    for i in np.flatnonzero(rows["flagged"].map(len).to_numpy()):
+        names[int(i)] = f"rank {id_ranges(rows['flagged'].iloc[i], runs=2)}*"
+    labels = rows["label"].tolist()
+    return {"tickmode": "array", "tickvals": [labels[i] for i in names], "ticktext": list(names.values())}
 
 
 def straggler_incidents(incidents: pd.DataFrame, timeline: int) -> pd.DataFrame:

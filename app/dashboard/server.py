@@ -1,5 +1,6 @@
 """The dashboard's server: take the stores of a run (or of every run in a directory), then hand the main thread
-to Streamlit's server in this process (``bedside serve``, ``bedside demo --serve``)."""
+to Streamlit's server in this process (``bedside serve``, ``bedside demo --serve``), with one route of our own
+beside Streamlit's: the SQL page's CSV downloads (``exports.py``)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ DEFAULT_HOST = "127.0.0.1"
 def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, refresh_s: float, token: str) -> None:
     """Own the stores of ``target`` (following them) and serve the dashboard until the server stops; ``token``
     (or its hash) unlocks the actions, none leaves the dashboard read-only."""
-    from streamlit.web import bootstrap
+    import streamlit as st
 
-    from . import registry
+    from . import exports, registry
 
     config = config or find_config(target)  # settled once: the run may not be a run yet (demo --serve)
     served = registry.install(
@@ -31,19 +32,19 @@ def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, 
     threading.Thread(target=served.adopt_runs, args=(stop,), name="adopt-runs", daemon=True).start()
     access = "actions unlocked by the operator token" if served.operator_token else "read-only (no operator token)"
     print(f"bedside: serving {target} at http://{host}:{port} ({access})", file=sys.stderr)
-    flags = {
-        "server_port": port,
-        "server_address": host,
-        "server_headless": True,
-        "browser_gatherUsageStats": False,
-        "server_fileWatcherType": "none",
-        "server_runOnSave": False,
-        "global_developmentMode": False,
-        "client_toolbarMode": "viewer",
+    settings = {
+        "server.port": port,
+        "server.address": host,
+        "server.headless": True,
+        "browser.gatherUsageStats": False,
+        "server.fileWatcherType": "none",
+        "server.runOnSave": False,
+        "global.developmentMode": False,
+        "client.toolbarMode": "viewer",
     }
-    bootstrap.load_config_options(flag_options=flags)
+    app = st.App(Path(__file__).parent / "main.py", routes=exports.routes())  # Streamlit's routes and the downloads'
     try:
-        bootstrap.run(str(Path(__file__).parent / "main.py"), False, [], flags)
+        app.run(config=settings)
     finally:
         stop.set()
         registry.close_all()

@@ -1,4 +1,4 @@
-"""Importers: a foreign CSV, JSONL or Megatron log file becomes a bedside run directory.
+"""Importers: a foreign CSV, JSONL or Megatron log file, TensorBoard log dir or W&B export becomes a bedside run.
 
 The accepted shapes are specified in ``docs/import.md``. An import reads and
 checks the whole input first and writes nothing when any row is wrong; it
@@ -11,8 +11,9 @@ reject them.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,20 @@ from ..runinfo import RankPlacement, RunInfo, write_run_info
 from .csv_import import read_csv
 from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
 from .megatron_import import read_megatron
+from .names import DEFAULT_NAMES, NameMap
+from .tensorboard_import import find_tensorboard_runs, read_tensorboard_run
+from .wandb_import import read_wandb
 
-__all__ = ["ImportSummary", "import_csv", "import_jsonl", "import_megatron", "read_topology"]
+__all__ = [
+    "DEFAULT_NAMES",
+    "ImportSummary",
+    "import_csv",
+    "import_jsonl",
+    "import_megatron",
+    "import_tensorboard",
+    "import_wandb",
+    "read_topology",
+]
 
 EVAL_FIELDS = ("cum_tokens", "cum_flops")
 UNKNOWN_HOST = "unknown"
@@ -48,6 +61,7 @@ class ImportSummary:
     rows: int
     skipped: int = 0
     world_size: int = 1  # the highest rank plus one
+    warnings: tuple[str, ...] = ()  # what was readable but not imported, or lost to a damaged file
 
 
 @dataclass
@@ -75,6 +89,33 @@ def import_megatron(path: Path, out: Path, *, topology: Path | None = None, name
     return _import(Path(path), Path(out), read_megatron, topology, name)
 
 
+def import_tensorboard(
+    logdir: Path,
+    out: Path,
+    *,
+    names: Mapping[str, str] | None = None,
+    topology: Path | None = None,
+    name: str | None = None,
+) -> list[ImportSummary]:
+    """Import every run under a TensorBoard log dir: one run into ``out``, several each into ``out/<its path>``."""
+    runs = find_tensorboard_runs(Path(logdir))
+    parsed = {where: read_tensorboard_run(run, NameMap(names)) for where, run in runs.items()}
+    return _import_runs(Path(logdir), Path(out), parsed, topology, name)
+
+
+def import_wandb(
+    src: Path,
+    out: Path,
+    *,
+    names: Mapping[str, str] | None = None,
+    topology: Path | None = None,
+    name: str | None = None,
+) -> list[ImportSummary]:
+    """Import a W&B export (CSV, JSONL or Parquet history, offline run files): one run into ``out``, several
+    each into ``out/<run name>``."""
+    return _import_runs(Path(src), Path(out), read_wandb(Path(src), NameMap(names)), topology, name)
+
+
 def read_topology(path: Path) -> tuple[RankPlacement, ...]:
     """Rank placements from ``{"ranks": [...]}`` or a bare list of placement objects."""
     data = _load_json(Path(path))
@@ -94,11 +135,52 @@ def read_topology(path: Path) -> tuple[RankPlacement, ...]:
 def _import(
     path: Path, out: Path, read: Callable[[Path], Parsed], topology: Path | None, name: str | None
 ) -> ImportSummary:
+    _check_free(out)
+    placements = read_topology(topology) if topology else ()
+    return _write_run(path, out, read(path), (topology, placements), name)
+
+
+def _import_runs(
+    path: Path, out: Path, runs: Mapping[str, Parsed], topology: Path | None, name: str | None
+) -> list[ImportSummary]:
+    """Write the runs read from ``path`` (by their name in it, ``"."`` for ``path`` itself), none unless all fit."""
+    if name and len(runs) > 1:
+        raise ImportFormatError(f"{path}: holds {len(runs)} runs ({', '.join(runs)}); a name names one run")
+    named = {where: (out if len(runs) == 1 else path).name if where == "." else where for where in runs}
+    targets = {where: out if len(runs) == 1 else out / _folder(named[where]) for where in runs}
+    if len(set(targets.values())) < len(targets):
+        raise ImportFormatError(f"{path}: two runs would be written into one folder: {', '.join(runs)}")
+    for target in targets.values():
+        _check_free(target)
+    placements = read_topology(topology) if topology else ()
+    return [
+        _write_run(path, targets[w], runs[w], (topology, placements), name or runs[w].run_name or named[w])
+        for w in runs
+    ]
+
+
+def _folder(name: str) -> Path:
+    """A run's folder for its name: each ``/``-separated part kept to letters, digits, ``.``, ``-``, ``_``."""
+    parts = [re.sub(r"[^\w.-]+", "_", part) for part in name.split("/")]
+    return Path(*(part if part.strip(".") else "_" for part in parts))
+
+
+def _check_free(out: Path) -> None:
     layout = RunLayout(out)
     if layout.run_info.exists() or layout.source_files():
         raise ImportFormatError(f"{out}: already holds a run (run.json or telemetry); import into a new directory")
-    placements = read_topology(topology) if topology else ()
-    parsed = read(path)
+
+
+def _write_run(
+    path: Path,
+    out: Path,
+    parsed: Parsed,
+    placed: tuple[Path | None, tuple[RankPlacement, ...]],
+    name: str | None,
+) -> ImportSummary:
+    """Write the run ``parsed`` from ``path`` into ``out``, its ranks placed by the topology (file, placements)."""
+    topology, placements = placed
+    layout = RunLayout(out)
     records = _data_records(parsed.rows) + parsed.records
     ranks = sorted({0, *(r.rank for r in records), *(p.rank for p in placements)})
     world_size = 1 + ranks[-1]
@@ -261,6 +343,7 @@ def _summary(out: Path, parsed: Parsed, files: dict[Path, list[Record]], ranks: 
         rows=len(parsed.rows) + len(parsed.records),
         skipped=parsed.skipped,
         world_size=world_size,
+        warnings=tuple(parsed.warnings),
     )
 
 

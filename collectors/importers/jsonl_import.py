@@ -40,12 +40,15 @@ class Row:
 
 @dataclass
 class Parsed:
-    """An input file read and checked: data rows, bedside records to copy, blank rows."""
+    """An input file read and checked: data rows, bedside records to copy, blank rows, and what was not
+    imported though readable or lost to damage (``warnings``, one line each)."""
 
     format: str
     rows: list[Row] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     skipped: int = 0
+    warnings: list[str] = field(default_factory=list)
+    run_name: str | None = None  # the name the input gives its run, if any
 
 
 def read_jsonl(path: Path) -> Parsed:
@@ -57,7 +60,7 @@ def read_jsonl(path: Path) -> Parsed:
             if not line.strip():
                 parsed.skipped += 1
                 continue
-            obj = _json_object(line, where)
+            obj = json_object(line, where)
             if "kind" in obj:
                 parsed.records.append(_bedside_record(obj, where))
             else:
@@ -66,7 +69,8 @@ def read_jsonl(path: Path) -> Parsed:
     return parsed
 
 
-def _json_object(line: str, where: str) -> dict[str, Any]:
+def json_object(line: str, where: str) -> dict[str, Any]:
+    """The JSON object of one line; an error naming ``where`` when it is not one."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:

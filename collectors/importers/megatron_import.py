@@ -2,7 +2,8 @@
 
 An iteration line is `` [time] iteration N/ M | name: value | ... |`` (the time prefix is optional);
 a validation line is ``validation loss at iteration N | lm loss value: V | lm loss PPL: P |``. Names are
-mapped by ``MEGATRON_NAMES``; the rest are kept as user metrics named with underscores. A line that
+mapped by the importers' shared ``DEFAULT_NAMES`` (``lm loss``, ``grad norm``, ``learning rate``) and the step
+time in milliseconds by ``MEGATRON_STEP_TIME``; the rest are kept as user metrics named with underscores. A line that
 starts like one of these but does not parse is an error naming its line number.
 """
 
@@ -16,18 +17,13 @@ from pathlib import Path
 from ..errors import ImportFormatError
 from ..safefile import UnsafeFileError, read_small_file
 from .jsonl_import import Parsed, make_row, number
+from .names import DEFAULT_NAMES
 
 MAX_LOG_BYTES = 1 << 30
 """The largest log read (1 GiB)."""
 
-MEGATRON_NAMES = {
-    "lm loss": "loss",
-    "grad norm": "grad_norm",
-    "learning rate": "lr",
-    "elapsed time per iteration (ms)": "step_time",
-}
-"""Megatron's names that reach canonical metrics (``step_time`` in seconds, rank 0's)."""
 MEGATRON_STEP_TIME = "elapsed time per iteration (ms)"
+"""Megatron's step time field, recorded as rank 0's ``step_time`` in seconds."""
 
 _ITERATION = re.compile(r"^\s*(?:\[(?P<time>[^\]]*)\]\s*)?iteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|(?P<rest>.*)$")
 _VALIDATION = re.compile(r"^\s*validation loss at iteration\s+(?P<step>\d+)[^|]*\|(?P<rest>.*)$")
@@ -67,7 +63,7 @@ def _text(path: Path) -> str:
 
 def _add_iteration(parsed: Parsed, match: re.Match[str], where: str) -> None:
     fields = _fields(match["rest"], where)
-    job = {MEGATRON_NAMES.get(n, _user_name(n)): v for n, v in fields.items() if n != MEGATRON_STEP_TIME}
+    job = {DEFAULT_NAMES.get(n.lower(), _user_name(n)): v for n, v in fields.items() if n != MEGATRON_STEP_TIME}
     if "loss" not in job and fields.get("number of nan iterations", 0) > 0:
         job["loss"] = math.nan  # Megatron leaves a NaN loss out of the line and counts it
     time = _time(match["time"], where)

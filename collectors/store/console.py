@@ -81,11 +81,17 @@ class ConsoleResult:
 
 @dataclass(frozen=True)
 class CsvExport:
-    """What ``write_console_csv`` wrote: rows and CSV bytes, and whether the limits cut the result."""
+    """What ``write_console_csv`` wrote: rows and CSV bytes, whether the limits cut the result, and then how many
+    rows the whole result has (None when the time limit ran out while counting them)."""
 
     rows: int
     bytes: int
     truncated: bool = False
+    total: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.truncated and self.total is None:
+            object.__setattr__(self, "total", self.rows)
 
 
 def console_examples(text: str, *, timeline: int, first: int, last: int, recent: int) -> dict[str, str]:
@@ -114,8 +120,8 @@ def run_console_query(store: Store, query: str, limits: ConsoleLimits | None = N
 
 def write_console_csv(store: Store, query: str, out: BinaryIO, limits: ConsoleLimits | None = None) -> CsvExport:
     """Write a user's read-only query's result to ``out`` as CSV (a header, then the rows), batch by batch as the
-    sandbox produces them: memory holds one batch, not the result. Stops at the last whole batch within
-    ``limits`` (rows, CSV bytes) and says so."""
+    sandbox produces them: memory holds one batch, not the result. Stops at the last whole row within
+    ``limits`` (rows, CSV bytes), says so, and counts the rows of the rest without writing them."""
     limits = limits or ConsoleLimits()
     rows = size = 0
     buffer = io.BytesIO()  # one batch's CSV, written on to ``out`` once it is known to fit
@@ -131,17 +137,43 @@ def write_console_csv(store: Store, query: str, out: BinaryIO, limits: ConsoleLi
         out.write(header)
         size = len(header)
         for batch in reader:
-            cut = rows + batch.num_rows > limits.max_rows
-            batch = batch.slice(0, limits.max_rows - rows) if cut else batch
-            writer.write_batch(batch)
+            kept = min(batch.num_rows, limits.max_rows - rows)
+            writer.write_batch(batch.slice(0, kept))
             chunk = drained()
             if size + len(chunk) > limits.max_bytes:
-                return CsvExport(rows, size, truncated=True)
+                kept, chunk = _rows_in_budget(batch.slice(0, kept), limits.max_bytes - size)
             out.write(chunk)
-            rows, size = rows + batch.num_rows, size + len(chunk)
-            if cut:
-                return CsvExport(rows, size, truncated=True)
+            rows, size = rows + kept, size + len(chunk)
+            if kept < batch.num_rows:
+                return CsvExport(rows, size, truncated=True, total=_rows_left(reader, rows + batch.num_rows - kept))
     return CsvExport(rows, size)
+
+
+def _rows_in_budget(batch: pa.RecordBatch, budget: int) -> tuple[int, bytes]:
+    """The most leading rows of ``batch`` whose CSV fits in ``budget`` bytes, and that CSV (a binary search: a
+    value may hold newlines, so the rows cannot be found in the text)."""
+    fits, chunk, over = 0, b"", batch.num_rows
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        out = io.BytesIO()
+        pa_csv.write_csv(
+            pa.Table.from_batches([batch.slice(0, middle)]), out, pa_csv.WriteOptions(include_header=False)
+        )
+        if len(out.getvalue()) <= budget:
+            fits, chunk = middle, out.getvalue()
+        else:
+            over = middle
+    return fits, chunk
+
+
+def _rows_left(reader: pa.RecordBatchReader, counted: int) -> int | None:
+    """``counted`` plus the rows ``reader`` still holds; None if the time limit interrupts the count."""
+    try:
+        for batch in reader:
+            counted += batch.num_rows
+    except duckdb.InterruptException:
+        return None
+    return counted
 
 
 @contextmanager

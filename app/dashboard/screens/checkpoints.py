@@ -8,6 +8,7 @@ from bedside.app.dashboard import figures, live, summaries
 from bedside.app.dashboard.common import age, current_run, number
 from bedside.detectors.checkpointing import CheckpointAdvice
 
+live.preload_plotly()  # its charts need plotly.js: fetched while the queries run
 data = current_run()
 st.title(f"{data.name}: checkpoints")
 

@@ -28,6 +28,7 @@ def note_text(note: object) -> str:
     return "" if note is None or pd.isna(note) else str(note)
 
 
+live.preload_plotly()  # its charts need plotly.js: fetched while the queries run
 data = current_run()
 st.title(f"{data.name}: incidents")
 

@@ -12,6 +12,7 @@ from bedside.app.dashboard.common import STATUS_LABELS, age, as_of, current_run,
 INCIDENTS_PAGE = "screens/incidents.py"
 SEVERITIES = ("critical", "warning", "info")
 
+live.preload_plotly()  # its charts need plotly.js: fetched while the queries run
 data = current_run()
 st.title(data.title())
 

@@ -10,10 +10,14 @@ import streamlit as st
 from bedside.app.dashboard import live, rank_view
 from bedside.app.dashboard.common import current_run
 
-HEATMAP_COLUMNS = 400
+# At most this many step buckets, and fewer when the rows are many: the browser draws cells, not rows.
+HEATMAP_COLUMNS, HEATMAP_CELLS = 400, 160_000
+# Above this many ranks the heatmap's rows are bands of consecutive ranks, at most HEATMAP_ROWS of them.
+BAND_ABOVE, HEATMAP_ROWS = 2048, 512
 RECENT_STEPS = 200
 TIME_COLUMNS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
 
+live.preload_plotly()  # its charts need plotly.js: fetched while the queries run
 data = current_run()
 st.title(f"{data.name}: ranks")
 
@@ -43,9 +47,9 @@ def ranks() -> None:
     phases = data.frame("rank_phases", timeline=timeline, steps=RECENT_STEPS)
     reported = rank_view.reported_phases(phases)
     phase = st.radio("Colour by", [*reported, "step"], horizontal=True, key="rank_phase")
-    heatmap(timeline, int(shown["last_step"]), phase)
     stragglers = rank_view.straggler_incidents(data.frame("incidents"), timeline)
     flagged = rank_view.flagged_ranks(blamed(stragglers))
+    heatmap(timeline, int(shown["last_step"]), phase, flagged)
     slowdown_table(phases)
     if reported:
         live.chart(rank_view.phase_breakdown(rank_view.phase_ranks(phases, flagged), flagged), "phase_breakdown")
@@ -56,17 +60,43 @@ def ranks() -> None:
     straggler_list(stragglers, timeline)
 
 
-def heatmap(timeline: int, last: int, phase: str) -> None:
-    bucket = max(1, -(-(last + 1) // HEATMAP_COLUMNS))
-    cells = data.frame("rank_heatmap", bucket=bucket, timeline=timeline, phase=phase)
-    live.chart(
-        rank_view.rank_heatmap(cells, data.frame("rank_order"), phase), "rank_heatmap", revision=f"{timeline} {phase}"
+def heatmap_columns(drawn_rows: int) -> int:
+    """Step buckets for ``drawn_rows`` rows: ``HEATMAP_COLUMNS``, fewer (down to 100) above ``HEATMAP_CELLS`` cells."""
+    return min(HEATMAP_COLUMNS, max(100, HEATMAP_CELLS // max(drawn_rows, 1)))
+
+
+def heatmap(timeline: int, last: int, phase: str, flagged: list[int]) -> None:
+    rows = data.frame("rank_rows", timeline=timeline)
+    band = 1 if len(rows) <= BAND_ABOVE else -(-len(rows) // HEATMAP_ROWS)
+    bucket = max(1, -(-(last + 1) // heatmap_columns(-(-len(rows) // band))))
+    cells = data.frame(
+        "rank_heatmap", bucket=bucket, timeline=timeline, phase=phase, band=band, first_row=0, last_row=len(rows)
     )
+    figure = rank_view.rank_heatmap(cells, rows, phase, band=band, flagged=flagged)
+    live.chart(figure, "rank_heatmap", revision=f"{timeline} {phase}")
+    each = "rank's" if band == 1 else f"band's (of {band} ranks, in row order) slowest rank's"
     st.caption(
-        f"timeline {timeline}; each cell is a rank's mean {phase} time over {bucket} step(s) against the median of "
+        f"timeline {timeline}; each cell is a {each} mean {phase} time over {bucket} step(s) against the median of "
         "its peers' (the ranks of its pipeline stage and TP index, or every rank without a topology): 1 is typical, "
         "red slower. Rows by host (thin lines), then pipeline stage (heavy lines), tensor and data coordinates."
     )
+    if band > 1:
+        band_heatmap(rows, band, flagged, bucket=bucket, timeline=timeline, phase=phase)
+
+
+def band_heatmap(rows: pd.DataFrame, band: int, flagged: list[int], *, bucket: int, timeline: int, phase: str) -> None:
+    """One band's ranks, a row each: the bands holding a flagged rank are offered first."""
+    bands = rank_view.bands(rows, band, flagged)
+    offered = pd.concat([bands[bands["flagged"].map(len) > 0], bands[bands["flagged"].map(len) == 0]])
+    labels = dict(zip(offered["band"], offered["label"]))
+    chosen = st.selectbox("Open a band", list(labels), format_func=labels.__getitem__, key="rank_band")
+    first = int(bands.loc[bands["band"] == chosen, "first_row"].iloc[0])
+    last = min(first + band, len(rows))
+    cells = data.frame(
+        "rank_heatmap", bucket=bucket, timeline=timeline, phase=phase, band=1, first_row=first, last_row=last
+    )
+    figure = rank_view.rank_heatmap(cells, rows.iloc[first:last], phase, flagged=flagged)
+    live.chart(figure, "rank_band_heatmap", revision=f"{timeline} {phase} {chosen}")
 
 
 def blamed(stragglers: pd.DataFrame) -> pd.DataFrame:

@@ -26,6 +26,7 @@ COLUMNS = {
 }
 
 current_run()
+live.preload_plotly()  # its chart needs plotly.js: fetched while the queries run
 st.title("Runs")
 served = desk()
 

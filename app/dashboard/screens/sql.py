@@ -6,12 +6,12 @@ import streamlit as st
 
 from bedside.app.dashboard.common import current_run
 from bedside.app.dashboard.data import CSV_LIMITS, PREVIEW_LIMITS, RunData
+from bedside.app.dashboard.exports import EXPORTS, csv_note
 from bedside.app.service.schema import SERVICE
 from bedside.collectors.errors import QueryError
-from bedside.collectors.store.console import console_examples
+from bedside.collectors.store.console import ConsoleResult, console_examples
 
-AROUND = 10
-"""Steps either side of the newest incident's onset in the examples."""
+AROUND = 10  # steps either side of the newest incident's onset in the examples
 RECENT = 200
 
 
@@ -31,12 +31,44 @@ def examples(data: RunData) -> dict[str, str]:
     return console_examples(text, timeline=timeline, first=first, last=last, recent=max(last - RECENT, 0))
 
 
-def csv_of(data: RunData, query: str) -> bytes:
-    """The whole result as CSV, made on the server when the download is clicked (an error as its one line)."""
+def prepare_csv(data: RunData, query: str) -> None:
+    """Write the whole result to a file on the server (replacing this session's previous one); an error is kept
+    to be shown in its place."""
+    if old := st.session_state.pop("sql_export", None):
+        EXPORTS.drop(old)
     try:
-        return data.user_csv(query)[0]
+        export = EXPORTS.add(f"{data.name}.csv", lambda out: data.user_csv(query, out))
     except QueryError as exc:
-        return f"error: {exc}\n".encode()
+        st.session_state["sql_export_error"] = str(exc)
+    else:
+        st.session_state["sql_export"] = export.token
+
+
+def show_result(data: RunData, query: str, result: ConsoleResult) -> None:
+    """The preview, and the download of the whole result once it is written."""
+    shown = len(result.frame)
+    st.caption(
+        f"First {shown:,} rows shown: the result has more (Prepare CSV writes them all on the server)."
+        if result.truncated
+        else f"{shown:,} rows"
+    )
+    st.dataframe(result.frame, hide_index=True, key="sql_result")
+    st.button(
+        "Prepare CSV",
+        key="sql_csv",
+        on_click=prepare_csv,
+        args=(data, query),
+        help=f"the whole result, written to a file on the server a batch at a time: at most "
+        f"{CSV_LIMITS.max_rows:,} rows or {CSV_LIMITS.max_bytes >> 30:,} GiB, within {CSV_LIMITS.timeout_s:g} s",
+    )
+    if error := st.session_state.pop("sql_export_error", None):
+        st.error(error)
+    export = EXPORTS.get(st.session_state.get("sql_export", ""))
+    if export is not None:
+        st.markdown(
+            f"{export.link('Download CSV')} ({csv_note(export.written, CSV_LIMITS)})",
+            unsafe_allow_html=True,
+        )
 
 
 data = current_run()
@@ -44,8 +76,8 @@ st.title(f"{data.name}: SQL")
 st.caption(
     "One SELECT over the views of docs/schema.md, run in a sandbox that cannot write the store or reach files "
     f"and the network, within {PREVIEW_LIMITS.timeout_s:g} s. The page shows the first {PREVIEW_LIMITS.max_rows:,} "
-    f"rows; Download CSV writes the whole result on the server (up to {CSV_LIMITS.max_rows:,} rows or "
-    f"{CSV_LIMITS.max_bytes >> 20:,} MiB)."
+    f"rows; Prepare CSV writes the whole result to a file on the server, which Download CSV then sends (up to "
+    f"{CSV_LIMITS.max_rows:,} rows or {CSV_LIMITS.max_bytes >> 30:,} GiB)."
 )
 EXAMPLES = examples(data)
 if st.session_state.get("sql_run") != data.name:  # another run: its own numbers in the editor
@@ -59,25 +91,12 @@ example = st.selectbox(
 )
 query = st.text_area("SQL", height=120, key="sql")
 if st.button("Run", key="run_sql", type="primary"):
+    if old := st.session_state.pop("sql_export", None):  # a new query: the old download goes
+        EXPORTS.drop(old)
+    st.session_state.pop("sql_shown", None)
     try:
-        result = data.user_query(query)
+        st.session_state["sql_shown"] = (data.name, query, data.user_query(query))
     except QueryError as exc:
         st.error(str(exc))
-    else:
-        shown = len(result.frame)
-        st.caption(
-            f"First {shown:,} rows shown: the result has more (Download CSV holds them all)."
-            if result.truncated
-            else f"{shown:,} rows"
-        )
-        st.dataframe(result.frame, hide_index=True, key="sql_result")
-        st.download_button(
-            "Download CSV",
-            lambda: csv_of(data, query),
-            file_name=f"{data.name}.csv",
-            mime="text/csv",
-            on_click="ignore",
-            help=f"the whole result, written on the server: at most {CSV_LIMITS.max_rows:,} rows or "
-            f"{CSV_LIMITS.max_bytes >> 20:,} MiB, within {CSV_LIMITS.timeout_s:g} s",
-            key="sql_csv",
-        )
+if (ran := st.session_state.get("sql_shown")) and ran[0] == data.name:
+    show_result(data, ran[1], ran[2])

@@ -1,0 +1,249 @@
+"""Reading W&B exports: the UI's CSV, a history as JSONL or Parquet, or offline run directories.
+
+- **CSV** (a panel's "Export CSV"): a ``Step`` column and one column per run and metric, ``<run> - <metric>``
+  (a column without `` - `` is a metric of one unnamed run); the ``__MIN``/``__MAX`` band columns are left out.
+- **JSONL / Parquet**: one row per history row, as ``run.history()`` or ``run.scan_history()`` give them:
+  ``_step`` (required), ``_timestamp`` (unix seconds, the time), other ``_`` fields (``_runtime``,
+  ``_wandb``) left out. A run whose rows carry ``train/global_step`` (``STEP_KEY``) is stepped by it.
+- **Offline runs**: a ``run-ID.wandb`` file (``wandb_records.py``), a run directory holding one, or a directory
+  whose ``offline-run-*`` / ``run-*`` subdirectories (also under ``wandb/``) hold one each.
+
+Nested values are named by their keys joined with ``.``, as W&B shows them; media, histograms and tables
+(objects with ``_type``) and lists are counted and left out; an empty value is "not logged". Each W&B run is one
+writer for the whole job (``scalars.py``). Every file is opened as a regular file only, at most ``MAX_BYTES``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ImportFormatError, MissingExtraError
+from ..safefile import UnsafeFileError, read_small_file
+from .jsonl_import import Parsed, blank, integer, json_object, time_value
+from .names import NameMap
+from .scalars import Scalar, Source, add_rows
+from .wandb_records import read_wandb_records
+
+MAX_BYTES = 4 << 30
+"""The largest W&B file read (4 GiB)."""
+CSV_STEP = "Step"
+CSV_RUN_SEPARATOR = " - "
+CSV_BANDS = ("__MIN", "__MAX")
+RUN_FILE = re.compile(r"^run-.+\.wandb$")
+RUN_DIRS = ("offline-run-*", "run-*")
+STEP_KEY = "train/global_step"
+"""The training step of a run that logs it (the Hugging Face Trainer's W&B callback logs it in every call and makes
+it the x axis; its ``_step`` counts log calls)."""
+
+
+class _Rows:
+    """History rows of one run, read into one source at the end, counting what was left out."""
+
+    def __init__(self, fmt: str) -> None:
+        self.rows: list[tuple[dict[str, Any], str]] = []
+        self.parsed = Parsed(fmt)
+        self.other = 0
+
+    def add(self, row: dict[str, Any], where: str) -> None:
+        self.rows.append((row, where))
+
+    def finish(self, names: NameMap, where: Path) -> Parsed:
+        """The run's rows as import rows: each history row at its step (``_step``, or ``STEP_KEY`` when the
+        run logs it), metrics flattened."""
+        step_key = STEP_KEY if any(not blank(row.get(STEP_KEY)) for row, _ in self.rows) else "_step"
+        source, unplaced = Source(None, True), 0
+        for row, at in self.rows:
+            if blank(row.get(step_key)):
+                if step_key != "_step":
+                    unplaced += 1
+                    continue
+                raise ImportFormatError(f"{at}: no _step (a W&B history row has one)")
+            step, time = integer(row[step_key], at, step_key), time_value(row.get("_timestamp"), at)
+            source.scalars += [Scalar(n, step, v, at, time) for n, v in self._flat(row, "") if n != step_key]
+        add_rows(self.parsed, [source], names)
+        if not self.parsed.rows:
+            raise ImportFormatError(f"{where}: no scalar metrics in its history")
+        if self.other:
+            self.parsed.warnings.append(f"{self.other} media, histogram, table or list values not imported")
+        if unplaced:
+            self.parsed.warnings.append(f"{where}: {unplaced} history rows without {STEP_KEY} left out")
+        return self.parsed
+
+    def _flat(self, values: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+        for key, value in values.items():
+            if (not prefix and key.startswith("_")) or value is None:
+                continue
+            if isinstance(value, dict) and "_type" not in value:
+                yield from self._flat(value, f"{prefix}{key}.")
+            elif isinstance(value, (dict, list)):
+                self.other += 1
+            else:
+                yield f"{prefix}{key}", value
+
+
+def read_wandb(src: Path, names: NameMap) -> dict[str, Parsed]:
+    """The runs of ``src`` by name (``"."``: one run of the source itself), each read and checked."""
+    if src.is_dir():
+        return {name: _offline(path, names) for name, path in _run_files(src).items()}
+    suffix = src.suffix.lower()
+    if suffix == ".csv":
+        return _csv(src, names)
+    if suffix in (".jsonl", ".json", ".parquet"):
+        rows = _Rows("wandb-parquet" if suffix == ".parquet" else "wandb-jsonl")
+        for number, row in enumerate(_parquet(src) if suffix == ".parquet" else _jsonl(src), start=1):
+            rows.add(row, f"{src}, {'row' if suffix == '.parquet' else 'line'} {number}")
+        return {".": rows.finish(names, src)}
+    if RUN_FILE.match(src.name):
+        return {".": _offline(src, names)}
+    raise ImportFormatError(
+        f"{src}: not a W&B export this reads (a .csv, .jsonl, .parquet or run-ID.wandb file, or a run directory)"
+    )
+
+
+def _run_files(folder: Path) -> dict[str, Path]:
+    """The ``run-ID.wandb`` file of ``folder`` (as run ``"."``), else of each run directory in it (or in its
+    ``wandb/``), by the directory's name."""
+    if own := _run_file(folder):
+        return {".": own}
+    found = {
+        run_dir.name: path
+        for parent in (folder, folder / "wandb")
+        for pattern in RUN_DIRS
+        for run_dir in sorted(parent.glob(pattern))
+        if _real_dir(run_dir) and (path := _run_file(run_dir))
+    }
+    if not found:
+        raise ImportFormatError(f"{folder}: no W&B run file (run-ID.wandb) in it or in its run directories")
+    return found
+
+
+def _real_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory; a symbolic link to one is refused (not followed)."""
+    if path.is_symlink() and path.is_dir():
+        raise ImportFormatError(
+            f"{path}: a symbolic link to a directory, not followed: refused (import the directory it points to)"
+        )
+    return path.is_dir()
+
+
+def _run_file(folder: Path) -> Path | None:
+    files = sorted(p for p in folder.iterdir() if RUN_FILE.match(p.name))
+    if len(files) > 1:
+        raise ImportFormatError(f"{folder}: holds {len(files)} run files ({files[0].name}, ...); a run has one")
+    return files[0] if files else None
+
+
+def _offline(path: Path, names: NameMap) -> Parsed:
+    """The history of one ``run-ID.wandb`` file."""
+    record_type = _record_type()
+    framed = read_wandb_records(_bytes(path), str(path))
+    if isinstance(framed, str):
+        raise ImportFormatError(f"{path}: {framed}")
+    rows = _Rows("wandb-offline")
+    for number, data in enumerate(framed.records):
+        record = record_type.FromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            rows.add(_history_row(record.history, f"{path}, record {number}"), f"{path}, record {number}")
+        elif kind == "run" and record.run.display_name:
+            rows.parsed.run_name = record.run.display_name
+    if framed.lost:
+        rows.parsed.warnings.append(framed.lost)
+    if framed.damaged:
+        chunks = "1 damaged chunk" if framed.damaged == 1 else f"{framed.damaged} damaged chunks"
+        rows.parsed.warnings.append(f"{path}: {chunks} skipped, with the records they held")
+    return rows.finish(names, path)
+
+
+def _history_row(history: Any, where: str) -> dict[str, Any]:
+    """A history record's items as the nested row ``wandb.log`` was given."""
+    row: dict[str, Any] = {}
+    for item in history.item:
+        keys = list(item.nested_key) or [item.key]
+        try:
+            value = json.loads(item.value_json)
+        except json.JSONDecodeError as exc:
+            raise ImportFormatError(f"{where}: {'.'.join(keys)} holds no JSON value ({exc.msg})") from exc
+        here = row
+        for key in keys[:-1]:
+            here = here.setdefault(key, {})
+        here[keys[-1]] = value
+    row.setdefault("_step", history.step.num)  # wandb writes _step as an item too; the record's own step else
+    return row
+
+
+def _csv(path: Path, names: NameMap) -> dict[str, Parsed]:
+    """The runs of a W&B CSV export, by run name."""
+    reader = csv.reader(io.StringIO(_bytes(path).decode("utf-8-sig", "replace")))
+    header = [c.strip() for c in next(reader, [])]
+    if CSV_STEP not in header:
+        raise ImportFormatError(
+            f"{path}, line 1: no {CSV_STEP} column (export a chart's data from W&B; its CSV has one)"
+        )
+    columns = {i: _csv_column(c) for i, c in enumerate(header) if c != CSV_STEP and not c.endswith(CSV_BANDS)}
+    bare = [header[i] for i, (run, _) in columns.items() if run == "."]
+    if len(bare) < len(columns):  # columns name their runs: a bare one is another axis (time), not a metric
+        columns = {i: column for i, column in columns.items() if column[0] != "."}
+    runs = {run: _Rows("wandb-csv") for run, _ in columns.values()}
+    for cells in reader:
+        where = f"{path}, line {reader.line_num}"
+        if len(cells) != len(header):
+            raise ImportFormatError(f"{where}: {len(cells)} cells, but the header has {len(header)} columns")
+        per_run: dict[str, dict[str, Any]] = {run: {"_step": cells[header.index(CSV_STEP)]} for run in runs}
+        for i, (run, metric) in columns.items():
+            per_run[run][metric] = cells[i].strip() or None
+        for run, row in per_run.items():
+            if any(v is not None for k, v in row.items() if k != "_step"):
+                runs[run].add(row, where)
+    parsed = {run: rows.finish(names, path) for run, rows in runs.items()}
+    if bare and "." not in runs:
+        for each in parsed.values():
+            each.warnings.append(f"{path}: columns not of a run left out: {', '.join(bare)}")
+    return parsed
+
+
+def _csv_column(column: str) -> tuple[str, str]:
+    """(run, metric) of a CSV column: ``"dainty-sun-3 - train/loss"``, or ``"."`` for a bare metric."""
+    run, separator, metric = column.partition(CSV_RUN_SEPARATOR)
+    return (run.strip(), metric.strip()) if separator else (".", column)
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(_bytes(path).decode("utf-8", "replace").splitlines(), start=1):
+        if line.strip():
+            yield json_object(line, f"{path}, line {number}")
+
+
+def _parquet(path: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(pa.BufferReader(_bytes(path)))
+    except pa.ArrowException as exc:
+        raise ImportFormatError(f"{path}: not a Parquet file ({exc})") from exc
+    yield from table.to_pylist()
+
+
+def _bytes(path: Path) -> bytes:
+    try:
+        return read_small_file(path, MAX_BYTES)
+    except UnsafeFileError as exc:
+        raise ImportFormatError(f"{path}: {exc}") from exc
+
+
+def _record_type() -> Any:
+    """W&B's ``Record`` message; a named error when wandb is not installed."""
+    try:
+        from wandb.proto import wandb_internal_pb2
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"reading W&B run files needs the wandb package ({exc.name} is missing): pip install 'bedside[wandb]'"
+        ) from exc
+    return wandb_internal_pb2.Record  # type: ignore[attr-defined]  # generated code without stubs

@@ -1,0 +1,223 @@
+"""``Monitor``: the kit wired to one rank's model and optimizer, in two lines.
+
+```python
+monitor = Monitor(RunLogger(run_dir), model, optimizer, shape=shape, tokens_per_step=tokens)
+for step in range(1, steps + 1):
+    with monitor.step(step) as s:      # the data phase starts
+        x, y = next(batches)
+        s.compute()                    # data ends; forward and backward begin
+        s.backward(loss_fn(model(x), y))
+        optimizer.step()               # the optimizer phase, until the block ends
+        optimizer.zero_grad()
+```
+
+At the end of each block this rank's ``rank_step`` record is queued (phase times, local
+gradient norm, local loss, the GradScaler's state, every ``checksum_every`` steps the
+parameter digest) and, on the logger's job rank, the job's ``step`` record (mean loss,
+lr, tokens, FLOPs, MFU). Nothing in the step waits for the device: every value stays a
+tensor or a CUDA event until the writer thread reads it. The one collective of its own
+is the loss mean under FSDP2 (under DDP it rides with a gradient bucket).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bedside.collectors.capture import Later
+from bedside.collectors.format import RunEndStatus
+from bedside.collectors.writer import RunLogger
+
+from .checksum import param_checksum
+from .flops import ModelShape, flops_per_token
+from .grads import GradientObserver, LocalGrads, total_grad_norm, watch_gradients
+from .scaler import ScalerState
+from .timers import clock_for, phase_times
+
+
+class Monitor:
+    """Telemetry of one rank's training loop: ``with monitor.step(step) as s: ...`` per step.
+
+    ``logger`` is a ``RunLogger`` or a run directory (a logger is then made and closed by
+    ``close()``). ``model`` is the module the loop trains: a ``DistributedDataParallel``
+    (a comm hook is registered), a model with FSDP2 ``fully_shard`` modules (a custom
+    reduce-scatter is set on each), or a plain module. ``shape`` and ``tokens_per_step``
+    (the whole job's tokens per optimizer step) give tokens and FLOPs per step;
+    ``peak_flops`` (one device's peak) adds MFU. ``scaler`` is the loop's
+    ``torch.amp.GradScaler`` (the local gradient norm is then divided by the loss scale, on the
+    device). ``checksum_every`` steps (0: never) the parameters are
+    digested on device. ``on_gradients(step, flat)`` sees each gradient bucket before
+    its reduction.
+    """
+
+    def __init__(
+        self,
+        logger: RunLogger | str | Path,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        shape: ModelShape | None = None,
+        tokens_per_step: int | None = None,
+        peak_flops: float | None = None,
+        scaler: Any = None,
+        checksum_every: int = 50,
+        on_gradients: GradientObserver | None = None,
+    ) -> None:
+        if checksum_every < 0:
+            raise ValueError(f"checksum_every must be >= 0 (0: never), got {checksum_every}")
+        if shape is not None and tokens_per_step is None:
+            raise ValueError("shape needs tokens_per_step (the job's tokens per optimizer step) to count FLOPs")
+        if peak_flops is not None and (shape is None or peak_flops <= 0):
+            raise ValueError(f"peak_flops needs a shape and must be > 0, got {peak_flops!r}")
+        first = next(model.parameters(), None)
+        if first is None:
+            raise ValueError(f"the model ({type(model).__name__}) has no parameters to monitor")
+        self._owns_logger = not isinstance(logger, RunLogger)
+        self.logger = RunLogger(logger) if not isinstance(logger, RunLogger) else logger
+        self.model, self.optimizer = model, optimizer
+        self.digested = model.module if isinstance(model, DistributedDataParallel) else model
+        self.device = first.device
+        self.grads = LocalGrads(on_gradients=on_gradients, clock=clock_for(self.device))
+        watch_gradients(model, self.grads)
+        self.scaler = None if scaler is None else ScalerState(scaler)
+        self.checksum_every = checksum_every
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_step = None if shape is None else flops_per_token(shape) * (tokens_per_step or 0)
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.peak_flops = None if peak_flops is None else peak_flops * self.world_size
+
+    def step(self, step: int) -> StepScope:
+        """The scope of one optimizer step: ``with monitor.step(step) as s:``."""
+        return StepScope(self, step)
+
+    def emit(self, scope: StepScope) -> None:
+        """Queue the records of a finished step (called when its ``with`` block ends)."""
+        times = phase_times(self.grads.clock, scope.marks())
+        metrics: dict[str, Any] = {**times, "local_grad_norm": scope.local_grad_norm, "local_loss": scope.loss}
+        if self.scaler is not None:
+            metrics.update(self.scaler.after_step())
+        metrics.update(scope.rank_metrics)
+        due = self.checksum_every and scope.number % self.checksum_every == 0
+        checksum = param_checksum(self.digested) if due else None
+        self.logger.rank_step(scope.number, param_checksum=checksum, **metrics)
+        mean_loss = self._mean_loss(scope)  # a collective under FSDP2: every rank gets here
+        if self.logger.rank == self.logger.job_rank:
+            metrics = {**self._job_metrics(mean_loss, times["step_time"]), **scope.job_metrics}
+            self.logger.step(scope.number, shards=scope.shards, **metrics)
+
+    def close(self, status: str = RunEndStatus.FINISHED, message: str | None = None) -> None:
+        """Close the logger if the monitor made it (a logger handed in is the caller's to close)."""
+        if self._owns_logger:
+            self.logger.close(status, message)
+
+    def _mean_loss(self, scope: StepScope) -> torch.Tensor | None:
+        if scope.loss is None:
+            return None
+        if self.grads.mean_loss is not None:  # reduced with a gradient bucket (DDP)
+            return self.grads.mean_loss
+        if self.world_size == 1:
+            return scope.loss
+        mean = scope.loss.clone()
+        dist.all_reduce(mean)  # read later by the writer thread
+        return mean / self.world_size
+
+    def _job_metrics(self, mean_loss: torch.Tensor | None, step_time: Any) -> dict[str, Any]:
+        metrics: dict[str, Any] = {"loss": mean_loss}
+        if self.optimizer is not None:
+            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        if self.tokens_per_step is not None:
+            metrics["tokens"] = self.tokens_per_step
+        if self.flops_per_step is not None:
+            metrics["flops"] = self.flops_per_step
+            if self.peak_flops is not None:
+                metrics["mfu"] = _utilisation(self.flops_per_step / self.peak_flops, step_time)
+        return metrics
+
+
+class StepScope:
+    """One step's phases and extra metrics; phases end at ``compute()``, ``backward()``/``optimizer()``
+    and the end of the ``with`` block. A block left by an exception records nothing."""
+
+    def __init__(self, monitor: Monitor, step: int) -> None:
+        self.monitor, self.number = monitor, step
+        self.loss: torch.Tensor | None = None
+        self.local_grad_norm: torch.Tensor | None = None
+        self.rank_metrics: dict[str, Any] = {}
+        self.job_metrics: dict[str, Any] = {}
+        self.shards: list[int | str] | None = None
+        self._start: Any = None
+        self._data_end: Any = None
+        self._backward_end: Any = None
+        self._end: Any = None
+
+    def __enter__(self) -> StepScope:
+        self.monitor.grads.reset(self.number)
+        self._start = self.monitor.grads.clock.mark()
+        return self
+
+    def compute(self) -> None:
+        """The batch is ready: the data phase ends, forward and backward begin."""
+        self._data_end = self.monitor.grads.clock.mark()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` (scaled by the GradScaler when there is one), then the optimizer phase
+        begins. Under DDP the loss rides with a gradient bucket's all-reduce."""
+        monitor = self.monitor
+        monitor.grads.loss = loss
+        (loss if monitor.scaler is None else monitor.scaler.scaler.scale(loss)).backward()
+        self.optimizer(loss)
+
+    def optimizer(self, loss: torch.Tensor | None = None) -> None:
+        """Backward is done (for a loop that calls backward itself): the optimizer phase begins.
+        ``loss`` is this rank's loss of the step, if the loop wants it recorded."""
+        monitor = self.monitor
+        self._backward_end = monitor.grads.clock.mark()
+        if loss is not None:
+            self.loss = loss.detach()
+        norm = monitor.grads.local_grad_norm()
+        if norm is None and not monitor.grads.hooked:  # nothing reduced: the gradients are local
+            norm = total_grad_norm(monitor.model.parameters())
+        scale = None if monitor.scaler is None else monitor.scaler.before_step()
+        self.local_grad_norm = norm if norm is None or scale is None else norm / scale  # of the unscaled gradients
+
+    def record(self, **metrics: Any) -> None:
+        """More of this rank's metrics of the step (``rank_step``)."""
+        self.rank_metrics.update(metrics)
+
+    def record_job(self, *, shards: list[int | str] | None = None, **metrics: Any) -> None:
+        """More of the job's metrics of the step (``step``: grad_norm, ...), and the data shards it
+        read; kept by the job rank only, so every rank may call it."""
+        self.job_metrics.update(metrics)
+        self.shards = shards if shards is not None else self.shards
+
+    def marks(self) -> tuple[Any, ...]:
+        """Start, then the end of each phase; a phase the loop did not mark takes no time."""
+        data_end = self._start if self._data_end is None else self._data_end
+        backward_end = self._end if self._backward_end is None else self._backward_end
+        ready = self.monitor.grads.last_bucket_ready
+        compute_end = backward_end if ready is None or self._backward_end is None else ready
+        return (self._start, data_end, compute_end, backward_end, self._end)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self._end = self.monitor.grads.clock.mark()
+            self.monitor.emit(self)
+
+
+def _utilisation(flops_over_peak: float, step_time: Any) -> Any:
+    """Achieved over peak FLOP/s for a step time that is a number or read later."""
+    if isinstance(step_time, Later):
+        return Later(lambda: _ratio(flops_over_peak, step_time.item()))
+    return _ratio(flops_over_peak, step_time)
+
+
+def _ratio(flops_over_peak: float, step_time: float) -> float:
+    return flops_over_peak / step_time if step_time > 0 else 0.0
