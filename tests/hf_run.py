@@ -1,7 +1,8 @@
-"""A tiny GPT-2 trained by ``transformers.Trainer`` with bedside's callback: ``torchrun ... hf_run.py RUN STEPS``.
+"""A tiny GPT-2 trained by ``transformers.Trainer`` with bedside's callback, given the Trainer (a parameter checksum
+every five steps): ``torchrun ... hf_run.py RUN STEPS``.
 
-With ``--control OUT`` it trains for up to STEPS steps in the dataset's order, saves every ten steps, gives the
-callback the Trainer (so it applies rewinds), and each rank writes ``OUT/rank-N.json``: the sample ids it read."""
+With ``--control OUT`` it trains for up to STEPS steps in the dataset's order, saves every ten steps, and each rank
+writes ``OUT/rank-N.json``: the sample ids it read."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def main(run_dir: str, steps: int, out: Path | None) -> None:
     )
     data = Tokens(8 * steps if out else 256, 1)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=Tokens(16, 2))
-    trainer.add_callback(BedsideCallback(run_dir, name="hf", trainer=trainer if out else None))
+    trainer.add_callback(BedsideCallback(run_dir, name="hf", trainer=trainer, checksum_every=5))
     trainer.train()
     if out:
         (out / f"rank-{args.process_index}.json").write_text(json.dumps({"read": data.read}))

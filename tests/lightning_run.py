@@ -1,5 +1,5 @@
-"""A tiny GPT-2 fitted by ``lightning.pytorch.Trainer`` with bedside's callback: ``torchrun ... lightning_run.py RUN
-STEPS``.
+"""A tiny GPT-2 fitted by ``lightning.pytorch.Trainer`` with bedside's callback (a parameter checksum every five
+steps): ``torchrun ... lightning_run.py RUN STEPS``.
 
 With ``--control OUT`` it fits for up to STEPS steps without validation, Lightning's ``ModelCheckpoint`` saving
 every ten steps, and each rank writes ``OUT/rank-N.json``: the sample ids it read."""
@@ -48,8 +48,9 @@ class Tokens(torch.utils.data.TensorDataset):
 def main(run_dir: str, steps: int, out: Path | None) -> None:
     torch.manual_seed(0)
     saving = pl.callbacks.ModelCheckpoint(f"{run_dir}/checkpoints", every_n_train_steps=10, save_top_k=-1)
-    control = {"limit_val_batches": 0, "callbacks": [BedsideCallback(run_dir, name="lightning"), saving]}
-    timed = {"val_check_interval": steps // 2, "callbacks": [BedsideCallback(run_dir, name="lightning")]}
+    bedside = BedsideCallback(run_dir, name="lightning", checksum_every=5)
+    control = {"limit_val_batches": 0, "callbacks": [bedside, saving]}
+    timed = {"val_check_interval": steps // 2, "callbacks": [bedside]}
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,

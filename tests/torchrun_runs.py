@@ -73,3 +73,26 @@ def start(script: str, run: Path, *args: str) -> tuple[subprocess.Popen, Callabl
         return request_action(layout, action, action_args, operator="tester", reason="test")
 
     return loop, file
+
+
+def assert_replica_signals(store: Store, steps: int, checksum_every: int) -> None:
+    """The SDC detector's inputs: every step a positive local gradient norm on each rank, the two ranks' norms
+    apart (each of its own half of the batch), and on every checksum step one checksum both DDP replicas share, a new one
+    each time (the parameters moved)."""
+    norms = rows(
+        store,
+        "SELECT rank, count(local_grad_norm), min(local_grad_norm) FROM rank_step_metrics GROUP BY rank ORDER BY rank",
+    )
+    assert [(rank, count) for rank, count, _ in norms] == [(0, steps), (1, steps)] and min(n for *_, n in norms) > 0
+    assert rows(
+        store,
+        "SELECT count(*) FROM rank_step_metrics a JOIN rank_step_metrics b ON a.step = b.step"
+        " WHERE a.rank = 0 AND b.rank = 1 AND a.local_grad_norm <> b.local_grad_norm",
+    ) == [(steps,)]
+    checksums = rows(
+        store,
+        "SELECT step, count(*), count(DISTINCT param_checksum) FROM rank_step_metrics"
+        " WHERE param_checksum IS NOT NULL GROUP BY step ORDER BY step",
+    )
+    assert checksums == [(step, 2, 1) for step in range(checksum_every, steps + 1, checksum_every)]
+    assert rows(store, "SELECT count(DISTINCT param_checksum) FROM rank_step_metrics") == [(len(checksums),)]

@@ -28,6 +28,7 @@ from ..kit.actions import Action, ControlClient
 from ..kit.skipping import SkippingSampler
 from ..writer import RunLogger
 from .actions import StepBatches, StepShare, continue_on_new_timeline, refuse, rewind_target, saved_checkpoints
+from .replicas import CHECKSUM_EVERY, ReplicaSignals
 from .stepclock import StepClock
 
 _STEP_METRICS = {"loss": "loss", "grad_norm": "grad_norm", "learning_rate": "lr", "epoch": "epoch"}
@@ -45,16 +46,25 @@ class BedsideCallback(TrainerCallback):
     ``include_num_input_tokens_seen=True`` for tokens. The logger opens at ``on_train_begin`` (resuming
     on a new timeline when the Trainer resumes from a checkpoint) and closes at ``on_train_end``.
 
-    ``trainer``: the ``Trainer`` this callback is added to (``trainer.add_callback(...)``); without it, rewind
-    requests are rejected with the reason."""
+    ``trainer``: the ``Trainer`` this callback is added to (``trainer.add_callback(...)``); with it, each rank's
+    ``rank_step`` also carries its ``local_grad_norm`` (a DDP comm hook on ``trainer.model_wrapped``) and every
+    ``checksum_every`` steps its ``param_checksum``; without it, rewind requests are rejected with the reason."""
 
-    def __init__(self, run_dir: str | Path, *, name: str | None = None, trainer: Trainer | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        name: str | None = None,
+        trainer: Trainer | None = None,
+        checksum_every: int = CHECKSUM_EVERY,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.name = name
         self.trainer = trainer
         self.logger: RunLogger | None = None
         self.client: ControlClient | None = None
         self._clock = StepClock()
+        self._replicas = ReplicaSignals(checksum_every)
         self._tokens_seen = 0
         self._control = TrainerControl()
         self._saving: list[Action] = []
@@ -77,9 +87,12 @@ class BedsideCallback(TrainerCallback):
             handlers={"quarantine": refuse(_NO_SHARDS)},
         )
         self._skip_through(kw.get("train_dataloader"), args, self.client)
+        if self.trainer is not None:
+            self._replicas.watch(self.trainer.model_wrapped)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self._clock.start()
+        self._replicas.begin(state.global_step + 1)
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -92,7 +105,10 @@ class BedsideCallback(TrainerCallback):
         self._clock.optimizer_done()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self._open().rank_step(state.global_step, **self._clock.times())
+        replicas = (
+            self._replicas.metrics(state.global_step, self.trainer.model_wrapped) if self.trainer is not None else {}
+        )
+        self._open().rank_step(state.global_step, **self._clock.times(), **replicas)
         self._control = control  # the handlers set its flags
         if not self._controls().at_step_boundary(state.global_step):
             control.should_training_stop = True

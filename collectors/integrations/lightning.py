@@ -32,6 +32,7 @@ from .actions import (
     rewind_target,
     saved_checkpoints,
 )
+from .replicas import CHECKSUM_EVERY, ReplicaSignals
 from .stepclock import StepClock
 
 CHECKPOINT_NAME = r"(?:.*-)?step=(\d+)(?:-.*)?\.ckpt"
@@ -46,12 +47,13 @@ class BedsideCallback(Callback):
     The logger opens when the fit is set up (resuming on a new timeline when the fit starts past step 0) and
     closes at the end of the fit, or with status ``failed`` when the fit raises."""
 
-    def __init__(self, run_dir: str | Path, *, name: str | None = None) -> None:
+    def __init__(self, run_dir: str | Path, *, name: str | None = None, checksum_every: int = CHECKSUM_EVERY) -> None:
         self.run_dir = Path(run_dir)
         self.name = name
         self.logger: RunLogger | None = None
         self.client: ControlClient | None = None
         self._clock = StepClock()
+        self._replicas = ReplicaSignals(checksum_every)
         self._grad_norm: torch.Tensor | None = None
         self._trainer: Trainer | None = None
 
@@ -73,12 +75,15 @@ class BedsideCallback(Callback):
             on_skip=refuse("skip: the train loader was not set up yet"),
             handlers={"quarantine": refuse(_NO_SHARDS)},
         )
+        if trainer.strategy.model is not None:
+            self._replicas.watch(trainer.strategy.model)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._skip_through(trainer, self._controls())
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._clock.start()
+        self._replicas.begin(trainer.global_step + 1)
 
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
@@ -94,7 +99,8 @@ class BedsideCallback(Callback):
         logger, step = self._open(), trainer.global_step
         loss = _loss_of(outputs)
         local: dict[str, Any] = {} if loss is None else {"local_loss": loss}
-        logger.rank_step(step, **self._clock.times(), **local)
+        replicas = self._replicas.metrics(step, pl_module)
+        logger.rank_step(step, **self._clock.times(), **local, **replicas)
         if trainer.is_global_zero:
             metrics: dict[str, Any] = {"lr": trainer.optimizers[0].param_groups[0]["lr"]}
             if loss is not None:
