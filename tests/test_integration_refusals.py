@@ -1,0 +1,99 @@
+"""What an integration cannot apply is rejected with the reason, never left unanswered: one-process runs of each
+framework (no torchrun) take requests filed at their first step. A Hugging Face Trainer on one process has no
+sharded batch sampler to skip through, and without the Trainer given no rewind; a Lightning fit on one process
+skips exactly the batches asked, and one whose loader has worker processes rejects a skip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from hf_run import Tokens
+from lightning_run import TinyGPT
+from lightning_run import Tokens as TensorTokens
+from torchrun_runs import acks
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+from bedside.collectors.control import request_action
+from bedside.collectors.integrations import huggingface, lightning
+from bedside.collectors.layout import RunLayout
+
+
+def file(run: Path, action: str, **args: Any) -> str:
+    return request_action(RunLayout(run), action, args, operator="tester", reason="test")
+
+
+class FileAtStepOne(TrainerCallback):
+    """Files the requests at the end of step 1, before bedside's callback reads them at the same boundary."""
+
+    def __init__(self, run: Path, requests: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        self.run, self.requests, self.ids = run, requests, {}
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == 1:
+            self.ids = {name: file(self.run, action, **a) for name, (action, a) in self.requests.items()}
+
+
+def test_a_one_process_trainer_rejects_a_skip_and_without_the_trainer_a_rewind(tmp_path) -> None:
+    run = tmp_path / "run"
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4, report_to=[], use_cpu=True
+    )
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32))
+    filing = FileAtStepOne(
+        run, {"skip": ("skip", {"first_batch": 2, "last_batch": 2}), "rewind": ("rewind", {"to_step": 0})}
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1))
+    trainer.add_callback(filing)
+    trainer.add_callback(huggingface.BedsideCallback(run, name="one"))
+    trainer.train()
+    answers = {name: acks(run, request_id)[-1] for name, request_id in filing.ids.items()}
+    assert (answers["skip"]["status"], answers["skip"]["step"]) == ("rejected", 1)
+    assert answers["skip"]["message"].startswith("skip needs the Trainer's batches drawn through accelerate's")
+    assert answers["rewind"]["message"] == (
+        "rewind needs the Trainer: make the callback with BedsideCallback(run_dir, trainer=trainer)"
+    )
+
+
+class FileAtBatchOne(pl.Callback):
+    def __init__(self, run: Path, requests: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        self.run, self.requests, self.ids = run, requests, {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *rest: Any) -> None:
+        if trainer.global_step == 1:
+            self.ids = {name: file(self.run, action, **a) for name, (action, a) in self.requests.items()}
+
+
+def fit(run: Path, workers: int) -> dict[str, dict]:
+    """A six-step fit on one process over 48 samples in order, a skip of batches 3 and 4 filed at step 1."""
+    filing = FileAtBatchOne(run, {"skip": ("skip", {"first_batch": 3, "last_batch": 4})})
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=6,
+        callbacks=[filing, lightning.BedsideCallback(run, name="one")],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    data = TensorTokens(48, 1)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=workers)
+    trainer.fit(TinyGPT(), loader)
+    return {"skip": acks(run, filing.ids["skip"])[-1], "read": data.read}
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_one_process_fit_skips_exactly_the_batches_asked_unless_its_loader_has_workers(tmp_path, workers) -> None:
+    seen = fit(tmp_path / "run", workers)
+    if workers:
+        assert seen["skip"]["status"] == "rejected"
+        assert seen["skip"]["message"] == (
+            "skip: the train loader has worker processes (num_workers > 0): they drew batches before the fit began"
+        )
+        return
+    assert (seen["skip"]["status"], seen["skip"]["args"]["sample_ids"]) == ("applied", list(range(12, 20)))
+    assert seen["read"] == [*range(12), *range(20, 32)]
