@@ -213,14 +213,14 @@ class BedsideCallback(Callback):
         batches.sampler = StepShareIds(
             SkippingSampler(steps, client), sampler, size=size, rank=rank, world=world, epochs=epochs
         )
+        if trainer.fit_loop._data_fetcher is not None:  # its loader iterator, made before this hook, drew already
+            iter(trainer.fit_loop._data_fetcher)
 
 
 def _cannot_skip(loader: Any, batches: Any, world: int) -> str | None:
     """Why a skip cannot go through this train loader's batches (None when it can)."""
     if type(batches) is not BatchSampler:
         return f"the train loader's batch sampler is a {type(batches).__name__}, not a BatchSampler bedside can reach"
-    if getattr(loader, "num_workers", 0) > 0:
-        return "the train loader has worker processes (num_workers > 0): they drew batches before the fit began"
     if world > 1 and type(batches.sampler) is not DistributedSampler:
         return f"the ranks read through a {type(batches.sampler).__name__}, not Lightning's DistributedSampler"
     return None
