@@ -10,7 +10,7 @@ Control requests go through the kit's ``ControlClient`` at each step boundary (`
 stop and checkpoint through ``TrainerControl``; rewind (the newest ``checkpoint-N`` under ``output_dir`` at or
 before the step asked: model, optimizer and scheduler; it needs the ``Trainer`` itself:
 ``BedsideCallback(run_dir, trainer=trainer)``) and skip (a ``SkippingSampler`` over the step batches of the
-Trainer's sharded batch sampler)."""
+Trainer's batch sampler)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate.data_loader import BatchSamplerShard
+from torch.utils.data import BatchSampler
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
@@ -27,7 +28,15 @@ from ..format import RunEndStatus
 from ..kit.actions import Action, ControlClient
 from ..kit.skipping import SkippingSampler
 from ..writer import RunLogger
-from .actions import StepBatches, StepShare, continue_on_new_timeline, refuse, rewind_target, saved_checkpoints
+from .actions import (
+    StepBatches,
+    StepShare,
+    StepShareIds,
+    continue_on_new_timeline,
+    refuse,
+    rewind_target,
+    saved_checkpoints,
+)
 from .replicas import CHECKSUM_EVERY, ReplicaSignals
 from .stepclock import StepClock
 
@@ -190,19 +199,25 @@ class BedsideCallback(TrainerCallback):
         return continue_on_new_timeline(self._open(), step, path)
 
     def _skip_through(self, loader: Any, args: TrainingArguments, client: ControlClient) -> None:
-        """Put a ``SkippingSampler`` over the step batches under accelerate's ``BatchSamplerShard``: every rank
-        reads the same micro-batches and keeps its own; a step batch is ``world_size`` x
-        ``gradient_accumulation_steps`` of them."""
-        shard = getattr(loader, "batch_sampler", None)
-        if not isinstance(shard, BatchSamplerShard):
+        """Put a ``SkippingSampler`` over the step batches: under accelerate's ``BatchSamplerShard`` (more than one
+        process: every rank reads the same micro-batches and keeps its own), or, on one process, under the loader's
+        own ``BatchSampler``. A step batch is ``world_size`` x ``gradient_accumulation_steps`` micro-batches."""
+        batches = getattr(loader, "batch_sampler", None)
+        per_step = args.world_size * args.gradient_accumulation_steps
+        if isinstance(batches, BatchSamplerShard):
+            inner = batches.batch_sampler
+            steps = SkippingSampler(StepBatches(inner, per_step), client)
+            batches.batch_sampler = StepShare(steps, inner, size=inner.batch_size)
+        elif type(batches) is BatchSampler and args.world_size == 1:
+            sampler, size = batches.sampler, batches.batch_size
+            steps = SkippingSampler(StepBatches(BatchSampler(sampler, size, batches.drop_last), per_step), client)
+            epochs = [sampler] if callable(getattr(sampler, "set_epoch", None)) else []
+            batches.sampler = StepShareIds(steps, sampler, size=size, epochs=epochs)
+        else:
             client.handlers["skip"] = refuse(
-                "skip needs the Trainer's batches drawn through accelerate's BatchSamplerShard (a map-style dataset"
-                f" on more than one process); this Trainer's loader draws them through {type(shard).__name__}"
+                "skip needs the Trainer's batches drawn through a BatchSampler (a map-style dataset); this Trainer's"
+                f" loader draws them through {type(batches).__name__}"
             )
-            return
-        batches = shard.batch_sampler
-        steps = SkippingSampler(StepBatches(batches, args.world_size * args.gradient_accumulation_steps), client)
-        shard.batch_sampler = StepShare(steps, batches, size=batches.batch_size)
 
     def _controls(self) -> ControlClient:
         if self.client is None:

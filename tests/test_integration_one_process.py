@@ -1,7 +1,7 @@
-"""What an integration cannot apply is rejected with the reason, never left unanswered: one-process runs of each
-framework (no torchrun) take requests filed at their first step. A Hugging Face Trainer on one process has no
-sharded batch sampler to skip through, and without the Trainer given no rewind; a Lightning fit on one process
-skips exactly the batches asked, with and without loader worker processes."""
+"""One-process runs of each framework (no torchrun) take requests filed at their first step; what an integration
+cannot apply is rejected with the reason, never left unanswered. A Hugging Face Trainer on one process skips
+exactly the batches asked, and without the Trainer given to the callback rejects a rewind; a Lightning fit on one
+process skips exactly the batches asked, with and without loader worker processes."""
 
 from __future__ import annotations
 
@@ -37,22 +37,30 @@ class FileAtStepOne(TrainerCallback):
             self.ids = {name: file(self.run, action, **a) for name, (action, a) in self.requests.items()}
 
 
-def test_a_one_process_trainer_rejects_a_skip_and_without_the_trainer_a_rewind(tmp_path) -> None:
+def test_a_one_process_trainer_skips_exactly_the_batches_asked_and_without_the_trainer_rejects_a_rewind(
+    tmp_path,
+) -> None:
     run = tmp_path / "run"
     args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4, report_to=[], use_cpu=True
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        train_sampling_strategy="sequential",
     )
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32))
-    filing = FileAtStepOne(
-        run, {"skip": ("skip", {"first_batch": 2, "last_batch": 2}), "rewind": ("rewind", {"to_step": 0})}
-    )
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 1))
+    requests = {"skip": ("skip", {"first_batch": 3, "last_batch": 3}), "rewind": ("rewind", {"to_step": 0})}
+    filing = FileAtStepOne(run, requests)
+    data = Tokens(64, 1)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.add_callback(filing)
     trainer.add_callback(huggingface.BedsideCallback(run, name="one"))
     trainer.train()
     answers = {name: acks(run, request_id)[-1] for name, request_id in filing.ids.items()}
-    assert (answers["skip"]["status"], answers["skip"]["step"]) == ("rejected", 1)
-    assert answers["skip"]["message"].startswith("skip needs the Trainer's batches drawn through accelerate's")
+    assert (answers["skip"]["status"], answers["skip"]["args"]["sample_ids"]) == ("applied", [12, 13, 14, 15])
+    assert data.read[:16] == [*range(12), *range(16, 20)] and not {12, 13, 14, 15} & set(data.read)  # read ahead
+    assert (answers["rewind"]["status"], answers["rewind"]["step"]) == ("rejected", 1)
     assert answers["rewind"]["message"] == (
         "rewind needs the Trainer: make the callback with BedsideCallback(run_dir, trainer=trainer)"
     )
