@@ -10,6 +10,7 @@ same steps and rank 0 records exactly the ids dropped on all of them."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,14 +49,37 @@ def continue_on_new_timeline(log: RunLogger, step: int, path: Path) -> str:
     return f"rewound to the checkpoint of step {step} ({path.name}); continuing on timeline {log.timeline}"
 
 
-def saved_checkpoints(folders: Iterable[Path], pattern: str) -> dict[int, Path]:
-    """The step of each path under ``folders`` whose name matches ``pattern`` (its first group: the step)."""
-    saved: dict[int, Path] = {}
-    for folder in folders:
-        for path in folder.iterdir() if folder.is_dir() else ():
-            if match := re.fullmatch(pattern, path.name):
-                saved[int(match.group(1))] = path
-    return saved
+class SavedCheckpoints:
+    """The checkpoints a rewind may load: the paths under the framework's folders named with their step
+    (``pattern``'s first group), the newest where two share a step, less those of a branch a rewind abandoned
+    (saved before it, past the step it restored: the steps after it are trained again)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._rewinds: list[tuple[int, int]] = []
+        """(when, in ns of the file clock, the step restored) of each rewind of this process."""
+
+    def found(self, folders: Iterable[Path]) -> dict[int, Path]:
+        saved: dict[int, tuple[int, Path]] = {}
+        for folder in folders:
+            for path in folder.iterdir() if folder.is_dir() else ():
+                if not (match := re.fullmatch(self.pattern, path.name)):
+                    continue
+                step, mtime = int(match.group(1)), _saved_at(path)
+                abandoned = any(mtime < when and step > restored for when, restored in self._rewinds)
+                if not abandoned and (step not in saved or saved[step][0] < mtime):
+                    saved[step] = (mtime, path)
+        return {step: path for step, (_, path) in saved.items()}
+
+    def rewound(self, step: int) -> None:
+        """A rewind restored ``step``: what was saved past it until now belongs to the abandoned branch."""
+        self._rewinds.append((time.time_ns(), step))
+
+
+def _saved_at(path: Path) -> int:
+    """When a checkpoint was last written: a folder's newest entry (a save rewrites its files in place)."""
+    entries = [path, *path.iterdir()] if path.is_dir() else [path]
+    return max(entry.stat().st_mtime_ns for entry in entries)
 
 
 def refuse(reason: str) -> Handler:

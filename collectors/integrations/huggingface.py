@@ -29,13 +29,13 @@ from ..kit.actions import Action, ControlClient
 from ..kit.skipping import SkippingSampler
 from ..writer import RunLogger
 from .actions import (
+    SavedCheckpoints,
     StepBatches,
     StepShare,
     StepShareIds,
     continue_on_new_timeline,
     refuse,
     rewind_target,
-    saved_checkpoints,
 )
 from .replicas import CHECKSUM_EVERY, ReplicaSignals
 from .stepclock import StepClock
@@ -73,6 +73,7 @@ class BedsideCallback(TrainerCallback):
         self.logger: RunLogger | None = None
         self.client: ControlClient | None = None
         self._clock = StepClock()
+        self._checkpoints = SavedCheckpoints(r"checkpoint-(\d+)")
         self._replicas = ReplicaSignals(checksum_every)
         self._tokens_seen = 0
         self._control = TrainerControl()
@@ -184,7 +185,7 @@ class BedsideCallback(TrainerCallback):
         trainer = self.trainer
         assert trainer is not None  # the handler is only set with a trainer
         state, control = trainer.state, self._control
-        saved = saved_checkpoints([Path(str(trainer.args.output_dir))], r"checkpoint-(\d+)")
+        saved = self._checkpoints.found([Path(str(trainer.args.output_dir))])
         step, path = rewind_target(action, self._controls(), state.global_step, saved)
         if not (path / OPTIMIZER_NAME).is_file() or not (path / SCHEDULER_NAME).is_file():
             raise Rejected(f"{path.name} holds no optimizer or scheduler state (saved with save_only_model?)")
@@ -196,6 +197,7 @@ class BedsideCallback(TrainerCallback):
         control.should_log = control.should_evaluate = control.should_save = False
         control.should_training_stop = step >= state.max_steps
         action.step = step
+        self._checkpoints.rewound(step)
         return continue_on_new_timeline(self._open(), step, path)
 
     def _skip_through(self, loader: Any, args: TrainingArguments, client: ControlClient) -> None:

@@ -25,12 +25,12 @@ from ..kit.skipping import SkippingSampler
 from ..writer import RunLogger
 from .actions import (
     Interleaved,
+    SavedCheckpoints,
     StepBatches,
     StepShareIds,
     continue_on_new_timeline,
     refuse,
     rewind_target,
-    saved_checkpoints,
 )
 from .replicas import CHECKSUM_EVERY, ReplicaSignals
 from .stepclock import StepClock
@@ -53,6 +53,7 @@ class BedsideCallback(Callback):
         self.logger: RunLogger | None = None
         self.client: ControlClient | None = None
         self._clock = StepClock()
+        self._checkpoints = SavedCheckpoints(CHECKPOINT_NAME)
         self._replicas = ReplicaSignals(checksum_every)
         self._grad_norm: torch.Tensor | None = None
         self._trainer: Trainer | None = None
@@ -161,7 +162,7 @@ class BedsideCallback(Callback):
 
     def _rewind(self, action: Action) -> str:
         trainer = self._fit()
-        saved = saved_checkpoints(self._folders(), CHECKPOINT_NAME)
+        saved = self._checkpoints.found(self._folders())
         step, path = rewind_target(action, self._controls(), trainer.global_step, saved)
         checkpoint = trainer.strategy.load_checkpoint(path)
         trainer.strategy.load_model_state_dict(checkpoint)
@@ -179,6 +180,7 @@ class BedsideCallback(Callback):
         steps.ready = steps.completed = step
         loop._batches_that_stepped = step
         action.step = step
+        self._checkpoints.rewound(step)
         return continue_on_new_timeline(self._open(), step, path)
 
     def _skip_through(self, trainer: Trainer, client: ControlClient) -> None:
