@@ -53,6 +53,9 @@ def main(run_dir: str, steps: int, out: Path | None) -> None:
     if out:
         (out / f"rank-{args.process_index}.json").write_text(json.dumps({"read": data.read}))
 
+    if torch.distributed.is_initialized():  # the framework leaves it; gloo may abort at exit with it alive
+        torch.distributed.destroy_process_group()
+
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[4]) if sys.argv[3:4] == ["--control"] else None)

@@ -76,13 +76,19 @@ def start(script: str, run: Path, *args: str) -> tuple[subprocess.Popen, Callabl
 
 
 def assert_replica_signals(store: Store, steps: int, checksum_every: int) -> None:
-    """The SDC detector's inputs: every step a positive local gradient norm on each rank, the two ranks' norms
-    apart (each of its own half of the batch), and on every checksum step one checksum both DDP replicas share, a new one
-    each time (the parameters moved)."""
+    """The SDC detector's inputs, and the straggler detector's split of backward into the rank's own compute and
+    its wait for the all-reduce: every step a positive local gradient norm on each rank, the two ranks' norms
+    apart (each of its own half of the batch), and on every checksum step one checksum both DDP replicas share,
+    a new one each time (the parameters moved)."""
     norms = rows(
         store,
         "SELECT rank, count(local_grad_norm), min(local_grad_norm) FROM rank_step_metrics GROUP BY rank ORDER BY rank",
     )
+    assert rows(
+        store,
+        "SELECT rank, count(comm_time), bool_and(compute_time + comm_time <= step_time AND comm_time >= 0)"
+        " FROM rank_step_metrics GROUP BY rank ORDER BY rank",
+    ) == [(0, steps, True), (1, steps, True)]
     assert [(rank, count) for rank, count, _ in norms] == [(0, steps), (1, steps)] and min(n for *_, n in norms) > 0
     assert rows(
         store,

@@ -1,5 +1,5 @@
 """The kit's silent-data-corruption inputs for a framework's DDP model: each rank's gradient norm before the
-all-reduce (the kit's DDP comm hook, ``kit/grads.py``) and, every ``checksum_every`` steps, the on-device digest of
+all-reduce (the kit's DDP comm hook, ``kit/grads.py``, which also marks when the last bucket was ready) and, every ``checksum_every`` steps, the on-device digest of
 its parameters (``kit/checksum.py``), which DDP replicas must agree on bit for bit. Both stay tensors until the
 writer thread reads them: nothing in the step waits for the device."""
 
@@ -35,6 +35,12 @@ class ReplicaSignals:
 
     def begin(self, step: int) -> None:
         self.grads.reset(step)
+
+    @property
+    def local_done(self) -> float | None:
+        """The host time this step's last gradient bucket was ready (None when not hooked or not yet)."""
+        ready = self.grads.last_bucket_ready
+        return ready if isinstance(ready, float) else None
 
     def metrics(self, step: int, model: nn.Module) -> dict[str, Any]:
         """The step's ``local_grad_norm`` (when hooked) and, on a checksum step, ``param_checksum`` of ``model``."""
