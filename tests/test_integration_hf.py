@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from torchrun_runs import rows, train_and_collect
+from torchrun_runs import assert_replica_signals, rows, train_and_collect
 
 from bedside.collectors.store import Store
 
@@ -40,3 +40,8 @@ def test_evaluations_carry_the_compute_spent_and_saves_are_checkpoint_records(hf
     saved = rows(store, "SELECT step, event, path FROM checkpoint_events ORDER BY step")
     assert [(step, event) for step, event, _ in saved] == [(steps // 2, "saved"), (steps // 2 * 2, "saved")]
     assert all(Path(path).is_dir() for _, _, path in saved)
+
+
+def test_every_rank_carries_its_local_gradient_norm_and_the_replicas_share_each_checksum(hf_run) -> None:
+    store, steps = hf_run
+    assert_replica_signals(store, steps, checksum_every=5)

@@ -4,7 +4,7 @@ ranks under torchrun, then the run collected into a store."""
 from __future__ import annotations
 
 import pytest
-from torchrun_runs import rows, train_and_collect
+from torchrun_runs import assert_replica_signals, rows, train_and_collect
 
 from bedside.collectors.store import Store
 
@@ -39,3 +39,8 @@ def test_validation_ends_are_evals_and_saves_are_checkpoint_records(fitted_run: 
     ]
     saves = rows(store, "SELECT step, event FROM checkpoint_events ORDER BY step")
     assert (2 * half, "save_started") in saves
+
+
+def test_every_rank_carries_its_local_gradient_norm_and_the_replicas_share_each_checksum(fitted_run) -> None:
+    store, steps = fitted_run
+    assert_replica_signals(store, steps, checksum_every=5)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from torchrun_runs import HERE, TORCHRUN, acks, answered, records, start, wait_for
 
 from bedside.app.cli import main as bedside
 from bedside.collectors.control import build_request, request_action, write_request
@@ -21,30 +21,6 @@ from bedside.collectors.controlkey import RUN_ID, SIGNATURE, read_control_key, r
 from bedside.collectors.kit import ControlClient, SkippingSampler
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.writer import RunLogger
-
-HERE = Path(__file__).parent
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-
-
-def records(run: Path, rank: int = 0) -> list[dict]:
-    path = RunLayout(run).rank_file(rank)
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
-
-
-def acks(run: Path, request_id: str) -> list[dict]:
-    return [r for r in records(run) if r["kind"] == "action" and r["request_id"] == request_id]
-
-
-def wait_for(condition, what: str, loop: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while not condition():
-        assert loop.poll() is None, f"the loop ended before {what}: {loop.communicate()[0]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def answered(run: Path, request_id: str) -> bool:
-    return any(r["status"] != "requested" for r in acks(run, request_id))
 
 
 def file_foreign(layout: RunLayout, action: str) -> str:
@@ -62,14 +38,8 @@ def loop_run(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("kit-loop")
     run, out = folder / "run", folder / "out"
     out.mkdir()
-    loop = subprocess.Popen(
-        [*TORCHRUN, str(HERE / "kit_control_loop.py"), str(run), str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    loop, file = start("kit_control_loop.py", run, str(out))
     layout = RunLayout(run)
-    file = lambda action, **args: request_action(layout, action, args, operator="tester", reason="test")  # noqa: E731
     try:
         wait_for(lambda: any(r.get("control") for r in records(run) if r["kind"] == "heartbeat"), "a reader", loop)
         ids = {"pause": file("pause")}

@@ -10,8 +10,11 @@ class StepClock:
     """Marks a step's start, the end of forward and backward, and the end of the optimizer step.
 
     ``times()`` gives the ``rank_step`` timings: ``step_time`` from start to the last mark, ``compute_time``
-    (forward and backward, with the gradient all-reduce they overlap) and ``optimizer_time``. A phase whose
-    marks are missing is left out. Reading the clock costs no device sync."""
+    (forward and backward, with the gradient all-reduce they overlap) and ``optimizer_time``. Given
+    ``local_done``, the host time the last gradient bucket was ready (the kit's DDP comm hook), backward splits
+    there: ``compute_time`` is this rank's own work and ``comm_time`` the wait for the all-reduce after it (a
+    slow rank shows long compute, its peers long waits). A phase whose marks are missing is left out. Reading
+    the clock costs no device sync."""
 
     def __init__(self) -> None:
         self._start: float | None = None
@@ -27,13 +30,16 @@ class StepClock:
     def optimizer_done(self) -> None:
         self._optimizer_done = time.perf_counter()
 
-    def times(self) -> dict[str, Any]:
+    def times(self, local_done: float | None = None) -> dict[str, Any]:
         if self._start is None:
             return {}
         end = time.perf_counter()
         times: dict[str, Any] = {"step_time": end - self._start}
         if self._backward_done is not None:
             times["compute_time"] = self._backward_done - self._start
+            if local_done is not None and self._start <= local_done <= self._backward_done:
+                times["compute_time"] = local_done - self._start
+                times["comm_time"] = self._backward_done - local_done
             if self._optimizer_done is not None:
                 times["optimizer_time"] = self._optimizer_done - self._backward_done
         self._start = None
