@@ -13,13 +13,23 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 from ..control_inbox import Rejected
 from ..kit.actions import Action, ControlClient, Handler, int_arg
 from ..writer import RunLogger
+
+T = TypeVar("T")
+
+
+def opened(value: T | None, hook: str) -> T:
+    """What a callback's ``hook`` made (its logger, control client, trainer), or a clear error for an event
+    that came before it."""
+    if value is None:
+        raise RuntimeError(f"BedsideCallback received a training event before {hook} opened its logger")
+    return value
 
 
 def rewind_target(action: Action, client: ControlClient, step: int, saved: Mapping[int, Path]) -> tuple[int, Path]:

@@ -34,6 +34,7 @@ from .actions import (
     StepShare,
     StepShareIds,
     continue_on_new_timeline,
+    opened,
     refuse,
     rewind_target,
 )
@@ -222,14 +223,10 @@ class BedsideCallback(TrainerCallback):
             )
 
     def _controls(self) -> ControlClient:
-        if self.client is None:
-            raise RuntimeError("BedsideCallback received a training event before on_train_begin opened its logger")
-        return self.client
+        return opened(self.client, "on_train_begin")
 
     def _open(self) -> RunLogger:
-        if self.logger is None:
-            raise RuntimeError("BedsideCallback received a training event before on_train_begin opened its logger")
-        return self.logger
+        return opened(self.logger, "on_train_begin")
 
 
 def _checkpoint_of(args: TrainingArguments, step: int) -> Path:

@@ -29,6 +29,7 @@ from .actions import (
     StepBatches,
     StepShareIds,
     continue_on_new_timeline,
+    opened,
     refuse,
     rewind_target,
 )
@@ -133,20 +134,14 @@ class BedsideCallback(Callback):
             self.logger.close(RunEndStatus.FAILED, repr(exception))
 
     def _open(self) -> RunLogger:
-        if self.logger is None:
-            raise RuntimeError("BedsideCallback received a training event before on_fit_start opened its logger")
-        return self.logger
+        return opened(self.logger, "on_fit_start")
 
     # -- control requests (every rank, the same outcome) ---------------------------------------------
     def _fit(self) -> Trainer:
-        if self._trainer is None:
-            raise RuntimeError("BedsideCallback received a training event before on_fit_start")
-        return self._trainer
+        return opened(self._trainer, "on_fit_start")
 
     def _controls(self) -> ControlClient:
-        if self.client is None:
-            raise RuntimeError("BedsideCallback received a training event before on_fit_start")
-        return self.client
+        return opened(self.client, "on_fit_start")
 
     def _folders(self) -> list[Path]:
         """Where the fit's checkpoints are: its checkpoint callbacks' folders, else ``default_root_dir``."""
