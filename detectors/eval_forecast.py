@@ -11,6 +11,7 @@ against the fit's Jacobian), times Student t's quantile at the normal tail of a 
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -104,6 +105,7 @@ class Forecast:
         return self.center / spread, self.center * spread
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(band_z: float, dof: int) -> float:
     """Student t's quantile with ``dof`` degrees of freedom at the normal tail of ``band_z``."""
     return float(stats.t.ppf(stats.norm.cdf(band_z), max(dof, 1)))
@@ -135,10 +137,9 @@ def forecast_evals(
     dashboard draws the same.
     """
     n = len(values)
-    fits = [fit for law in LAWS if (fit := _fit(law, compute, values)) is not None] if n > PARAMETERS else []
-    if not fits:
+    best = _best_fit(compute.astype(float).tobytes(), values.astype(float).tobytes()) if n > PARAMETERS else None
+    if best is None:
         return None
-    best = min(fits, key=_Fit.aicc)
     s = max(math.sqrt(float(best.residuals @ best.residuals) / (n - PARAMETERS)), min_rel_sigma)
     x = best.law.normalise(at, compute)
     grad = best.law.log_gradient(x, best.params)
@@ -173,6 +174,17 @@ def ar1_correlation(rho: float, m: int) -> np.ndarray:
     ``w'e`` of their noise has variance ``s^2 w' R w`` (the mean: ``s^2 sum(R) / m^2``)."""
     lags = np.arange(m)
     return rho ** np.abs(lags[:, None] - lags[None, :])
+
+
+@functools.lru_cache(maxsize=1024)
+def _best_fit(compute: bytes, values: bytes) -> _Fit | None:
+    """The law with the smallest AICc through (compute, values), given as float64 bytes; None when none fits.
+
+    Remembered: the detector's windows fit the same prefix of a series again as later evals arrive (the
+    prefix held out of a window of ``2m`` evals is the one a window of ``m`` held ``m`` evals earlier)."""
+    c, v = np.frombuffer(compute), np.frombuffer(values)
+    fits = [fit for law in LAWS if (fit := _fit(law, c, v)) is not None]
+    return min(fits, key=_Fit.aicc) if fits else None
 
 
 def _fit(law: Law, compute: np.ndarray, values: np.ndarray) -> _Fit | None:
