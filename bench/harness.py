@@ -1,8 +1,8 @@
 """The fault harness at full size: kills, fuzzing and attacks, with the figures docs/reliability.md reports.
 
-The same tests CI runs (``tests/test_crash.py``, ``tests/test_kill_harness.py``, ``tests/test_fuzz_ingest.py``,
-``tests/test_console.py``, the SQL page in a browser), sized up through their environment variables, each
-run as its own pytest and timed:
+The same tests CI runs (``tests/test_crash.py``, ``tests/test_kill_harness.py``, ``tests/test_soak.py``,
+``tests/test_fuzz_ingest.py``, ``tests/test_console.py``, the SQL page in a browser), sized up through their
+environment variables, each run as its own pytest (one process, no xdist) and timed:
 
     python bench/harness.py            # CI's size, as a check that the harness itself runs
     python bench/harness.py --long     # the full figures (about an hour on 2 cores)
@@ -30,8 +30,8 @@ class Stage:
 
     promise: str
     tests: tuple[str, ...]
-    ci: dict[str, int]
-    long: dict[str, int]
+    ci: dict[str, int | str]
+    long: dict[str, int | str]
     figure: str  # how the figure reads, formatted with the sizes used
 
 
@@ -58,6 +58,13 @@ STAGES = (
         "{BEDSIDE_HARNESS_TRAINER_KILLS} SIGKILLs of rank 1, each resumed",
     ),
     Stage(
+        "1,024 live ranks followed in real time with flat memory",
+        ("tests/test_soak.py",),
+        {"BEDSIDE_SOAK_SECONDS": 30},
+        {"BEDSIDE_SOAK_SECONDS": 60},
+        "1,024 ranks for {BEDSIDE_SOAK_SECONDS} s",
+    ),
+    Stage(
         "hostile lines, file names and run.json refused with a reason",
         ("tests/test_fuzz_ingest.py",),
         {"BEDSIDE_FUZZ_EXAMPLES": 0},
@@ -66,19 +73,26 @@ STAGES = (
     ),
     Stage(
         "SQL attacks refused, the store unchanged",
-        ("tests/test_console.py", "tests/test_dashboard_browser.py", "-k", "attack or refuse"),
-        {},
-        {},
-        f"{len(ATTACKS)} attacks x (console, bedside query on raw telemetry, the page in Chromium)",
+        (
+            "tests/test_console.py",
+            "tests/test_dashboard_sql.py",
+            "tests/test_dashboard_browser.py",
+            "-k",
+            "attack or refuse",
+        ),
+        {"BEDSIDE_BROWSER_ATTACKS": "sample"},
+        {"BEDSIDE_BROWSER_ATTACKS": "all"},
+        f"{len(ATTACKS)} attacks x (console, bedside query on raw telemetry, the page's preview and CSV),"
+        " and typed into the page in Chromium: {BEDSIDE_BROWSER_ATTACKS} (sample: the first of each class)",
     ),
 )
 
 
-def run_stage(stage: Stage, sizes: dict[str, int]) -> tuple[bool, float]:
+def run_stage(stage: Stage, sizes: dict[str, int | str]) -> tuple[bool, float]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: str(v) for k, v in sizes.items() if v}}
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *stage.tests],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *stage.tests],
         cwd=REPO,
         env=env,
         capture_output=True,

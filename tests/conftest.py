@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
@@ -22,6 +24,8 @@ from bedside.collectors.store import Store
 
 CLI_TIMEOUT_S = 120
 REPORTED_LIBRARIES = ("duckdb", "pyarrow", "pandas", "torch", "watchdog")
+TEST_BUDGET_S = 20.0  # a test's setup, call and teardown together; past it the test says why (see slow below)
+SUITE_BUDGET_S = 20 * 60.0  # the README's test command on two busy cores (docs/performance.md)
 
 
 def _version(distribution: str) -> str:
@@ -29,6 +33,84 @@ def _version(distribution: str) -> str:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"slow(reason): a test allowed past the {TEST_BUDGET_S:.0f} s budget of the default run, and why"
+    )
+    config.addinivalue_line(
+        "markers",
+        "alone(reason): a test whose timing is what it checks (a live run raced by an operator, real-time lag):"
+        " under xdist no other test runs beside it",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under xdist, a test marked ``alone`` runs with no other test beside it (setup and teardown included, so the
+    module fixtures it starts too); the rest share the machine. One lock file per run of the suite: shared by every
+    other test, exclusive for an ``alone`` one; a turnstile before it keeps a waiting ``alone`` test from being
+    starved by the others' shared holds."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return (yield)
+    folder = Path(item.config.option.basetemp).parent  # the run's temporary folder: xdist gives each worker one in it
+    with open(folder / "alone.lock", "a") as lock, open(folder / "turnstile.lock", "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if item.get_closest_marker("alone") is None:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        else:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers a core, at most eight. Most of a worker's time in the heavy tests is spent
+    waiting on the processes it started (torchrun ranks, the CLI, a browser, a server), so twice the cores
+    keep them busy; past eight, torchrun launches only crowd each other."""
+    return min(2 * (os.cpu_count() or 1), 8)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a slow test first (xdist hands out whole files in this order, so the longest start first and
+    none is left to run alone at the end); a slow test's reason travels with its reports, for the summary."""
+    slow_files = set()
+    for item in items:
+        if (marker := item.get_closest_marker("slow")) is not None:
+            item.user_properties.append(("slow", marker.kwargs.get("reason") or marker.args[0]))
+            slow_files.add(item.path)
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's tests keep their order
+
+
+_seconds: dict[str, float] = {}
+_reasons: dict[str, str] = {}
+_started: list[float] = []
+
+
+def pytest_sessionstart() -> None:
+    _started.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+    _reasons.update((report.nodeid, value) for name, value in report.user_properties if name == "slow")
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The tests past the per-test budget (module fixtures count to the first test that asks for them), each
+    with its reason or the lack of one, and the suite's time against its budget."""
+    over = sorted(((s, n) for n, s in _seconds.items() if s > TEST_BUDGET_S), reverse=True)
+    if over:
+        terminalreporter.section(f"tests over the {TEST_BUDGET_S:.0f} s budget")
+        for seconds, nodeid in over:
+            terminalreporter.write_line(f"{seconds:6.1f} s {nodeid}: {_reasons.get(nodeid, 'NO REASON GIVEN')}")
+    took = time.monotonic() - _started[0]
+    terminalreporter.write_line(f"bedside suite: {took:.0f} s of its {SUITE_BUDGET_S:.0f} s budget on two busy cores")
 
 
 def pytest_report_header(config) -> str:

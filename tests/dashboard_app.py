@@ -128,3 +128,15 @@ def _decoded(value: Any) -> Any:
     if isinstance(value, list):
         return [_decoded(item) for item in value]
     return value
+
+
+def store_facts(cursor: Any) -> dict[str, object]:
+    """What a store holds that no viewer may change: its tables, row counts, views and committed offsets, and
+    how many alerts wait in its outbox (the tables the detectors rewrite left out of the counts)."""
+    tables = [t for (t,) in cursor.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+    rewritten = ("finding_rows", "incident_rows", "outbox", "schema_migrations")
+    counts = {t: cursor.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0] for t in tables if t not in rewritten}
+    views = cursor.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()
+    offsets = cursor.execute("SELECT path, committed_offset FROM sources ORDER BY path").fetchall()
+    outbox = cursor.execute("SELECT count(*) FROM outbox").fetchall()[0][0]
+    return {"tables": tables, "counts": counts, "views": views, "offsets": offsets, "outbox": outbox}

@@ -36,6 +36,8 @@ from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="a two-rank run trained to its end and resumed with hostile requests planted")
+
 NOT_BLOCKED_S = 30.0  # a liveness bound, not a timing: a poll that blocks never returns
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlparse
 
+import pytest
 from playwright.sync_api import expect
 from test_dashboard_browser import (  # noqa: F401  (browser, page, serve and live_run are fixtures)
     ARTIFACTS,
@@ -34,6 +35,8 @@ from test_dashboard_browser import (  # noqa: F401  (browser, page, serve and li
 
 from bedside.app.dashboard import live
 from bedside.collectors import RunLogger
+
+pytestmark = pytest.mark.slow(reason="a live two-rank run watched and zoomed in Chromium")
 
 CURVES = ".st-key-training_curves .js-plotly-plot"
 """The training curves as plotly.js holds them (the element's key is its class)."""
@@ -123,6 +126,7 @@ def console_errors(tab) -> list[str]:
     return errors
 
 
+@pytest.mark.alone(reason="a live zoom must outlast the run's live updates")
 def test_a_live_zoom_lasts_spreads_and_reloads_and_pause_holds(live_run: LiveRun, serve, page) -> None:  # noqa: F811
     run = live_run.run
     errors = console_errors(page)

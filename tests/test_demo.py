@@ -19,6 +19,10 @@ from receiver import Receiver, free_port
 
 from bedside.app.fault_plan import DemoFaults
 
+pytestmark = pytest.mark.slow(
+    reason="the demo as a user runs it: torchrun training, collection, detection, a served dashboard"
+)
+
 DEMO_TIMEOUT_S = 300
 STEPS = 60
 

@@ -8,6 +8,8 @@ from functools import cache
 import pytest
 from eval_curves import SHAPES, Calibration, calibrate, draw
 
+pytestmark = pytest.mark.slow(reason="80 seeded eval curves through the streaming detector")
+
 
 @cache
 def forty() -> Calibration:

@@ -15,6 +15,8 @@ from torchrun_runs import acks, answered, records, rows, start, wait_for
 from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="Hugging Face and Lightning runs on two torchrun ranks, taking control requests")
+
 STEP_BATCH = 8
 """Sample ids a step reads: two ranks of four."""
 STEPS = 3000

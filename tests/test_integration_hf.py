@@ -10,6 +10,8 @@ from torchrun_runs import assert_replica_signals, rows, train_and_collect
 
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="Hugging Face Trainer runs on two torchrun ranks")
+
 
 @pytest.fixture(scope="module", params=[6, 10])
 def hf_run(request, tmp_path_factory) -> tuple[Store, int]:

@@ -8,6 +8,8 @@ from torchrun_runs import assert_replica_signals, rows, train_and_collect
 
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="Lightning fits on two torchrun ranks")
+
 
 @pytest.fixture(scope="module", params=[6, 10])
 def fitted_run(request, tmp_path_factory) -> tuple[Store, int]:

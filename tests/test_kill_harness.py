@@ -28,6 +28,8 @@ from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="SIGKILLs watch, serve and a trainer rank at random and restarts them")
+
 KILLS = int(os.environ.get("BEDSIDE_HARNESS_KILLS", "3"))
 SEED = int(os.environ.get("BEDSIDE_HARNESS_SEED", "20261201"))
 OWNER_START_S, FINISH_S = 90.0, 180.0

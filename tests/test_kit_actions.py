@@ -22,6 +22,8 @@ from bedside.collectors.kit import ControlClient, SkippingSampler
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.writer import RunLogger
 
+pytestmark = pytest.mark.slow(reason="the kit's control loop on two torchrun ranks")
+
 
 def file_foreign(layout: RunLayout, action: str) -> str:
     """A signed request for an action bedside's writer does not know (a newer tool might file one)."""

@@ -21,6 +21,8 @@ from bedside.collectors.kit import Monitor, flops_per_token, param_checksum
 from bedside.collectors.store import Store
 from bedside.collectors.writer import RunLogger
 
+pytestmark = pytest.mark.slow(reason="the kit's loop on two torchrun ranks")
+
 DDP_RANKS, DDP_STEPS = 3, 34
 FSDP_RANKS, FSDP_STEPS = 2, 6
 

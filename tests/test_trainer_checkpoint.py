@@ -26,6 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 from bedside.trainer.checkpoint import CheckpointError, CheckpointManager, SaveHandle, rng_state, set_rng_state
 from bedside.trainer.manifest import MANIFEST, PARTIAL_SUFFIX, file_digest, find_latest_good
 
+pytestmark = pytest.mark.slow(reason="checkpoints saved and loaded by two gloo ranks, DDP and FSDP")
+
 
 def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)

@@ -33,6 +33,8 @@ from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="module fixtures train two-rank runs under torchrun, one crashed and resumed")
+
 STEPS, EVERY, FILE_AT = 100, 10, 25
 SKIPPED = (40, 44)
 

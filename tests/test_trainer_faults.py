@@ -28,6 +28,8 @@ from bedside.trainer.sampler import BatchSampler
 from bedside.trainer.schedule import lr_at
 from bedside.trainer.train import parse_args
 
+pytestmark = pytest.mark.slow(reason="module fixtures train two-rank runs with faults injected under torchrun")
+
 LAYOUT = {"samples_per_shard": 5, "vocab_size": 64}
 EXAMPLES = [
     "straggler:rank=1,factor=2.0,from=20",

@@ -12,6 +12,8 @@ import pytest
 from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="FSDP2 runs under torchrun, one crashed and resumed")
+
 STEPS, EVERY, CRASH = 30, 10, 15
 
 

@@ -17,6 +17,10 @@ from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(
+    reason="each module fixture trains a two-rank run, crashes it and resumes it under torchrun"
+)
+
 STEPS, EVERY, CRASH = 30, 10, 25
 
 

@@ -24,6 +24,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from .. import failpoints
 from ..errors import StoreCorruptError, StoreError, StoreLockedError
 
 SANDBOX_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # a database for users' SQL: no files,
@@ -157,6 +158,7 @@ class Store:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
+            failpoints.reach("store.commit")
             con.execute("COMMIT")
 
     def connection(self) -> duckdb.DuckDBPyConnection:
