@@ -70,10 +70,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers a core, at most eight. Most of a worker's time in the heavy tests is spent
-    waiting on the processes it started (torchrun ranks, the CLI, a browser, a server), so twice the cores
-    keep them busy; past eight, torchrun launches only crowd each other."""
-    return min(2 * (os.cpu_count() or 1), 8)
+    """``-n auto``: three workers a core, at most eight. Much of a worker's time in the heavy tests is spent
+    waiting on the processes it started (torchrun ranks, the CLI, a browser, a server) or sleeping in a poll,
+    so more workers than cores keep the cores busy; past eight, torchrun launches only crowd each other."""
+    return min(3 * (os.cpu_count() or 1), 8)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

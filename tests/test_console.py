@@ -9,30 +9,52 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
+from dashboard_app import copy_run as copy_sample_run
 from sql_attacks import ATTACKS
 
 from bedside.app.service.detection import detect_run
 from bedside.app.service.schema import SCHEMAS
 from bedside.collectors.errors import QueryError
 from bedside.collectors.layout import RunLayout
-from bedside.collectors.query import run_query
+from bedside.collectors.query import ReadView, open_for_reading
 from bedside.collectors.store import Store, open_sandbox
 from bedside.collectors.store.console import ConsoleLimits, console_views, run_console_query
 
 SECRET = "root:x:0:0:the secret line"
 
 
-@pytest.fixture
-def owned(tiny_faults: Path) -> Store:
-    """tiny-faults ingested and detected, its store open for writing as ``bedside serve`` holds it."""
-    detect_run(tiny_faults)
-    store = Store.open(RunLayout(tiny_faults).store, schemas=SCHEMAS)
+def owned_store(run: Path) -> Iterator[Store]:
+    """``run`` ingested and detected, its store open for writing as ``bedside serve`` holds it."""
+    detect_run(run)
+    store = Store.open(RunLayout(run).store, schemas=SCHEMAS)
     yield store
     store.close()
+
+
+@pytest.fixture
+def owned(tiny_faults: Path) -> Iterator[Store]:
+    """A private copy of tiny-faults as ``bedside serve`` holds it, for a test that writes."""
+    yield from owned_store(tiny_faults)
+
+
+@pytest.fixture(scope="module")
+def owned_once(tmp_path_factory) -> Iterator[Store]:
+    """One copy of tiny-faults as ``bedside serve`` holds it, for the attacks: each checks that it changed nothing."""
+    yield from owned_store(copy_sample_run("tiny-faults", tmp_path_factory.mktemp("owned")))
+
+
+@pytest.fixture(scope="module")
+def raw_view(tmp_path_factory) -> Iterator[ReadView]:
+    """What ``bedside query`` reads from a run with no store: its views rebuilt in memory from the telemetry."""
+    view = open_for_reading(copy_sample_run("tiny-faults", tmp_path_factory.mktemp("raw")))
+    assert view.source == "raw telemetry"
+    yield view
+    view.store.close()
 
 
 def fingerprint(store: Store) -> dict[str, str]:
@@ -63,13 +85,15 @@ def attack_text(sql: str, tmp_path: Path, store_path: Path) -> str:
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
-def test_every_attack_is_refused_with_a_reason_and_changes_nothing(owned: Store, tmp_path: Path, name: str) -> None:
-    before = fingerprint(owned)
+def test_every_attack_is_refused_with_a_reason_and_changes_nothing(
+    owned_once: Store, tmp_path: Path, name: str
+) -> None:
+    before = fingerprint(owned_once)
     with pytest.raises(QueryError) as refused:
-        run_console_query(owned, attack_text(ATTACKS[name], tmp_path, owned.path))
+        run_console_query(owned_once, attack_text(ATTACKS[name], tmp_path, owned_once.path))
     assert str(refused.value).strip() and "Traceback" not in str(refused.value)
     assert SECRET not in str(refused.value)
-    assert fingerprint(owned) == before
+    assert fingerprint(owned_once) == before
     assert not (tmp_path / "out.csv").exists()
 
 
@@ -144,11 +168,12 @@ def test_a_query_past_its_time_limit_is_stopped(owned: Store) -> None:
 
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_bedside_query_refuses_every_attack_from_the_raw_telemetry_too(
-    tiny_faults: Path, tmp_path: Path, name: str
+    raw_view: ReadView, tmp_path: Path, name: str
 ) -> None:
-    """No store: the read view is rebuilt in memory from the JSONL, and the same sandbox runs the query."""
+    """No store: the read view is rebuilt in memory from the JSONL (once for the module), and the same sandbox
+    runs the query (the real CLI types a few of each family below)."""
     with pytest.raises(QueryError):
-        run_query(tiny_faults, attack_text(ATTACKS[name], tmp_path, RunLayout(tiny_faults).store))
+        run_console_query(raw_view.store, attack_text(ATTACKS[name], tmp_path, tmp_path / "bedside.duckdb"))
     assert not (tmp_path / "out.csv").exists()
 
 

@@ -96,11 +96,11 @@ def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
     trainer = start_training(run, "--steps", str(STEPS), "--checkpoint-every", str(EVERY))
     try:
         wait_for(lambda: reached_step(run, FILE_AT), f"step {FILE_AT}")
-        ids = {
-            "rewind": action(run, "rewind", "--to-step", "20", "--reason", "loss spike"),
+        ids = {  # the skip first: it must outlive the rewind, however many steps apart the two are taken
             "skip": action(
                 run, "skip", "--first-batch", str(SKIPPED[0]), "--last-batch", str(SKIPPED[1]), "--reason", "bad data"
             ),
+            "rewind": action(run, "rewind", "--to-step", "20", "--reason", "loss spike"),
             "too_early": action(run, "rewind", "--to-step", "1", "--reason", "start over"),
             "forward": action(run, "rewind", "--to-step", "500", "--reason", "typo"),
             "bad_time": file_by_hand(run, "req-by-hand", requested_at="now"),
@@ -190,6 +190,8 @@ def test_each_eval_counts_the_compute_of_every_timeline_the_abandoned_branch_inc
 
 
 def test_the_skipped_batches_are_never_trained_on_the_live_timeline(controlled) -> None:
+    """The skip, filed before the rewind, holds on the timeline the rewind starts (its checkpoint predates it).
+    Filed after it, the skip raced the rewound run to batch 40 on a loaded machine."""
     store, _ = controlled
     batches = [
         int(b) for (b,) in rows(store, "SELECT extra['batch'] FROM step_metrics WHERE timeline = 1 ORDER BY step")
