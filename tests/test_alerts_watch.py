@@ -141,15 +141,19 @@ def signed(request) -> bool:
     return hmac.compare_digest(expected, request.headers.get("X-Bedside-Signature-256", ""))
 
 
-def assert_each_message_delivered_once(run: Path, receiver: Receiver) -> pd.DataFrame:
-    """Every webhook message of the outbox was delivered, answered 2xx exactly once, signed; the outbox rows."""
+def assert_each_message_delivered_once(run: Path, receiver: Receiver, *, kills: int = 0) -> pd.DataFrame:
+    """Every webhook message of the outbox was delivered, signed, in order, and answered 2xx once, but for a
+    message in flight when the owner was SIGKILLed between the receiver's answer and the outbox's mark: that one
+    is sent again with the same Idempotency-Key, for the receiver to drop (docs/alerts.md, Delivery), so each of
+    ``kills`` may repeat one message once; the outbox rows."""
     rows = read_store(run, "SELECT * FROM outbox WHERE notifier = 'hook' ORDER BY seq")
     assert len(rows) >= 3
     assert set(rows["status"]) == {"delivered"}, rows[["message_id", "status", "attempts", "last_error"]]
     keys = receiver.delivered_keys()
-    assert set(keys) == set(rows["message_id"]) and set(keys.values()) == {1}
+    assert set(keys) == set(rows["message_id"]), keys
+    assert set(keys.values()) <= {1, 2} and sum(keys.values()) - len(keys) <= kills, keys
     assert all(signed(r) for r in receiver.delivered())
-    assert [r.key for r in receiver.delivered()] == list(rows["message_id"])  # in order
+    assert list(dict.fromkeys(r.key for r in receiver.delivered())) == list(rows["message_id"])  # in order
     return rows
 
 

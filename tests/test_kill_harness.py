@@ -138,7 +138,7 @@ def test_an_owner_killed_at_random_loses_and_repeats_no_row_and_no_alert(
     assert final.returncode == 0, final.stderr
     assert subprocess.run(cli("detect", reference), capture_output=True, timeout=FINISH_S).returncode == 0
     assert facts(tiny_faults) == facts(reference)
-    assert_each_message_delivered_once(tiny_faults, receiver)
+    assert_each_message_delivered_once(tiny_faults, receiver, kills=KILLS)
 
 
 # -- a trainer rank killed ------------------------------------------------------------------------------------
