@@ -39,9 +39,9 @@ STAGES = (
     Stage(
         "collector killed: every line once",
         ("tests/test_crash.py",),
-        {"BEDSIDE_HARNESS_COLLECT_KILLS": 12, "BEDSIDE_HARNESS_FOLLOW_KILLS": 3},
+        {"BEDSIDE_HARNESS_COLLECT_KILLS": 6, "BEDSIDE_HARNESS_FOLLOW_KILLS": 2},
         {"BEDSIDE_HARNESS_COLLECT_KILLS": 200, "BEDSIDE_HARNESS_FOLLOW_KILLS": 50},
-        "{BEDSIDE_HARNESS_COLLECT_KILLS} batch + {BEDSIDE_HARNESS_FOLLOW_KILLS} follow SIGKILLs",
+        "{BEDSIDE_HARNESS_COLLECT_KILLS} batch (half by a failpoint before a commit) + {BEDSIDE_HARNESS_FOLLOW_KILLS} follow SIGKILLs",
     ),
     Stage(
         "watch and serve killed: rows, incidents and alerts once",
@@ -80,10 +80,10 @@ STAGES = (
             "-k",
             "attack or refuse",
         ),
-        {"BEDSIDE_BROWSER_ATTACKS": "sample"},
+        {"BEDSIDE_BROWSER_ATTACKS": "the first of each class"},
         {"BEDSIDE_BROWSER_ATTACKS": "all"},
         f"{len(ATTACKS)} attacks x (console, bedside query on raw telemetry, the page's preview and CSV),"
-        " and typed into the page in Chromium: {BEDSIDE_BROWSER_ATTACKS} (sample: the first of each class)",
+        " and typed into the page in Chromium: {BEDSIDE_BROWSER_ATTACKS}",
     ),
 )
 
