@@ -170,6 +170,7 @@ def test_the_page_s_preview_and_csv_refuse_every_attack_for_one_reason_and_chang
         sql = attack.format(secret=secret, store=RunLayout(run).store, out=out)
         with pytest.raises(QueryError) as refused:
             data.user_query(sql)
+        assert "the secret line" not in str(refused.value), name
         csv = io.BytesIO()
         with pytest.raises(QueryError, match=re.escape(str(refused.value).splitlines()[0])):
             data.user_csv(sql, csv)
