@@ -19,9 +19,12 @@ from receiver import Receiver, free_port
 
 from bedside.app.fault_plan import DemoFaults
 
-pytestmark = pytest.mark.slow(
-    reason="the demo as a user runs it: torchrun training, collection, detection, a served dashboard"
-)
+pytestmark = [
+    pytest.mark.slow(reason="the demo as a user runs it: torchrun training, collection, detection, a served dashboard"),
+    # a test beside it dilutes the injected 2x straggler that the demo's store must show (issue 24: the demo on a
+    # busy machine)
+    pytest.mark.alone(reason="the demo's straggler is rank 1's compute against rank 0's on the same two cores"),
+]
 
 DEMO_TIMEOUT_S = 300
 STEPS = 60
