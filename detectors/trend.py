@@ -42,6 +42,9 @@ MAX_TAIL = 4.0
 """The tail factor's cap: a bar of at most 16 sigma at ``z_alarm`` 4, whatever the recent z-scores held."""
 MIN_FORECAST_ERRORS = 40
 """Forecast errors seen before a score counts: early curvature must have had its say in sigma."""
+DENSE_MEDIAN_VALUES = 1 << 17
+"""Up to this many window values, rolling medians take one partition of every window (faster than pandas'
+skip list, and no more memory than a megabyte)."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ class Lookahead:
         self.errors = self.ys - self.predicted
         errors = np.concatenate([np.fromiter(trend._residuals, float, len(trend._residuals)), self.errors])
         spread = sliding_window_view(errors, trend.memory)[:n]
-        center = _rolling_median(errors, trend.memory)[trend.memory - 1 : -1]
+        center = _window_medians(errors, trend.memory, trend.memory - 1, len(errors) - trend.memory)
         self.sigmas = np.maximum(MAD_TO_SIGMA * dense_row_median(np.abs(spread - center[:, None])), trend.sigma_floor)
         self.z = self.errors / self.sigmas
         self._base = trend.admitted
@@ -216,16 +219,20 @@ class Lookahead:
             raise RuntimeError(f"lookahead point {i}: the points before it were not admitted in order")
 
 
-def _rolling_median(values: np.ndarray, width: int) -> np.ndarray:
-    """The median of each ``width`` consecutive values, at the last of them (NaN before), by pandas' skip list:
-    the same numbers as ``np.median`` of each window."""
-    return pd.Series(values).rolling(width).median().to_numpy()
+def _window_medians(values: np.ndarray, width: int, first: int, count: int) -> np.ndarray:
+    """The median of each of ``count`` windows of ``width`` consecutive ``values``, the first window ending at
+    index ``first``. Few windows (a live follow scores a step or two per update): one partition of them all
+    (``dense_row_median``); many, or any NaN: pandas' rolling skip list. The same numbers either way."""
+    span = values[first - width + 1 : first + count]
+    if count * width <= DENSE_MEDIAN_VALUES and not np.isnan(span).any():
+        return dense_row_median(sliding_window_view(span, width))
+    return pd.Series(span).rolling(width).median().to_numpy()[width - 1 :]
 
 
 def _halves_apart(values: np.ndarray, n: int, window: int) -> np.ndarray:
     """For the ``window`` values before each of the last ``n`` of ``values``: the median of the later half
     less that of the earlier half (``window // 2`` values; the later half takes the odd one)."""
     half = window // 2
-    earlier = _rolling_median(values, half)[half - 1 : half - 1 + n]
-    later = _rolling_median(values, window - half)[window - 1 : window - 1 + n]
+    earlier = _window_medians(values, half, half - 1, n)
+    later = _window_medians(values, window - half, window - 1, n)
     return later - earlier

@@ -93,7 +93,11 @@ def finish_and_collect(trainer: subprocess.Popen, run: Path) -> Store:
 @pytest.fixture(scope="module")
 def controlled(tmp_path_factory) -> tuple[Store, dict[str, str]]:
     run = tmp_path_factory.mktemp("control") / "run"
-    trainer = start_training(run, "--steps", str(STEPS), "--checkpoint-every", str(EVERY))
+    # Every checkpoint kept: on a loaded machine the run can pass step 50 before the rewind to 20 is read, and
+    # with the preset's three kept it would be rejected for want of a checkpoint.
+    trainer = start_training(
+        run, "--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--keep-checkpoints", str(STEPS // EVERY)
+    )
     try:
         wait_for(lambda: reached_step(run, FILE_AT), f"step {FILE_AT}")
         ids = {  # the skip first: it must outlive the rewind, however many steps apart the two are taken
