@@ -4,6 +4,7 @@ and what a page shows (its tiles, its plotly figures with their arrays decoded, 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import shutil
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from streamlit.components.v2 import manifest_scanner
 from streamlit.testing.v1 import AppTest
 
 import bedside.app.dashboard as dashboard
@@ -25,6 +27,10 @@ FAULTS, REWIND = "tiny-faults", "tiny-rewind"
 """The two sample runs the page tests serve together."""
 PAGES = ("overview", "ranks", "incidents", "checkpoints", "runs", "sql")
 RUN_TIMEOUT_S = 60
+
+# Every AppTest scans each installed distribution for Streamlit components (about 0.27 s, hundreds of times a
+# run). What is installed does not change while the suite runs: one scan a process serves every session.
+manifest_scanner.scan_component_manifests = functools.cache(manifest_scanner.scan_component_manifests)
 
 
 def copy_run(name: str, into: Path, as_name: str | None = None) -> Path:
