@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -46,27 +47,91 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Under xdist, a test marked ``alone`` runs with no other test beside it (setup and teardown included, so the
-    module fixtures it starts too); the rest share the machine. One lock file per run of the suite: shared by every
-    other test, exclusive for an ``alone`` one; a turnstile before it keeps a waiting ``alone`` test from being
-    starved by the others' shared holds."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        return (yield)
-    folder = Path(item.config.option.basetemp).parent  # the run's temporary folder: xdist gives each worker one in it
-    with open(folder / "alone.lock", "a") as lock, open(folder / "turnstile.lock", "a") as turnstile:
+class MachineShare:
+    """Under xdist, who runs beside whom. One lock file per run of the suite (``folder``: xdist gives each worker a
+    folder in it): every test holds it shared, a test marked ``alone`` exclusive, and so does a fixture while it
+    builds something whose timing it checks (``alone()``). A turnstile before the exclusive hold keeps it from being
+    starved by the others' shared holds. Not under xdist (``folder`` None): nothing to share, nothing held."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.files = (
+            None if folder is None else (_lock_file(folder / "alone.lock"), _lock_file(folder / "turnstile.lock"))
+        )
+        self.exclusive = False
+
+    @contextmanager
+    def held(self, *, alone: bool) -> Iterator[None]:
+        """The hold of one test: setup, call and teardown."""
+        self._take(alone=alone)
+        try:
+            yield
+        finally:
+            self._let_go()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Within a test: no other test beside this block (the shared hold let go first, so two workers asking at once
+        cannot wait on each other)."""
+        if self.files is None or self.exclusive:
+            yield
+            return
+        self._let_go()
+        self._take(alone=True)
+        try:
+            yield
+        finally:
+            self._let_go()
+            self._take(alone=False)
+
+    def _take(self, *, alone: bool) -> None:
+        if self.files is None:
+            return
+        lock, turnstile = self.files
         fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if item.get_closest_marker("alone") is None:
+        if alone:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
             fcntl.flock(lock, fcntl.LOCK_SH)
-        else:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return (yield)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        self.exclusive = alone
+
+    def _let_go(self) -> None:
+        if self.files is None:
+            return
+        lock, turnstile = self.files
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        self.exclusive = False
+
+
+def _lock_file(path: Path) -> int:
+    """A descriptor to flock, open for the worker's life."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+SHARE = pytest.StashKey[MachineShare]()
+
+
+def machine_share(config: pytest.Config) -> MachineShare:
+    if SHARE not in config.stash:
+        under_xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
+        config.stash[SHARE] = MachineShare(Path(config.option.basetemp).parent if under_xdist else None)
+    return config.stash[SHARE]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test marked ``alone`` runs with no other test beside it (setup and teardown included, so the module fixtures
+    it starts too); the rest share the machine (``MachineShare``)."""
+    with machine_share(item.config).held(alone=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+@pytest.fixture(scope="session")
+def machine(request: pytest.FixtureRequest) -> MachineShare:
+    """This worker's share of the machine: ``with machine.alone():`` builds what a fixture times with no test beside
+    it (the tests that only read what it built then share the machine)."""
+    return machine_share(request.config)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
