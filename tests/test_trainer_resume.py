@@ -112,7 +112,9 @@ def test_the_resumed_run_finishes_with_its_checkpoints_saved(resumed) -> None:
     store, *_ = resumed
     assert rows(store, "SELECT status, timeline, last_step FROM run") == [("finished", 1, STEPS)]
     saved = rows(store, "SELECT timeline, step FROM checkpoint_events WHERE event = 'saved' ORDER BY time")
-    assert saved == [(0, 10), (0, 20), (1, 20), (1, 30)]
+    # Step 10's save is reported when step 20's starts; step 20's when the loop next finds it done, which on a loaded
+    # machine can be after rank 1 crashes at step 25 (its files are there: the test above corrupts one of them).
+    assert saved[-2:] == [(1, 20), (1, 30)] and saved[:-2] in ([(0, 10), (0, 20)], [(0, 10)])
     assert rows(store, "SELECT step, rank, fault FROM fault_labels") == [(CRASH, 1, "crash")]
 
 
