@@ -13,6 +13,7 @@ change it in place (a fault injector does): what it leaves is what is reduced an
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -86,6 +87,7 @@ def watch_gradients(model: nn.Module, grads: LocalGrads) -> bool:
 
     if isinstance(model, DistributedDataParallel):
         model.register_comm_hook(state=grads, hook=allreduce_with_local_norm)
+        _keep_group_past_its_reducer(model.process_group)
         grads.hooked = True
         return True
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -94,6 +96,28 @@ def watch_gradients(model: nn.Module, grads: LocalGrads) -> bool:
         module.set_custom_reduce_scatter(comm)
     grads.hooked = bool(sharded)
     return grads.hooked
+
+
+_GLOO_GROUPS_OF_HOOKED_DDP: set[dist.ProcessGroup] = set()
+"""Gloo groups of the DDP modules the kit hooked, dropped from Python at exit (``_keep_group_past_its_reducer``)."""
+
+
+def _keep_group_past_its_reducer(group: dist.ProcessGroup) -> None:
+    """Hold a gloo group until the interpreter exits, so a DDP reducer never drops its last reference.
+
+    pybind frees a ``Reducer`` holding the GIL. If it holds the group's last reference (the
+    loop called ``destroy_process_group``, then dropped its DDP module), the group's
+    destructor joins gloo's worker threads; a worker still releasing a collective issued
+    during backward (whose thread-local state holds a Python object) waits for that GIL,
+    and the process hangs at its end (pytorch/pytorch#56297). The kit drops the groups it
+    kept from an ``atexit`` hook, after the loop's objects are gone and before the
+    interpreter's teardown: a group dropped from Python releases the GIL before its
+    destructor runs.
+    """
+    if "gloo" in dist.get_backend(group):
+        if not _GLOO_GROUPS_OF_HOOKED_DDP:
+            atexit.register(_GLOO_GROUPS_OF_HOOKED_DDP.clear)
+        _GLOO_GROUPS_OF_HOOKED_DDP.add(group)
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
