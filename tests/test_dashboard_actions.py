@@ -170,6 +170,28 @@ def test_the_action_is_prefilled_from_the_incidents_suggestion(operator: AppTest
     assert [(n.label, n.value) for n in operator.number_input] == [("to_step", suggestion["args"]["to_step"])]
 
 
+def offered_step_page() -> None:
+    """An action argument prefilled from what the run offers now (``offer`` in the session)."""
+    import streamlit as st
+
+    from bedside.app.dashboard.common import prefilled_number
+
+    prefilled_number("to_step", st.session_state.get("offer", 90), key="arg_to_step")
+
+
+def test_a_prefill_follows_the_live_run_until_the_operator_edits_it() -> None:
+    app = AppTest.from_function(offered_step_page).run()
+    assert [n.value for n in app.number_input] == [90]
+    app.session_state["offer"] = 180  # a newer checkpoint, seen on a live refresh
+    assert [n.value for n in app.run().number_input] == [180]
+    app.number_input(key="arg_to_step").set_value(50).run()
+    app.session_state["offer"] = 270
+    assert [n.value for n in app.run().number_input] == [50]  # the operator's choice stays
+    app.number_input(key="arg_to_step").set_value(270).run()  # back to what is offered: it follows again
+    app.session_state["offer"] = 360
+    assert [n.value for n in app.run().number_input] == [360]
+
+
 def test_each_incident_prefills_its_own_action(operator: AppTest, run: Path, critical: pd.Series) -> None:
     [[spike]] = from_store(run, "SELECT incident_id FROM incidents WHERE list_contains(kinds, 'loss_spike')").values
     operator.selectbox(key="incident").set_value(spike).run()

@@ -153,6 +153,17 @@ def is_operator() -> bool:
     return bool(st.session_state.get("operator"))
 
 
+def prefilled_number(name: str, value: int, *, key: str) -> int:
+    """A number input prefilled with ``value`` that follows it while it shows what was offered: on a live
+    page a newer prefill (a checkpoint saved, a related incident found earlier) replaces the last one, and a
+    number the operator typed stays."""
+    offered = f"{key}_offered"
+    if key not in st.session_state or st.session_state[key] == st.session_state.get(offered):
+        st.session_state[key] = int(value)
+    st.session_state[offered] = int(value)
+    return int(st.number_input(name, min_value=0, step=1, key=key))
+
+
 def age(seconds: float | None) -> str:
     """A duration in words: 42 s, 5 min, 3.2 h, 2.1 d."""
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):

@@ -10,7 +10,7 @@ import streamlit as st
 
 from bedside.app.dashboard import figures, live, summaries
 from bedside.app.dashboard.actions import ACTION_LABELS, onset, prefilled_args, request_status, what_is_lost
-from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator
+from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator, prefilled_number
 from bedside.app.dashboard.registry import desk
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.format import RUN_END_STATUSES
@@ -198,10 +198,7 @@ else:
     )  # per incident: each its own
     first, first_id = onset(chosen, incidents)
     args = prefilled_args(action, suggestion, incident, data.frame("checkpoints"), before=first) if action else {}
-    edited = {
-        name: st.number_input(name, min_value=0, value=int(value), step=1, key=f"arg_{chosen}_{action}_{name}")
-        for name, value in args.items()
-    }
+    edited = {name: prefilled_number(name, value, key=f"arg_{chosen}_{action}_{name}") for name, value in args.items()}
     if action == "rewind" and edited["to_step"] >= first:
         st.warning(
             f"to_step {edited['to_step']} is at or after step {first}, where "
