@@ -26,6 +26,11 @@ def family_of(kind: str) -> Family:
     return finding_kinds()[kind].family
 
 
+def concerns_training(kinds: Iterable[str]) -> bool:
+    """Whether an incident of findings of ``kinds`` concerns the numbers being trained, not only the job's speed."""
+    return any(family_of(kind) != Family.PERFORMANCE for kind in kinds)
+
+
 @dataclass(frozen=True)
 class Incident:
     """A group of findings with one cause, as the on-call sees it."""

@@ -596,11 +596,11 @@ def test_prefilled_args_take_the_suggestion_else_derive_from_the_incident(
     assert prefilled_args(action, suggestion, incident, CHECKPOINTS) == args
 
 
-def incidents_frame(*rows: tuple[str, int, int, list[int], str]) -> pd.DataFrame:
+def incidents_frame(*rows: tuple[str, int, int, list[int], str, list[str]]) -> pd.DataFrame:
     return pd.DataFrame(
         [
-            {"incident_id": i, "timeline": 0, "start_step": a, "end_step": b, "ranks": r, "cause": c}
-            for i, a, b, r, c in rows
+            {"incident_id": i, "timeline": 0, "start_step": a, "end_step": b, "ranks": r, "cause": c, "kinds": k}
+            for i, a, b, r, c, k in rows
         ]
     )
 
@@ -608,10 +608,10 @@ def incidents_frame(*rows: tuple[str, int, int, list[int], str]) -> pd.DataFrame
 def test_a_prefilled_rewind_goes_before_a_related_bad_shard_episode() -> None:
     # the case: a spike at 2081-2248 inside a bad-shard episode from 2000; the detector suggested 2100
     incidents = incidents_frame(
-        ("spike", 2081, 2248, [], "unexplained"),
-        ("shard", 2000, 2250, [], "bad shard 3"),
-        ("slow", 2050, 2300, [5], "slow worker(s)"),
-        ("old", 1500, 1600, [], "bad shard 3"),
+        ("spike", 2081, 2248, [], "unexplained", ["loss_spike"]),
+        ("shard", 2000, 2250, [], "bad shard 3", ["bad_shard", "loss_spike"]),
+        ("slow", 2050, 2300, [5], "slow worker(s)", ["straggler"]),
+        ("old", 1500, 1600, [], "bad shard 3", ["bad_shard"]),
     )
     first, where = onset("spike", incidents)
     assert (first, where) == (2000, "shard")  # not the straggler on rank 5 alone, nor the old episode
@@ -624,13 +624,29 @@ def test_a_prefilled_rewind_goes_before_a_related_bad_shard_episode() -> None:
 
 def test_incidents_on_the_same_ranks_or_cause_relate_and_others_do_not() -> None:
     incidents = incidents_frame(
-        ("nan", 150, 185, [0, 1], "sdc on rank 0"),
-        ("slow", 102, 194, [1], "slow"),
-        ("other", 120, 130, [7], "network"),
-        ("later", 190, 200, [0], "sdc on rank 0"),
+        ("nan", 150, 185, [0, 1], "sdc on rank 0", ["nonfinite", "sdc"]),
+        ("slow", 102, 194, [1], "slow", ["straggler"]),
+        ("other", 120, 130, [7], "network", ["straggler"]),
+        ("later", 190, 200, [0], "sdc on rank 0", ["sdc"]),
     )
     assert onset("nan", incidents) == (102, "slow")
     assert onset("other", incidents) == (120, "other")
+
+
+def test_a_job_wide_slowdown_does_not_send_a_loss_spikes_rewind_further_back() -> None:
+    # a busy machine slows every rank from step 60; the loss spikes at 100; the checkpoint at 90 is still good
+    incidents = incidents_frame(
+        ("spike", 100, 104, [], "", ["loss_spike"]),
+        ("busy", 60, 300, [], "", ["throughput_drop"]),
+        ("slow", 70, 300, [0, 1], "slow worker(s)", ["straggler"]),
+    )
+    assert onset("spike", incidents) == (100, "spike")
+    assert onset("busy", incidents) == (60, "busy")
+    checkpoints = pd.DataFrame({"step": [0, 90], "state": ["verified", "verified"], "deleted": [False, False]})
+    before = onset("spike", incidents)[0]
+    assert prefilled_args(
+        "rewind", {"action": "rewind", "args": {"to_step": 90}}, incidents.iloc[0], checkpoints, before=before
+    ) == {"to_step": 90}
 
 
 def test_a_rewind_with_no_good_checkpoint_before_the_onset_goes_to_step_0() -> None:

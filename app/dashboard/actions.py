@@ -9,6 +9,7 @@ import pandas as pd
 
 from bedside.collectors.control import ACTION_ARGS
 from bedside.collectors.layout import RunLayout
+from bedside.detectors.incidents import concerns_training
 
 from .common import age, number
 
@@ -22,20 +23,23 @@ ACTION_LABELS = {
 
 
 def related_incidents(incident_id: str, incidents: pd.DataFrame) -> pd.DataFrame:
-    """The incident and those related to it: on its timeline, overlapping its steps, and sharing a rank, a cause,
-    or being job-wide (no ranks: a bad-shard episode, a loss spike), as one fault's signs are."""
+    """The incident and those related to it, as a rewind sees them: on its timeline, overlapping its steps, and
+    sharing a rank or a cause with it (one sick device's signs, a straggler among them), or job-wide on either
+    side (a bad-shard episode, a loss spike) and about the numbers being trained. A job-wide slowdown (a busy
+    machine) overlapping a loss spike changes nothing the model learned: a rewind need not go before it."""
     me = incidents[incidents["incident_id"] == incident_id].iloc[0]
     ranks = set(me["ranks"])
 
     def related(other: pd.Series) -> bool:
         overlaps = other["start_step"] <= me["end_step"] and me["start_step"] <= other["end_step"]
         shared = (
-            not ranks
-            or not len(other["ranks"])
-            or bool(ranks & set(other["ranks"]))
+            bool(ranks & set(other["ranks"]))
             or (bool(me["cause"]) and other["cause"] == me["cause"])
+            or ((not ranks or not len(other["ranks"])) and concerns_training(other["kinds"]))
         )
-        return bool(other["timeline"] == me["timeline"] and overlaps and shared)
+        return bool(
+            other["incident_id"] == incident_id or (other["timeline"] == me["timeline"] and overlaps and shared)
+        )
 
     return incidents[incidents.apply(related, axis=1)] if not incidents.empty else incidents
 

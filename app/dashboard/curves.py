@@ -7,7 +7,6 @@ infinite value is marked where its line breaks, so that one step stays visible o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from bedside.detectors.incidents import family_of
+from bedside.detectors.incidents import concerns_training
 
 from .figures import FADED, SEVERITY_COLORS, apply_layout, band_traces, downsample_minmax
 
@@ -89,7 +88,7 @@ def training_curves(
     panels = [p for p in PANELS if p.column in steps and steps[p.column].notna().any()]
     fig = make_subplots(rows=max(1, len(panels)), cols=1, shared_xaxes=True, vertical_spacing=0.025)
     live = steps["timeline"].max() if not steps.empty else None
-    about_speed = ~incidents["kinds"].map(_about_training).astype(bool)
+    about_speed = ~incidents["kinds"].map(concerns_training).astype(bool)
     legend: set[str] = set()  # the marks' entries, each once
     shades: list[dict] = []
     flagged = steps["nonfinite"].explode() if "nonfinite" in steps else pd.Series(dtype=object)
@@ -228,11 +227,6 @@ def _mark_actions(fig: go.Figure, actions: pd.DataFrame) -> None:
                 xanchor="right",
                 yanchor="top",
             )
-
-
-def _about_training(kinds: Iterable[str]) -> bool:
-    """Whether an incident concerns the numbers being trained (not only the speed of the job)."""
-    return any(family_of(kind) != "performance" for kind in list(kinds))
 
 
 def eval_vs_compute(
