@@ -2,7 +2,9 @@
 
 Run under torchrun on gloo: ``kit_loop.py ddp|fsdp RUN STEPS``. Beside the run it writes
 ``RUN-expected-RANK.json``: per step, the norm of this rank's unreduced gradients computed
-directly on an unwrapped replica of the model with the same weights and batch. Under DDP,
+directly on an unwrapped replica of the model with the same weights and batch; and
+``RUN-expected-job.json``: per step, the norm of the reduced gradients after backward, read
+from the trained model's whole gradients (gathered under FSDP2). Under DDP,
 rank 1 flips one bit of its parameters after step ``FLIP_AFTER`` (a corrupting chip).
 """
 
@@ -42,6 +44,12 @@ def unreduced_norm(reference: nn.Module, trained: nn.Module, x: torch.Tensor, y:
     return float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in reference.parameters()])))
 
 
+def reduced_norm(trained: nn.Module) -> float:
+    """The norm of the gradients the optimizer will apply, whole (an all-gather of each shard under FSDP2)."""
+    grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in trained.parameters()]
+    return float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+
+
 def main(mode: str, run: Path, steps: int) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -57,13 +65,14 @@ def main(mode: str, run: Path, steps: int) -> None:
     logger = RunLogger(run, config={"mode": mode})
     monitor = Monitor(logger, trained, optimizer, shape=SHAPE, tokens_per_step=BATCH * SEQ * world, checksum_every=2)
     batches = torch.Generator().manual_seed(rank + 1)
-    expected = []
+    expected, job = [], []
     for step in range(1, steps + 1):
         with monitor.step(step) as s:
             x, y = torch.randn(BATCH, 8, generator=batches), torch.randn(BATCH, 4, generator=batches)
             expected.append(unreduced_norm(reference, trained, x, y))
             s.compute()
             s.backward(F.mse_loss(trained(x), y))
+            job.append(reduced_norm(trained))
             optimizer.step()
             optimizer.zero_grad()
         if mode == "ddp" and rank == 1 and step == FLIP_AFTER:
@@ -71,6 +80,8 @@ def main(mode: str, run: Path, steps: int) -> None:
                 model[0].weight.view(-1).view(torch.int32)[3] ^= 1 << 22
     logger.close()
     Path(f"{run}-expected-{rank}.json").write_text(json.dumps(expected))
+    if rank == 0:
+        Path(f"{run}-expected-job.json").write_text(json.dumps(job))
     dist.destroy_process_group()
 
 

@@ -67,6 +67,13 @@ def test_each_ranks_local_grad_norm_is_the_norm_of_its_unreduced_gradients(run: 
     assert len({round(norm, 6) for _, step, norm in recorded if step == 2}) == len(ranks)  # not the reduced one
 
 
+def test_the_job_rank_records_the_norm_of_the_reduced_gradients(run: Path) -> None:
+    recorded = query(run, "SELECT step, grad_norm FROM step_metrics ORDER BY step")
+    direct = json.loads(Path(f"{run}-expected-job.json").read_text())
+    assert [step for step, _ in recorded] == list(range(1, len(direct) + 1))
+    assert [norm for _, norm in recorded] == pytest.approx(direct, rel=1e-5)
+
+
 def test_phase_times_are_recorded_and_add_up_to_the_step_time(run: Path) -> None:
     phases = query(run, "SELECT step_time, data_time, compute_time, comm_time, optimizer_time FROM rank_step_metrics")
     assert phases and all(part >= 0 for row in phases for part in row)
@@ -147,6 +154,7 @@ def test_a_gradscaler_loop_records_its_loss_scale_and_the_steps_skipped_for_over
                 loss = F.mse_loss(model(x), x.sum(1, keepdim=True)) * (math.inf if step in overflow_at else 1.0)
                 s.backward(loss)
                 direct.append(float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm() / scaler._scale))
+                s.record(unscaled=direct[-1])
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad()
@@ -161,6 +169,30 @@ def test_a_gradscaler_loop_records_its_loss_scale_and_the_steps_skipped_for_over
     finite = [(m["local_grad_norm"], d) for m, d in zip(metrics, direct) if isinstance(m["local_grad_norm"], float)]
     assert len(finite) == 6 and all(norm == pytest.approx(d, rel=1e-5) for norm, d in finite)
     assert all(m["comm_time"] == 0 for m in metrics)  # a plain module: nothing is reduced
+    steps = [r for r in read_records(tmp_path / "telemetry" / "rank-00000.jsonl") if r["kind"] == "step"]
+    job = [(r["metrics"]["grad_norm"], m["unscaled"]) for r, m in zip(steps, metrics) if m["overflow_skipped"] == 0]
+    assert len(job) == 6 and all(norm == pytest.approx(d, rel=1e-5) for norm, d in job)  # the job's, unscaled too
+
+
+def test_a_loop_that_records_its_own_grad_norm_keeps_it(tmp_path: Path, read_records) -> None:
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with RunLogger(tmp_path, rank=0, world_size=1) as logger:
+        monitor = Monitor(logger, model, optimizer, checksum_every=0, grad_norm=False)
+        own = Monitor(logger, model, optimizer, checksum_every=0)
+        for step, watching in ((1, monitor), (2, own)):
+            with watching.step(step) as s:
+                s.compute()
+                s.backward(model(torch.ones(2, 4)).sum())
+                s.record_job(grad_norm=torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3) * 0 + 7.0)
+                optimizer.step()
+                optimizer.zero_grad()
+    steps = [
+        r["metrics"]["grad_norm"]
+        for r in read_records(tmp_path / "telemetry" / "rank-00000.jsonl")
+        if r["kind"] == "step"
+    ]
+    assert steps == [7.0, 7.0]
 
 
 def test_the_loop_in_docs_kit_md_runs_as_written(tmp_path: Path, read_records) -> None:

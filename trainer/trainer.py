@@ -75,6 +75,7 @@ class Trainer:
             peak_flops=config.peak_flops_per_device,
             checksum_every=config.checksum_every,
             on_gradients=self.faults.corrupt_gradients,  # gradient faults enter where a faulty chip's would
+            grad_norm=False,  # the clip's norm is recorded with the step
         )
         self.step = 0
         self.control_state = ControlState()

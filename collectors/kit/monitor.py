@@ -14,9 +14,11 @@ for step in range(1, steps + 1):
 At the end of each block this rank's ``rank_step`` record is queued (phase times, local
 gradient norm, local loss, the GradScaler's state, every ``checksum_every`` steps the
 parameter digest) and, on the logger's job rank, the job's ``step`` record (mean loss,
-lr, tokens, FLOPs, MFU). Nothing in the step waits for the device: every value stays a
-tensor or a CUDA event until the writer thread reads it. The one collective of its own
-is the loss mean under FSDP2 (under DDP it rides with a gradient bucket).
+gradient norm, lr, tokens, FLOPs, MFU). Nothing in the step waits for the device: every
+value stays a tensor or a CUDA event until the writer thread reads it. The one collective
+of its own is under FSDP2: the loss mean and the shards' squared gradient norms, in one
+two-element all-reduce (under DDP the loss rides with a gradient bucket, and the reduced
+gradients, alike on every rank, give the norm).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from bedside.collectors.writer import RunLogger
 
 from .checksum import param_checksum
 from .flops import ModelShape, flops_per_token
-from .grads import GradientObserver, LocalGrads, total_grad_norm, watch_gradients
+from .grads import GradientObserver, LocalGrads, local, total_grad_norm, watch_gradients
 from .scaler import ScalerState
 from .timers import clock_for, phase_times
 
@@ -53,7 +55,9 @@ class Monitor:
     ``torch.amp.GradScaler`` (the local gradient norm is then divided by the loss scale, on the
     device). ``checksum_every`` steps (0: never) the parameters are
     digested on device. ``on_gradients(step, flat)`` sees each gradient bucket before
-    its reduction.
+    its reduction. ``grad_norm``: record the job's gradient norm after backward (before any
+    clip), at the cost of one pass over the gradients, as a clip takes; False for a loop
+    that records its own (``s.record_job(grad_norm=...)``).
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class Monitor:
         scaler: Any = None,
         checksum_every: int = 50,
         on_gradients: GradientObserver | None = None,
+        grad_norm: bool = True,
     ) -> None:
         if checksum_every < 0:
             raise ValueError(f"checksum_every must be >= 0 (0: never), got {checksum_every}")
@@ -90,6 +95,10 @@ class Monitor:
         self.tokens_per_step = tokens_per_step
         self.flops_per_step = None if shape is None else flops_per_token(shape) * (tokens_per_step or 0)
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.sharded = self.grads.hooked and not isinstance(model, DistributedDataParallel)
+        self.grad_norm = grad_norm and (self.grads.hooked or self.world_size == 1)
+        """Whether the job's norm is known from this rank's gradients: one process's, DDP's alike reduced
+        replicas, or FSDP2's reduced shards summed over the ranks."""
         self.peak_flops = None if peak_flops is None else peak_flops * self.world_size
 
     def step(self, step: int) -> StepScope:
@@ -106,9 +115,9 @@ class Monitor:
         due = self.checksum_every and scope.number % self.checksum_every == 0
         checksum = param_checksum(self.digested) if due else None
         self.logger.rank_step(scope.number, param_checksum=checksum, **metrics)
-        mean_loss = self._mean_loss(scope)  # a collective under FSDP2: every rank gets here
+        mean_loss, grad_norm = self._job_loss_and_norm(scope)  # a collective under FSDP2: every rank gets here
         if self.logger.rank == self.logger.job_rank:
-            metrics = {**self._job_metrics(mean_loss, times["step_time"]), **scope.job_metrics}
+            metrics = {**self._job_metrics(mean_loss, grad_norm, times["step_time"]), **scope.job_metrics}
             self.logger.step(scope.number, shards=scope.shards, **metrics)
 
     def close(self, status: str = RunEndStatus.FINISHED, message: str | None = None) -> None:
@@ -116,19 +125,28 @@ class Monitor:
         if self._owns_logger:
             self.logger.close(status, message)
 
-    def _mean_loss(self, scope: StepScope) -> torch.Tensor | None:
-        if scope.loss is None:
-            return None
-        if self.grads.mean_loss is not None:  # reduced with a gradient bucket (DDP)
-            return self.grads.mean_loss
-        if self.world_size == 1:
-            return scope.loss
-        mean = scope.loss.clone()
-        dist.all_reduce(mean)  # read later by the writer thread
-        return mean / self.world_size
+    def _job_loss_and_norm(self, scope: StepScope) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The mean of the ranks' losses and the job's gradient norm, as tensors (None when unknown)."""
+        loss, squared = scope.loss, scope.grad_squared
+        if self.sharded and self.world_size > 1 and (loss is not None or squared is not None):  # one for both
+            zero = torch.zeros((), device=self.device)
+            both = torch.stack([zero if t is None else t.float() for t in (loss, squared)])
+            dist.all_reduce(both)  # read later by the writer thread
+            loss = None if loss is None else both[0] / self.world_size
+            return loss, None if squared is None else both[1].sqrt()
+        norm = None if squared is None else squared.sqrt()
+        if loss is None or self.grads.mean_loss is not None or self.world_size == 1:
+            return self.grads.mean_loss if self.grads.mean_loss is not None else loss, norm  # DDP: rode a bucket
+        mean = loss.clone()
+        dist.all_reduce(mean)
+        return mean / self.world_size, norm
 
-    def _job_metrics(self, mean_loss: torch.Tensor | None, step_time: Any) -> dict[str, Any]:
+    def _job_metrics(
+        self, mean_loss: torch.Tensor | None, grad_norm: torch.Tensor | None, step_time: Any
+    ) -> dict[str, Any]:
         metrics: dict[str, Any] = {"loss": mean_loss}
+        if grad_norm is not None:
+            metrics["grad_norm"] = grad_norm
         if self.optimizer is not None:
             metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         if self.tokens_per_step is not None:
@@ -148,6 +166,8 @@ class StepScope:
         self.monitor, self.number = monitor, step
         self.loss: torch.Tensor | None = None
         self.local_grad_norm: torch.Tensor | None = None
+        self.grad_squared: torch.Tensor | None = None
+        """The squared norm of this rank's gradients after backward (a shard's under FSDP2), unscaled."""
         self.rank_metrics: dict[str, Any] = {}
         self.job_metrics: dict[str, Any] = {}
         self.shards: list[int | str] | None = None
@@ -185,6 +205,14 @@ class StepScope:
             norm = total_grad_norm(monitor.model.parameters())
         scale = None if monitor.scaler is None else monitor.scaler.before_step()
         self.local_grad_norm = norm if norm is None or scale is None else norm / scale  # of the unscaled gradients
+        if monitor.grad_norm:
+            held = (
+                norm
+                if not monitor.grads.hooked
+                else _norm([local(p.grad) for p in monitor.model.parameters() if p.grad is not None])
+            )
+            if held is not None:
+                self.grad_squared = (held if scale is None else held / scale).float().square()
 
     def record(self, **metrics: Any) -> None:
         """More of this rank's metrics of the step (``rank_step``)."""
@@ -210,6 +238,10 @@ class StepScope:
         if exc_type is None:
             self._end = self.monitor.grads.clock.mark()
             self.monitor.emit(self)
+
+
+def _norm(gradients: list[torch.Tensor]) -> torch.Tensor | None:
+    return nn.utils.get_total_norm(gradients, foreach=True) if gradients else None
 
 
 def _utilisation(flops_over_peak: float, step_time: Any) -> Any:
