@@ -258,6 +258,44 @@ def test_refuses_out_dir_with_telemetry(tmp_path):
         import_csv(SAMPLES / "long.csv", out)
 
 
+RESTARTED = [
+    # a long CSV a requeued job appended to: killed after step 5, resumed from the checkpoint of step 3
+    (
+        import_csv,
+        "long.csv",
+        "step,rank,name,value\n" + "".join(f"{s},,loss,{9 - s}\n" for s in [1, 2, 3, 4, 5, 4, 5, 6]),
+    ),
+    (import_csv, "wide.csv", "step,loss,grad_norm\n" + "".join(f"{s},{9 - s},1\n" for s in [1, 2, 3, 4, 5, 4, 5, 6])),
+    (import_jsonl, "rows.jsonl", "".join(f'{{"step": {s}, "loss": {9 - s}}}\n' for s in [1, 2, 3, 4, 5, 4, 5, 6])),
+]
+
+
+@pytest.mark.parametrize("importer, name, text", RESTARTED, ids=[name for _, name, _ in RESTARTED])
+def test_a_step_that_goes_back_starts_a_new_timeline_and_is_counted(tmp_path, importer, name, text):
+    (tmp_path / name).write_text(text)
+    summary = importer(tmp_path / name, tmp_path / "run")
+    assert [w for w in summary.warnings if "restart" in w] == [
+        f"1 restart(s) from an earlier step, each the start of a new timeline: {tmp_path / name}, line "
+        f"{7 if name.endswith('.csv') else 6} (step 4 after 5)"
+    ]
+    steps = frame(ingest(tmp_path / "run"), "SELECT timeline, step, loss FROM step_metrics ORDER BY timeline, step")
+    assert list(steps.itertuples(index=False, name=None)) == [
+        *((0, s, 9.0 - s) for s in range(1, 6)),
+        *((1, s, 9.0 - s) for s in range(4, 7)),
+    ]
+
+
+def test_a_long_csv_sorted_by_metric_has_no_restart_and_a_timeline_column_is_kept(tmp_path):
+    by_metric = "step,rank,name,value\n" + "".join(f"{s},,{n},{s}\n" for n in ("loss", "grad_norm") for s in (1, 2, 3))
+    (tmp_path / "sorted.csv").write_text(by_metric)
+    summary = import_csv(tmp_path / "sorted.csv", tmp_path / "run")
+    assert not [w for w in summary.warnings if "restart" in w]
+    assert len(frame(ingest(tmp_path / "run"), "SELECT * FROM step_metrics WHERE timeline = 0")) == 3
+    (tmp_path / "placed.csv").write_text("step,timeline,loss\n1,0,3\n2,0,2\n1,0,1\n")
+    with pytest.raises(ImportFormatError, match="line 4: loss given twice for timeline 0 step 1"):
+        import_csv(tmp_path / "placed.csv", tmp_path / "placed")
+
+
 BAD_TOPOLOGY = [
     ('{"ranks": [{"rank": 0, "host": "a"}, {"rank": 0, "host": "b"}]}', "rank 0 is placed more than once"),
     ('[{"rank": 0}]', "ranks[0]: host must be a non-empty string"),

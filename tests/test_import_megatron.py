@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -12,6 +13,7 @@ import pytest
 
 from bedside.collectors.errors import ImportFormatError
 from bedside.collectors.importers import import_megatron
+from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 
 SPIKE, NAN = 0.6, 0.8  # where the loss spike and the NaN fall, as fractions of the run
@@ -52,7 +54,6 @@ def write_log(path: Path, steps: int, noise: float, seed: int) -> tuple[int, int
 @pytest.mark.parametrize("steps, noise, seed", [(300, 0.01, 0), (700, 0.03, 1)])
 def test_a_megatron_log_imports_and_its_spike_and_nan_are_found(tmp_path, steps, noise, seed):
     from bedside.app.service.detection import detect_run
-    from bedside.collectors.ingest import Collector
 
     spike, nan = write_log(tmp_path / "train.log", steps, noise, seed)
     summary = import_megatron(tmp_path / "train.log", tmp_path / "run")
@@ -92,3 +93,39 @@ def test_the_cli_imports_a_megatron_log_and_query_reads_it(tmp_path, bedside):
         "query", tmp_path / "run", "SELECT count(*) AS n, max(step) AS last FROM step_metrics", "--format", "json"
     )
     assert json.loads(found.stdout) == [{"n": 120, "last": 120}]
+
+
+def requeued_log(path: Path, chronicles: list[range]) -> None:
+    """A log a job appended to on each start: each chronicle's iterations, resumed from its checkpoint."""
+    lines = []
+    for chronicle in chronicles:
+        lines.append("using world size: 8, data-parallel size: 8")
+        for step in chronicle:
+            lines.append(iteration_line(step, 500000, 4.0 * step**-0.15, 1200.0, f"2026-05-01 10:00:{step % 60:02d}"))
+            if step % 10 == 0:
+                lines.append(f" validation loss at iteration {step} | lm loss value: 2.1E+00 | lm loss PPL: 8.2E+00 |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    "chronicles",
+    [
+        [range(1, 31), range(21, 41)],  # killed after 30, requeued from the checkpoint of 20
+        [range(1, 3), range(2, 6), range(2, 9)],  # pasted chronicles that each repeat iteration 2
+    ],
+)
+def test_a_requeued_jobs_log_is_one_run_with_a_timeline_per_start(tmp_path, chronicles):
+    requeued_log(tmp_path / "train.log", chronicles)
+    summary = import_megatron(tmp_path / "train.log", tmp_path / "run")
+    [warning] = [w for w in summary.warnings if "restart" in w]
+    assert warning.startswith(
+        f"{len(chronicles) - 1} restart(s) from an earlier step, each the start of a new timeline"
+    )
+    for before, after in itertools.pairwise(chronicles):
+        assert f"(step {after[0]} after {before[-1]})" in warning
+    with Store.open(tmp_path / "run" / "bedside.duckdb") as store:
+        assert Collector(tmp_path / "run", store).ingest_available().rejected == 0
+        steps = store.cursor().execute("SELECT timeline, step FROM step_metrics ORDER BY timeline, step").fetchall()
+        evals = store.cursor().execute("SELECT timeline, step FROM evals ORDER BY timeline, step").fetchall()
+    assert steps == [(t, s) for t, chronicle in enumerate(chronicles) for s in chronicle]
+    assert evals == [(t, s) for t, chronicle in enumerate(chronicles) for s in chronicle if s % 10 == 0]

@@ -2,7 +2,8 @@
 
 The format is detected from the header: both ``name`` and ``value`` columns
 mean long format. Cells are stripped of surrounding spaces; an empty cell in a
-wide row means "not measured".
+wide row means "not measured". Without a ``timeline`` column, a series whose step goes back starts
+the next timeline (``restarts.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from ..errors import ImportFormatError
 from .jsonl_import import ROW_FIELDS, Parsed, Row, make_row
+from .restarts import split_restarts
 
 LONG_COLUMNS = ("step", "rank", "name", "value")
 
@@ -32,6 +34,8 @@ def read_csv(path: Path) -> Parsed:
                 raise ImportFormatError(f"{where}: {len(cells)} cells, but the header has {len(header)} columns")
             row = dict(zip(header, (cell.strip() for cell in cells)))
             parsed.rows.append(_long_row(row, where) if long else _wide_row(row, where))
+    if "timeline" not in header:
+        split_restarts(parsed)
     return parsed
 
 

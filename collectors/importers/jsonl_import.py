@@ -2,7 +2,8 @@
 
 A JSONL line is either a wide row (``step``, optional ``rank``, ``time``,
 ``timeline``, and metric fields) or, when it has ``kind``, a bedside record to
-copy. Wide CSV rows are parsed by the same ``make_row``.
+copy. Wide CSV rows are parsed by the same ``make_row``. A file of rows that give no timeline starts the
+next one where a series' step goes back (``restarts.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from ..errors import ImportFormatError
 from ..format import ENVELOPE_FIELDS, RANK_STEP_METRICS, STEP_METRICS
 from ..records import Record, build_record
+from .restarts import split_restarts
 
 ROW_FIELDS = ("step", "rank", "time", "timeline")
 """Fields that place a row; every other field of a wide row is a metric."""
@@ -54,6 +56,7 @@ class Parsed:
 def read_jsonl(path: Path) -> Parsed:
     """Every line of ``path`` as a row or a bedside record; blank lines are counted as skipped."""
     parsed = Parsed("jsonl")
+    placed = False  # whether any row gives its timeline
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             where = f"{path}, line {number}"
@@ -66,6 +69,9 @@ def read_jsonl(path: Path) -> Parsed:
             else:
                 values = {n: v for n, v in obj.items() if n not in ROW_FIELDS and v is not None}
                 parsed.rows.append(make_row(obj, values, where))
+                placed = placed or not blank(obj.get("timeline"))
+    if not placed and not parsed.records:
+        split_restarts(parsed)
     return parsed
 
 

@@ -4,7 +4,9 @@ An iteration line is `` [time] iteration N/ M | name: value | ... |`` (the time 
 a validation line is ``validation loss at iteration N | lm loss value: V | lm loss PPL: P |``. Names are
 mapped by the importers' shared ``DEFAULT_NAMES`` (``lm loss``, ``grad norm``, ``learning rate``) and the step
 time in milliseconds by ``MEGATRON_STEP_TIME``; the rest are kept as user metrics named with underscores. A line that
-starts like one of these but does not parse is an error naming its line number.
+starts like one of these but does not parse is an error naming its line number. Iterations that go back or
+come again (a job requeued from a checkpoint, appending to the same log) start a new timeline
+(``restarts.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..errors import ImportFormatError
 from ..safefile import UnsafeFileError, read_small_file
 from .jsonl_import import Parsed, make_row, number
 from .names import DEFAULT_NAMES
+from .restarts import split_restarts
 
 MAX_LOG_BYTES = 1 << 30
 """The largest log read (1 GiB)."""
@@ -51,6 +54,7 @@ def read_megatron(path: Path) -> Parsed:
             parsed.skipped += 1
     if not parsed.rows:
         raise ImportFormatError(f"{path}: no Megatron iteration line (' iteration N/ M | ... |')")
+    split_restarts(parsed, repeat_restarts=True)  # a requeued job appends to the same log
     return parsed
 
 
