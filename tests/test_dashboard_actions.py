@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from dashboard_app import (
@@ -32,6 +33,7 @@ from bedside.collectors import audit
 from bedside.collectors.controlkey import ensure_control_key
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
+from bedside.collectors.writer import RunLogger
 
 TOKEN = "correct horse battery"
 OPERATOR = "alice"
@@ -707,3 +709,21 @@ def test_the_form_says_nothing_of_readers_when_one_polls(run: Path) -> None:
     assert_rendered(app)
     assert not [i.value for i in app.info if "control reader" in i.value]
     assert from_store(run, "SELECT beats FROM control_reader")["beats"].tolist() == [1]
+
+
+def test_a_suggestion_without_arguments_reads_without_empty_braces(tmp_path: Path) -> None:
+    run = tmp_path / "slowed"
+    jitter = np.random.default_rng(0)
+    with RunLogger(run, rank=0, world_size=1, local_rank=0) as log:
+        for step in range(1, 401):  # three times slower from step 200
+            log.rank_step(step, step_time=(0.1 if step < 200 else 0.3) * float(np.exp(0.03 * jitter.standard_normal())))
+            log.step(step, loss=3.0 * step**-0.1, tokens=4096)
+    serve(run)
+    [[chosen, suggestion]] = from_store(
+        run, "SELECT incident_id, suggested_action FROM incidents WHERE list_contains(kinds, 'throughput_drop')"
+    ).values
+    assert json.loads(suggestion)["args"] == {}
+    app = open_page("incidents", incident=chosen)
+    assert_rendered(app)
+    [line] = [text for text in texts(app).splitlines() if "Suggested action:" in text]
+    assert line.startswith("**Suggested action:** `investigate` look for ") and "{}" not in line

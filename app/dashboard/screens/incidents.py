@@ -96,7 +96,8 @@ suggestion = json.loads(incident["suggested_action"])
 st.subheader(f"{SEVERITY_MARKS.get(incident['severity'], '')} {incident['title']} ({incident['status']})")
 st.markdown(
     f"{incident['summary']}  \n**Cause:** {incident['cause']}  \n"
-    f"**Suggested action:** `{suggestion['action']}` {json.dumps(suggestion['args'])} {suggestion['why']}"
+    f"**Suggested action:** `{suggestion['action']}`"
+    f"{' ' + json.dumps(suggestion['args']) if suggestion['args'] else ''} {suggestion['why']}"
 )
 if pd.notna(incident["acknowledged_by"]):  # a missing value may read NaN, which is true
     st.caption(f"Acknowledged by {incident['acknowledged_by']}: {note_text(incident['ack_note'])}")
