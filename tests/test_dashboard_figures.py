@@ -370,3 +370,16 @@ def test_an_incident_window_over_many_ranks_draws_its_own_ranks_and_a_band_for_t
     assert "rank 7" in names and "other 1023 ranks" in names and "their median" in names
     assert len(fig.data) <= 2 + 3 + 1  # loss, grad norm, the band's edges and median, rank 7
     assert len([n for n in names if n and n.startswith("rank ")]) == 1
+
+
+@pytest.mark.parametrize(("tokens", "unit", "rate"), [(4096.0, "tokens/s", 4096.0), (None, "steps/s", 1.0)])
+def test_an_incident_about_speed_shows_the_jobs_throughput_not_its_loss(tokens, unit: str, rate: float) -> None:
+    steps = np.arange(100, 130)
+    seconds = np.where(steps <= 115, 0.1, 0.3)  # three times slower from step 116
+    window = pd.DataFrame({"step": steps, "time": np.cumsum(seconds), "loss": 2.0, "grad_norm": 1.0, "tokens": tokens})
+    [trace] = incident_window(window, pd.DataFrame(), 116, 129, about_training=False).data
+    assert trace.name == unit
+    paced = np.asarray(trace.y, float)
+    assert np.isnan(paced[0])
+    assert paced[1:16] == pytest.approx([rate / 0.1] * 15) and paced[16:] == pytest.approx([rate / 0.3] * 14)
+    assert [t.name for t in incident_window(window, pd.DataFrame(), 116, 129).data] == ["loss", "grad norm"]

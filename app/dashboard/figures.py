@@ -51,10 +51,17 @@ def downsample_minmax(frame: pd.DataFrame, x: str, y: str, max_points: int = MAX
 
 
 def incident_window(
-    window: pd.DataFrame, ranks: pd.DataFrame, start: int, end: int, focus: tuple[int, ...] = ()
+    window: pd.DataFrame,
+    ranks: pd.DataFrame,
+    start: int,
+    end: int,
+    focus: tuple[int, ...] = (),
+    *,
+    about_training: bool = True,
 ) -> go.Figure:
-    """An incident's evidence: the training curves around it and, when ranks are involved, each rank's compute
-    time (``rank_time``: a synchronous job's step time is the same on every rank, the straggler's included).
+    """An incident's evidence: the training curves around it, or for an incident about speed alone the job's
+    throughput (``pace``), and, when ranks are involved, each rank's compute time (``rank_time``: a synchronous
+    job's step time is the same on every rank, the straggler's included).
 
     The incident's own ranks (``focus``) are drawn as lines; with more than ``RANK_LINES`` ranks
     in all, the others are one band (min to max, with the median), so 1,024 ranks stay readable.
@@ -66,21 +73,37 @@ def incident_window(
         cols=1,
         shared_xaxes=True,
         vertical_spacing=0.08,
-        subplot_titles=["loss and gradient norm", f"{RANK_TIMES[timed]} by rank"][:rows],
+        subplot_titles=["loss and gradient norm" if about_training else "throughput", f"{RANK_TIMES[timed]} by rank"][
+            :rows
+        ],
         specs=[[{"secondary_y": True}]] + [[{}]] * (rows - 1),
     )
-    fig.add_trace(go.Scatter(x=window["step"], y=window["loss"], name="loss", mode="lines+markers"), row=1, col=1)
-    fig.add_trace(
-        go.Scatter(x=window["step"], y=window["grad_norm"], name="grad norm", mode="lines", line={"dash": "dot"}),
-        row=1,
-        col=1,
-        secondary_y=True,
-    )
+    if about_training:
+        fig.add_trace(go.Scatter(x=window["step"], y=window["loss"], name="loss", mode="lines+markers"), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(x=window["step"], y=window["grad_norm"], name="grad norm", mode="lines", line={"dash": "dot"}),
+            row=1,
+            col=1,
+            secondary_y=True,
+        )
+    else:
+        rate, unit = pace(window)
+        fig.add_trace(go.Scatter(x=window["step"], y=rate, name=unit, mode="lines+markers"), row=1, col=1)
     if not ranks.empty:  # a job-level incident has no ranks
         _rank_lines(fig, ranks, focus, timed)
     fig.add_vrect(x0=start - 0.5, x1=end + 0.5, line_width=0, fillcolor="#f59e0b", opacity=0.15)
-    _evidence_axes(fig, rows, timed)
+    _evidence_axes(fig, rows, timed, "loss" if about_training else unit)
     return apply_layout(fig, "Evidence", height=300 * rows)
+
+
+def pace(window: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Each step's throughput from the step records' times: tokens per second where the run reports tokens,
+    else steps per second (NaN for the first step, with nothing before it)."""
+    seconds = window["time"].diff() / window["step"].diff()
+    seconds = seconds.where(seconds > 0)
+    if window["tokens"].notna().any():
+        return window["tokens"] / seconds, "tokens/s"
+    return 1.0 / seconds, "steps/s"
 
 
 def rank_time(ranks: pd.DataFrame) -> str:
@@ -88,12 +111,12 @@ def rank_time(ranks: pd.DataFrame) -> str:
     return "compute_time" if "compute_time" in ranks and ranks["compute_time"].notna().any() else "step_time"
 
 
-def _evidence_axes(fig: go.Figure, rows: int, timed: str) -> None:
+def _evidence_axes(fig: go.Figure, rows: int, timed: str, first: str) -> None:
     """Axis titles with units, whole steps on x (no "1.2k") and short numbers on y (no "2.3456")."""
     fig.update_xaxes(tickformat="d", showticklabels=True)
     fig.update_xaxes(title="step", row=rows, col=1)
     fig.update_yaxes(tickformat=".3~g")
-    fig.update_yaxes(title="loss", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title=first, row=1, col=1, secondary_y=False)
     fig.update_yaxes(title="gradient norm", row=1, col=1, secondary_y=True, showgrid=False)
     if rows > 1:
         fig.update_yaxes(title=f"{RANK_TIMES[timed]} (s)", row=2, col=1)

@@ -14,7 +14,7 @@ from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run
 from bedside.app.dashboard.registry import desk
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.format import RUN_END_STATUSES
-from bedside.detectors.incidents import id_ranges
+from bedside.detectors.incidents import concerns_training, id_ranges
 
 WINDOW_MARGIN = 30
 INCIDENT_COLUMNS = {
@@ -118,6 +118,7 @@ live.chart(
         int(incident["start_step"]),
         int(incident["end_step"]),
         tuple(int(r) for r in incident["ranks"]),
+        about_training=concerns_training(incident["kinds"]),
     ),
     "incident_evidence",
     revision=chosen,  # a zoom lasts while the incident stays open
