@@ -117,7 +117,8 @@ def _evidence_axes(fig: go.Figure, rows: int, timed: str, first: str) -> None:
     fig.update_xaxes(title="step", row=rows, col=1)
     fig.update_yaxes(tickformat=".3~g")
     fig.update_yaxes(title=first, row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title="gradient norm", row=1, col=1, secondary_y=True, showgrid=False)
+    if first == "loss":
+        fig.update_yaxes(title="gradient norm", row=1, col=1, secondary_y=True, showgrid=False)
     if rows > 1:
         fig.update_yaxes(title=f"{RANK_TIMES[timed]} (s)", row=2, col=1)
 
