@@ -205,7 +205,7 @@ class StepScope:
             norm = total_grad_norm(monitor.model.parameters())
         scale = None if monitor.scaler is None else monitor.scaler.before_step()
         self.local_grad_norm = norm if norm is None or scale is None else norm / scale  # of the unscaled gradients
-        if monitor.grad_norm:
+        if monitor.grad_norm and (monitor.sharded or monitor.logger.rank == monitor.logger.job_rank):
             held = (
                 norm
                 if not monitor.grads.hooked
