@@ -267,6 +267,15 @@ RESTARTED = [
     ),
     (import_csv, "wide.csv", "step,loss,grad_norm\n" + "".join(f"{s},{9 - s},1\n" for s in [1, 2, 3, 4, 5, 4, 5, 6])),
     (import_jsonl, "rows.jsonl", "".join(f'{{"step": {s}, "loss": {9 - s}}}\n' for s in [1, 2, 3, 4, 5, 4, 5, 6])),
+    # the same restart in a long CSV grouped by metric (as pandas' melt writes it): each metric's second run
+    (
+        import_csv,
+        "melted.csv",
+        "step,rank,name,value\n"
+        + "".join(
+            f"{s},,{n},{9 - s if n == 'loss' else 0.1}\n" for n in ("loss", "lr") for s in [1, 2, 3, 4, 5, 4, 5, 6]
+        ),
+    ),
 ]
 
 
@@ -278,11 +287,13 @@ def test_a_step_that_goes_back_starts_a_new_timeline_and_is_counted(tmp_path, im
         f"1 restart(s) from an earlier step, each the start of a new timeline: {tmp_path / name}, line "
         f"{7 if name.endswith('.csv') else 6} (step 4 after 5)"
     ]
-    steps = frame(ingest(tmp_path / "run"), "SELECT timeline, step, loss FROM step_metrics ORDER BY timeline, step")
-    assert list(steps.itertuples(index=False, name=None)) == [
+    steps = frame(ingest(tmp_path / "run"), "SELECT timeline, step, loss, lr FROM step_metrics ORDER BY timeline, step")
+    assert [row[:3] for row in steps.itertuples(index=False, name=None)] == [
         *((0, s, 9.0 - s) for s in range(1, 6)),
         *((1, s, 9.0 - s) for s in range(4, 7)),
     ]
+    if name == "melted.csv":
+        assert steps["lr"].tolist() == [0.1] * 8  # lr's second run is on timeline 1 too
 
 
 def test_a_long_csv_sorted_by_metric_has_no_restart_and_a_timeline_column_is_kept(tmp_path):

@@ -96,7 +96,8 @@ def test_the_cli_imports_a_megatron_log_and_query_reads_it(tmp_path, bedside):
 
 
 def requeued_log(path: Path, chronicles: list[range]) -> None:
-    """A log a job appended to on each start: each chronicle's iterations, resumed from its checkpoint."""
+    """A log a job appended to on each start: each chronicle's iterations, resumed from its checkpoint; the last
+    ends as Megatron's pretrain() does, with a validation and a test evaluation at its last iteration."""
     lines = []
     for chronicle in chronicles:
         lines.append("using world size: 8, data-parallel size: 8")
@@ -104,6 +105,11 @@ def requeued_log(path: Path, chronicles: list[range]) -> None:
             lines.append(iteration_line(step, 500000, 4.0 * step**-0.15, 1200.0, f"2026-05-01 10:00:{step % 60:02d}"))
             if step % 10 == 0:
                 lines.append(f" validation loss at iteration {step} | lm loss value: 2.1E+00 | lm loss PPL: 8.2E+00 |")
+    end = chronicles[-1][-1]
+    lines.append(
+        f" validation loss at iteration {end} on validation set | lm loss value: 2.0E+00 | lm loss PPL: 7.4E+00 |"
+    )
+    lines.append(f" validation loss at iteration {end} on test set | lm loss value: 2.2E+00 | lm loss PPL: 9.0E+00 |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -128,4 +134,6 @@ def test_a_requeued_jobs_log_is_one_run_with_a_timeline_per_start(tmp_path, chro
         steps = store.cursor().execute("SELECT timeline, step FROM step_metrics ORDER BY timeline, step").fetchall()
         evals = store.cursor().execute("SELECT timeline, step FROM evals ORDER BY timeline, step").fetchall()
     assert steps == [(t, s) for t, chronicle in enumerate(chronicles) for s in chronicle]
-    assert evals == [(t, s) for t, chronicle in enumerate(chronicles) for s in chronicle if s % 10 == 0]
+    evaluated = [(t, s) for t, chronicle in enumerate(chronicles) for s in chronicle if s % 10 == 0]
+    end = (len(chronicles) - 1, chronicles[-1][-1])
+    assert evals == sorted({*evaluated, end})  # the end's evaluations, on the last timeline, are one eval record

@@ -1,7 +1,9 @@
 """Reading Megatron-LM / NeMo text logs: the ``training_log`` and validation lines, other output ignored.
 
 An iteration line is `` [time] iteration N/ M | name: value | ... |`` (the time prefix is optional);
-a validation line is ``validation loss at iteration N | lm loss value: V | lm loss PPL: P |``. Names are
+a validation line is ``validation loss at iteration N | lm loss value: V | lm loss PPL: P |`` (at the end of
+training ``... at iteration N on validation set |`` and ``... on test set |``, whose scores are ``test_loss`` and
+``test_ppl``; the first is skipped when the loop's own evaluation of that iteration came just before). Names are
 mapped by the importers' shared ``DEFAULT_NAMES`` (``lm loss``, ``grad norm``, ``learning rate``) and the step
 time in milliseconds by ``MEGATRON_STEP_TIME``; the rest are kept as user metrics named with underscores. A line that
 starts like one of these but does not parse is an error naming its line number. Iterations that go back or
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from ..errors import ImportFormatError
 from ..safefile import UnsafeFileError, read_small_file
-from .jsonl_import import Parsed, make_row, number
+from .jsonl_import import EVAL_PREFIX, Parsed, make_row, number
 from .names import DEFAULT_NAMES
 from .restarts import split_restarts
 
@@ -29,7 +31,9 @@ MEGATRON_STEP_TIME = "elapsed time per iteration (ms)"
 """Megatron's step time field, recorded as rank 0's ``step_time`` in seconds."""
 
 _ITERATION = re.compile(r"^\s*(?:\[(?P<time>[^\]]*)\]\s*)?iteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|(?P<rest>.*)$")
-_VALIDATION = re.compile(r"^\s*validation loss at iteration\s+(?P<step>\d+)[^|]*\|(?P<rest>.*)$")
+_VALIDATION = re.compile(
+    r"^\s*validation loss at iteration\s+(?P<step>\d+)(?:\s+on\s+(?P<split>\w+)\s+set)?[^|]*\|(?P<rest>.*)$"
+)
 _LOOKS_LIKE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?(?:iteration\s+\d|validation loss at iteration)")
 
 
@@ -41,8 +45,12 @@ def read_megatron(path: Path) -> Parsed:
         if match := _ITERATION.match(line):
             _add_iteration(parsed, match, where)
         elif match := _VALIDATION.match(line):
+            if match["split"] == "validation" and _evaluated_at(parsed, int(match["step"])):
+                parsed.skipped += 1  # the end of training evaluates again at an iteration the loop just did
+                continue
             fields = _fields(match["rest"], where)
-            scores = {"eval/loss": fields.get("lm loss value"), "eval/ppl": fields.get("lm loss PPL")}
+            split = "" if match["split"] in (None, "validation") else f"{match['split']}_"  # the end's test set
+            scores = {f"eval/{split}loss": fields.get("lm loss value"), f"eval/{split}ppl": fields.get("lm loss PPL")}
             values = {n: v for n, v in scores.items() if v is not None}
             if not values:
                 raise ImportFormatError(f"{where}: a validation line without an lm loss value")
@@ -54,8 +62,15 @@ def read_megatron(path: Path) -> Parsed:
             parsed.skipped += 1
     if not parsed.rows:
         raise ImportFormatError(f"{path}: no Megatron iteration line (' iteration N/ M | ... |')")
-    split_restarts(parsed, repeat_restarts=True)  # a requeued job appends to the same log
+    # a requeued job appends to the same log; an evaluation follows its iteration
+    split_restarts(parsed, repeats_restart=True, led=lambda name: name.startswith(EVAL_PREFIX))
     return parsed
+
+
+def _evaluated_at(parsed: Parsed, step: int) -> bool:
+    """Whether the last validation scores read are of ``step``."""
+    last = next((row for row in reversed(parsed.rows) if "eval/loss" in row.values), None)
+    return last is not None and last.step == step
 
 
 def _text(path: Path) -> str:
