@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from bedside.collectors.capture import Later
@@ -57,7 +58,8 @@ class Monitor:
     digested on device. ``on_gradients(step, flat)`` sees each gradient bucket before
     its reduction. ``grad_norm``: record the job's gradient norm after backward (before any
     clip), at the cost of one pass over the gradients, as a clip takes; False for a loop
-    that records its own (``s.record_job(grad_norm=...)``).
+    that records its own (``s.record_job(grad_norm=...)``). Not recorded with a GradScaler
+    (an overflow step's norm is infinite), nor under FSDP2 with replicas (HSDP).
     """
 
     def __init__(
@@ -96,9 +98,11 @@ class Monitor:
         self.flops_per_step = None if shape is None else flops_per_token(shape) * (tokens_per_step or 0)
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.sharded = self.grads.hooked and not isinstance(model, DistributedDataParallel)
-        self.grad_norm = grad_norm and (self.grads.hooked or self.world_size == 1)
-        """Whether the job's norm is known from this rank's gradients: one process's, DDP's alike reduced
-        replicas, or FSDP2's reduced shards summed over the ranks."""
+        known = (not self.sharded and (self.grads.hooked or self.world_size == 1)) or _sharded_once(model)
+        self.grad_norm = grad_norm and scaler is None and known
+        """Whether the job's norm is recorded: known from this rank's gradients (one process's, DDP's alike
+        reduced replicas, or FSDP2's shards, each element on one rank only, summed over the ranks), and no
+        GradScaler (its overflow steps' norms are infinite by design; a nonfinite alarm would follow)."""
         self.peak_flops = None if peak_flops is None else peak_flops * self.world_size
 
     def step(self, step: int) -> StepScope:
@@ -167,7 +171,8 @@ class StepScope:
         self.loss: torch.Tensor | None = None
         self.local_grad_norm: torch.Tensor | None = None
         self.grad_squared: torch.Tensor | None = None
-        """The squared norm of this rank's gradients after backward (a shard's under FSDP2), unscaled."""
+        """The squared norm of this rank's gradients after backward (a shard's under FSDP2); None where the
+        monitor records no job norm, and on DDP's ranks other than the job rank."""
         self.rank_metrics: dict[str, Any] = {}
         self.job_metrics: dict[str, Any] = {}
         self.shards: list[int | str] | None = None
@@ -212,7 +217,7 @@ class StepScope:
                 else _norm([local(p.grad) for p in monitor.model.parameters() if p.grad is not None])
             )
             if held is not None:
-                self.grad_squared = (held if scale is None else held / scale).float().square()
+                self.grad_squared = held.float().square()
 
     def record(self, **metrics: Any) -> None:
         """More of this rank's metrics of the step (``rank_step``)."""
@@ -238,6 +243,20 @@ class StepScope:
         if exc_type is None:
             self._end = self.monitor.grads.clock.mark()
             self.monitor.emit(self)
+
+
+def _sharded_once(model: nn.Module) -> bool:
+    """Whether every parameter is a DTensor sharded over a one-dimensional mesh of the whole world (plain
+    FSDP2): the squares of the ranks' shards then sum to the whole. Replicas (HSDP, tensor-parallel
+    replicated parameters) or parameters outside any ``fully_shard`` would be counted more than once."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return all(
+        isinstance(p, DTensor)
+        and p.device_mesh.ndim == 1
+        and p.device_mesh.size() == world
+        and all(isinstance(place, Shard) for place in p.placements)
+        for p in model.parameters()
+    )
 
 
 def _norm(gradients: list[torch.Tensor]) -> torch.Tensor | None:
