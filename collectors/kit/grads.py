@@ -110,9 +110,10 @@ def _keep_group_past_its_reducer(group: dist.ProcessGroup) -> None:
     destructor joins gloo's worker threads; a worker still releasing a collective issued
     during backward (whose thread-local state holds a Python object) waits for that GIL,
     and the process hangs at its end (pytorch/pytorch#56297). The kit drops the groups it
-    kept from an ``atexit`` hook, after the loop's objects are gone and before the
-    interpreter's teardown: a group dropped from Python releases the GIL before its
-    destructor runs.
+    kept from an ``atexit`` hook, before the interpreter's teardown: a group dropped from
+    Python releases the GIL before its destructor runs. A loop in a function has freed its
+    DDP module by then; a DDP module held in a module's globals is freed during teardown,
+    after the hook, and is not covered.
     """
     if "gloo" in dist.get_backend(group):
         if not _GLOO_GROUPS_OF_HOOKED_DDP:
