@@ -69,7 +69,7 @@ def read_megatron(path: Path) -> Parsed:
 
 def _evaluated_at(parsed: Parsed, step: int) -> bool:
     """Whether the last validation scores read are of ``step``."""
-    last = next((row for row in reversed(parsed.rows) if "eval/loss" in row.values), None)
+    last = next((row for row in reversed(parsed.rows) if f"{EVAL_PREFIX}loss" in row.values), None)
     return last is not None and last.step == step
 
 

@@ -98,7 +98,7 @@ class Monitor:
         self.flops_per_step = None if shape is None else flops_per_token(shape) * (tokens_per_step or 0)
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.sharded = self.grads.hooked and not isinstance(model, DistributedDataParallel)
-        known = (not self.sharded and (self.grads.hooked or self.world_size == 1)) or _sharded_once(model)
+        known = _sharded_once(model) if self.sharded else self.grads.hooked or self.world_size == 1
         self.grad_norm = grad_norm and scaler is None and known
         """Whether the job's norm is recorded: known from this rank's gradients (one process's, DDP's alike
         reduced replicas, or FSDP2's shards, each element on one rank only, summed over the ranks), and no
