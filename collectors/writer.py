@@ -53,8 +53,10 @@ def _env_int(name: str, default: int) -> int:
 class RunLogger:
     """Writes one rank's telemetry for a run directory (format v1).
 
-    ``previous_record`` is the last complete record already in this rank's file
-    when the logger opened it (None for a new run): where a restarted rank left off.
+    ``previous_record`` is the last complete record already in this rank's file when the logger
+    opened it (None for a new run); ``left_off`` the furthest (timeline, step) its last records
+    reached: where a restarted rank left off (the last record may be an earlier step's: a save that
+    finished after later steps were taken, the run's end).
 
     A rank file that already holds records is refused (``RunExistsError``) unless ``resume`` is
     True: then the run continues on a new timeline, one past the newest any rank file carries,
@@ -91,7 +93,9 @@ class RunLogger:
         self.flush_every_s = flush_every_s
         self.job_rank = job_rank
         self.placement = placement or default_placement(self.rank, self.local_rank)
-        self.previous_record = last_record(self.layout.rank_file(self.rank))
+        tail = tail_records(self.layout.rank_file(self.rank))
+        self.previous_record = tail[-1] if tail else None
+        self.left_off = furthest_step(tail)
         if self.previous_record is not None and not resume:
             raise refusal(self.layout, self.rank, self.previous_record)
         self.timeline = self._first_timeline(timeline, resume, resume_wait_s)
@@ -327,10 +331,14 @@ class RunLogger:
             write_run_info(self.layout, replace(existing, world_size=self.world_size, topology=topology))
 
 
-def last_record(path: Path) -> dict[str, Any] | None:
-    """The last complete record of a telemetry file (what a restarted rank resumes after), if any."""
-    records = tail_records(path)
-    return records[-1] if records else None
+def furthest_step(records: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """The highest (timeline, step) of ``records``; None when none carries both."""
+    reached = [
+        (record["timeline"], record["step"])
+        for record in records
+        if isinstance(record.get("timeline"), int) and isinstance(record.get("step"), int)
+    ]
+    return max(reached) if reached else None
 
 
 def _write_lines(channel: AppendFile, lines: list[str]) -> None:

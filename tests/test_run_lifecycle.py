@@ -80,6 +80,19 @@ def test_a_resumed_run_continues_on_the_next_timeline(tmp_path: Path) -> None:
     assert write_steps(run, resume=True).timeline == 2
 
 
+def test_a_restarted_rank_left_off_at_its_furthest_step_not_at_its_last_record(tmp_path: Path) -> None:
+    # A save of step 20 that finishes after steps 21-23 were taken, then the run's end, are the last records: a
+    # restart that took where it left off from the last record resumed on the same timeline and wrote 21-23 twice.
+    run = tmp_path / "run"
+    with RunLogger(run, rank=0, world_size=1, timeline=1) as log:
+        for step in range(18, 24):
+            log.step(step, loss=1.0)
+        log.checkpoint(20, "saved", path="checkpoints/step-00000020-t1")
+    assert json.loads(RunLayout(run).rank_file(0).read_text().splitlines()[-1])["step"] == 20
+    assert write_steps(run, resume=True, timeline=1, steps=0).left_off == (1, 23)
+    assert RunLogger(tmp_path / "new", rank=0, world_size=1).left_off is None
+
+
 def test_a_caller_that_knows_its_timeline_resumes_on_it(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_steps(run)

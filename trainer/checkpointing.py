@@ -81,8 +81,7 @@ class Checkpointing:
 
     def _where_the_run_left_off(self) -> tuple[int, int]:
         """The highest (timeline, step) any rank recorded before this restart, agreed by all ranks."""
-        previous = self.trainer.log.previous_record or {}
-        seen = torch.tensor([int(previous.get("timeline", 0)), int(previous.get("step", 0))], dtype=torch.int64)
+        seen = torch.tensor(self.trainer.log.left_off or (0, 0), dtype=torch.int64)
         dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.manager.group)
         return int(seen[0]), int(seen[1])
 
