@@ -1,7 +1,7 @@
 """Detector quality on labeled runs: precision, recall, delay, false alarms, culprit accuracy.
 
 Run:  python bench/detect_quality.py [--seeds 3] [--noise gaussian,student,lognormal] [--quick]
-      [--suite simulated,foreign] [--foreign-seeds 3]
+      [--suite simulated,foreign,first_contact] [--foreign-seeds 3]
 
 Simulated suite: each scenario is simulated (``bedside simulate``'s API: nuisances on, the noise model
 varied) with faults of a range of magnitudes, ingested into a store and run through
@@ -11,6 +11,11 @@ a margin per kind (below). Reported per kind: precision, recall, median and p90 
 steps (finding onset - fault onset), false alarms per 10k steps, culprit-rank accuracy,
 and recall against magnitude. Last, the streaming update cost per step at 1,024 ranks, fed one step and ten
 steps per update.
+
+First-contact suite: the first minutes of runs (tests/first_contact_runs.py): initial descents of four shapes and
+four time scales, falls of 3x to 300x, five noise models, a fault (an LR blow-up to 3x or 30x, a creep of 1.15x a
+step, a spike of 2x or 3x, a 2x plateau of 5 steps, a NaN) at steps 20 to 2,000: recall within 3 steps of the
+step the fault has the loss at 2x, by fault and onset, and the alarms before the fault per 10k steps by noise.
 
 Foreign suite: runs from a generator written apart from the simulator (tests/foreign_runs.py: AR(1) Student-t
 noise, warmup and LR drops, a mixture switch, MoE bursts, short runs, sparse ranks in pipeline stages of
@@ -44,6 +49,7 @@ from bedside.detectors.scoring import false_alarms, findings_frame, labels_of, m
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import first_contact_runs as first  # noqa: E402
 import foreign_benchmark as foreign  # noqa: E402  (the foreign generator lives with the tests)
 from foreign_runs import NOISES as FOREIGN_NOISES  # noqa: E402
 from foreign_runs import standout  # noqa: E402
@@ -224,13 +230,50 @@ def moe_rates(scored: list[foreign.Scored]) -> dict[str, str]:
     }
 
 
+def first_contact_quality(args: argparse.Namespace) -> None:
+    """The first minutes of runs (tests/first_contact_runs.py), every combination: per fault and size, recall
+    within 3 steps of the step the fault has the loss at 2x, its delays, and the alarms before the fault."""
+    outcomes = [first.score(case) for case in first.cases(seeds=args.seeds, quick=args.quick)]
+    rows = pd.DataFrame(
+        {
+            "fault": f"{o.case.fault} x{o.case.ratio:g}",
+            "onset": o.case.onset,
+            "noise": f"{o.case.noise} {o.case.sigma:g}",
+            "within_3": o.delay is not None and o.delay <= 3,
+            "found": o.delay is not None,
+            "delay": o.delay,
+            "early_alarms": len(o.early),
+            "steps_before": o.case.onset - 1,
+        }
+        for o in outcomes
+    )
+    print(f"runs: {len(rows):,}; steps before the faults: {rows['steps_before'].sum():,}\n")
+    table = rows.groupby("fault").agg(
+        runs=("found", "size"),
+        recall_within_3=("within_3", "mean"),
+        recall=("found", "mean"),
+        median_delay=("delay", "median"),
+        p90_delay=("delay", lambda d: d.quantile(0.9)),
+    )
+    print(table.round(3).to_string())
+    print("\nrecall within 3 steps by onset:")
+    print(rows.pivot_table(index="fault", columns="onset", values="within_3", aggfunc="mean").round(2).to_string())
+    print("\nrecall within 3 steps by noise:")
+    print(rows.pivot_table(index="fault", columns="noise", values="within_3", aggfunc="mean").round(2).to_string())
+    print("\nalarms before the fault, per 10k steps, by noise:")
+    by_noise = rows.groupby("noise")[["early_alarms", "steps_before"]].sum()
+    print((by_noise["early_alarms"] / by_noise["steps_before"] * 1e4).round(2).to_string())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--noise", default="gaussian,student,lognormal")
     parser.add_argument("--ranks", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="fewer magnitudes, shorter long runs")
-    parser.add_argument("--suite", default="simulated,foreign", help="simulated, foreign, or both")
+    parser.add_argument(
+        "--suite", default="simulated,foreign,first_contact", help="any of simulated, foreign, first_contact"
+    )
     parser.add_argument("--foreign-seeds", type=int, default=3, help="seeds per foreign scenario and noise model")
     args = parser.parse_args()
     suites = args.suite.split(",")
@@ -239,6 +282,9 @@ def main() -> None:
     if "foreign" in suites:
         print("\n== foreign runs ==")
         foreign_quality(args)
+    if "first_contact" in suites:
+        print("\n== first contact ==")
+        first_contact_quality(args)
 
 
 def report(matches: pd.DataFrame, alarms: pd.DataFrame, steps: int) -> None:

@@ -103,7 +103,7 @@ class BadShardDetector(Detector):
         self.t_alarm, self.min_batches, self.high_z, self.clip = t_alarm, min_batches, high_z, clip
         self.decay = 1.0 - 1.0 / horizon
         self.clear_after = clear_after
-        self.trend = RobustTrend()
+        self.trend = RobustTrend(learns_young=False)
         self._high_in_a_row = 0
         self._shards: dict[int, _Shard] = {}
         self._all = _Sums()

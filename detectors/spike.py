@@ -19,8 +19,10 @@ shift, such as a data-mixture switch, is no incident). The baseline restarts on 
 finding stays active until the series returns to the old trend (``recover_steps``
 points below the recovery bar: resolved) or a rewind ends it. A spike already on its
 way down is no divergence, however long it takes.
-Before the trend has its forecast errors (a short run), only a point ``EARLY_MIN_RATIO``
-times the line through the points so far opens a spike.
+Before the trend has its forecast errors (a short run, a run's first ~70 points), a point is
+judged against its last points (``RobustTrend.recent_score``) and opens a spike only from
+``EARLY_MIN_RATIO`` times them. A loss also diverges by its level: ``critical_ratio`` times the
+lowest it reached, whatever the trend (``level.LowestLevel``; ``checks_level``).
 For ``settle_steps`` after a restart (a checkpoint loaded) the bar is ``settle_factor``
 times higher: a resumed job's small bump is expected, not an incident.
 """
@@ -37,6 +39,7 @@ import numpy as np
 from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
+from .level import LowestLevel
 from .limits import COUNT, OPTIONAL_COUNT, POSITIVE, Below, Range, ranges
 from .telemetry import TelemetryBatch
 from .trend import Line, RobustTrend, Score
@@ -57,6 +60,9 @@ class _Episode:
     last_high: int
     excess: deque[float]
     """Log value over the trend of each elevated point, the last ``diverge_steps`` of them."""
+    best_step: int | None = None
+    """Set when the level check found it (``level.LowestLevel``): where the best level was; the trend is then
+    that level, flat."""
     below: int = 0
     diverged_at: int | None = None
     level_ratio: float | None = None
@@ -72,17 +78,20 @@ class _Episode:
 
 
 EARLY_POINTS = 10
-EARLY_MIN_RATIO = 2.0
-"""Before its forecast errors are known, a spike is judged against the line through at least ``EARLY_POINTS``
-points, and only one ``EARLY_MIN_RATIO`` times the line or more opens: in a run's first steps the spread of so
-few points is a rough guide, and a loss falling fast from its start must not page."""
+EARLY_MIN_RATIO = 1.5
+"""Before its forecast errors are known, a spike is judged against the last of at least ``EARLY_POINTS`` points,
+and only one ``EARLY_MIN_RATIO`` times them or more opens: in a run's first steps the spread of so few points is a
+rough guide, and a loss falling fast from its start must not page."""
 QUIET_BLOCK = (64, 8192)
 """Rows scored at once outside an episode: from the first, doubling while none opens one, up to the second."""
-DIVERGE_FALL_SIGMAS = 2.0
+DIVERGE_FALL_ERRORS = 2.0
 DIVERGE_FALL_SHARE = 0.2
 """A series is coming back when its later half's median excess is below the earlier half's by
-``DIVERGE_FALL_SIGMAS`` robust sigma (more than noise moves a median of 25 points) and by
-``DIVERGE_FALL_SHARE`` of that excess."""
+``DIVERGE_FALL_ERRORS`` standard errors of that difference (more than noise moves it: for two halves of 25
+points, 0.71 sigma) and by ``DIVERGE_FALL_SHARE`` of that excess. The share decides a large excess; the noise a
+small one, where a spike decaying slowly falls by less than a sigma in 25 points and is still on its way down."""
+MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
+"""A median's standard error over a mean's, for normal noise."""
 
 
 class SpikeDetector(Detector):
@@ -91,6 +100,9 @@ class SpikeDetector(Detector):
     kind: str
     metric: str
     label: str
+    checks_level = False
+    """Whether a level ``critical_ratio`` times the best the run reached is a divergence whatever the trend
+    (``level.LowestLevel``): true of a training loss, not of a gradient norm, which rises as a run warms up."""
     limits = ranges(
         z_alarm=POSITIVE,
         z_recover=POSITIVE,
@@ -124,6 +136,7 @@ class SpikeDetector(Detector):
         self.settle_steps, self.settle_factor = settle_steps, settle_factor
         self.diverge_steps, self.critical_ratio, self.min_ratio = diverge_steps, critical_ratio, min_ratio
         self.trend = RobustTrend(window=window, min_points=min_points)
+        self.level = LowestLevel()
         self._episode: _Episode | None = None
         self._diverged: _Episode | None = None  # active until the series is back on its old trend, or a rewind
         self._timeline: int | None = None
@@ -162,24 +175,30 @@ class SpikeDetector(Detector):
             return end - start  # no value to judge: these rows neither open nor close a spike
         if self._episode is not None or self._diverged is not None:
             return 0
-        ahead = self.trend.lookahead(steps[rows].tolist(), [math.log(v) for v in values[rows].tolist()])
+        ys = [math.log(v) for v in values[rows].tolist()]
+        risen = self.level.first_over(ys, math.log(self.critical_ratio)) if self.checks_level else None
+        if risen is not None:  # point by point from the row whose level has risen
+            rows, ys, end = rows[:risen], ys[:risen], int(rows[risen])
+        ahead = self.trend.lookahead(steps[rows].tolist(), ys) if len(rows) else None
         if ahead is None:
             return 0
         for i in np.flatnonzero(ahead.z >= self.z_alarm * min(1.0, self.settle_factor)).tolist():
             ahead.admit_until(i)
             if ahead.z[i] >= self._threshold(timeline, int(steps[rows[i]]), ahead.score(i)):
+                self.level.extend(steps[rows[:i]].tolist(), ys[:i])
                 self._block = QUIET_BLOCK[0]
                 return int(rows[i]) - start
             ahead.admit_until(i + 1)
         ahead.admit_until(len(rows))
+        self.level.extend(steps[rows].tolist(), ys)
         self._block = min(2 * self._block, QUIET_BLOCK[1])
         return end - start
 
-    def _early(self, timeline: int, step: int, y: float, score: Score | None) -> Score | None:
+    def _early(self, timeline: int, step: int, y: float) -> Score | None:
         """Before the forecast errors are known (a short run's first ~70 points): the score against the
-        line through the points so far, when it opens a spike (``EARLY_MIN_RATIO`` times the line and over
-        the bar) or an early spike is in progress; None otherwise, and the point is admitted as usual."""
-        early = score or self.trend.score(step, y, min_points=EARLY_POINTS)
+        last points (``RobustTrend.recent_score``), when it opens a spike (``EARLY_MIN_RATIO`` times them
+        and over the bar) or an early spike is in progress; None otherwise, and the point is admitted as usual."""
+        early = self.trend.recent_score(step, y, points=EARLY_POINTS)
         if early is None or self._episode is not None:
             return early
         opens = y - early.predicted >= math.log(EARLY_MIN_RATIO) and early.z >= self._threshold(timeline, step, early)
@@ -197,13 +216,13 @@ class SpikeDetector(Detector):
         if not (math.isfinite(value) and value > 0):
             return changed  # the nonfinite detector reports these; they neither open nor close a spike
         y = math.log(value)
+        self.level.extend([step], [y])
         resolved = self._follow_divergence(step, y)
         score = self.trend.score(step, y)
-        early = (
-            None
-            if resolved is not None or (score is not None and score.ready)
-            else self._early(timeline, step, y, score)
-        )
+        risen = self._risen(timeline, step, y, score) if resolved is None else None
+        if risen is not None:
+            return risen
+        early = None if resolved is not None or (score is not None and score.ready) else self._early(timeline, step, y)
         if early is not None:
             if self._episode is None:
                 return self._maybe_open(timeline, step, value, y, early) or changed
@@ -215,12 +234,34 @@ class SpikeDetector(Detector):
             return self._maybe_open(timeline, step, value, y, score) or changed
         return self._follow(step, value, y, score)
 
+    def _risen(self, timeline: int, step: int, y: float, score: Score | None) -> Finding | None:
+        """A divergence by level (``checks_level``): outside any episode, the level ``critical_ratio`` times the
+        best the run reached or more; its noise from the trend, or early in a run from the last points."""
+        if not self.checks_level or self._episode is not None or self._diverged is not None:
+            return None
+        score = score or self.trend.recent_score(step, y, points=EARLY_POINTS)
+        if score is None:
+            return None
+        rise = self.level.rise(math.log(self.critical_ratio))
+        if rise is None:
+            return None
+        line = Line(rise.best, 0.0)
+        excess = deque((rise.level - rise.best,), maxlen=self.diverge_steps)
+        z = (rise.level - rise.best) / score.sigma
+        value = math.exp(rise.level)
+        ep = _Episode(
+            timeline, rise.since, line, self._threshold(timeline, step, score), score.tail, score.sigma, z, value,
+            step, excess, best_step=rise.best_step,
+        )  # fmt: skip
+        return self._diverge(ep, step)
+
     def _switch_timeline(self, timeline: int, step: int) -> Finding | None:
         """A rewind: the spike or divergence on the abandoned branch ends there."""
         if timeline == self._timeline:
             return None
         self._timeline = timeline
         self.trend.on_timeline(timeline, step)
+        self.level.on_timeline(timeline, step)
         episode = self._diverged or self._episode
         self._episode = self._diverged = None
         if episode is None:
@@ -266,7 +307,8 @@ class SpikeDetector(Detector):
         recent = np.fromiter(ep.excess, float)
         half = len(recent) // 2
         before, after = float(np.median(recent[:half])), float(np.median(recent[half:]))
-        return before - after >= max(DIVERGE_FALL_SIGMAS * ep.sigma, DIVERGE_FALL_SHARE * before)
+        noise = MEDIAN_EFFICIENCY * ep.sigma * math.sqrt(1 / half + 1 / (len(recent) - half))
+        return before - after >= max(DIVERGE_FALL_ERRORS * noise, DIVERGE_FALL_SHARE * before)
 
     def _diverge(self, ep: _Episode, step: int) -> Finding:
         """Not coming back: critical, and the baseline restarts on the new level (the old line is kept)."""
@@ -279,11 +321,16 @@ class SpikeDetector(Detector):
         return self._finding(ep, active=True)
 
     def _follow_divergence(self, step: int, y: float) -> Finding | None:
-        """A divergence resolves after ``recover_steps`` points back under the recovery bar of its old trend."""
+        """A divergence resolves after ``recover_steps`` points back under the recovery bar of its old trend; one
+        found by level, once its level is back under the square root of ``critical_ratio`` times the best."""
         ep = self._diverged
         if ep is None:
             return None
-        if (y - ep.line.at(step)) / ep.sigma >= self.z_recover * ep.tail:
+        if ep.best_step is not None:
+            still = self.level.above(ep.line.level) >= 0.5 * math.log(self.critical_ratio)
+        else:
+            still = (y - ep.line.at(step)) / ep.sigma >= self.z_recover * ep.tail
+        if still:
             ep.below = 0
             return None
         ep.below += 1
@@ -320,10 +367,19 @@ class SpikeDetector(Detector):
         if diverged_at is not None:
             evidence["diverged_at_step"] = diverged_at
             evidence["level_ratio"] = ep.level_ratio
+        if ep.best_step is not None:
+            evidence["best_level_step"] = ep.best_step
         if recovered_at is not None:
             evidence["recovered_at_step"] = recovered_at
         what = f"{self.label} spiked" if ratio >= self.min_ratio else f"{self.label} bumped (below {self.min_ratio:g}x)"
-        if diverged_at is not None:
+        if ep.best_step is not None:
+            what = (
+                f"{self.label} diverged: its median over {self.level.points} points is {ep.level_ratio or math.nan:.3g}x"
+                f" the lowest it reached (at step {ep.best_step})"
+            )
+            if recovered_at is not None:
+                what += f", back at step {recovered_at}"
+        elif diverged_at is not None:
             level, steps_in = ep.level_ratio or math.nan, diverged_at - ep.start
             what = (
                 f"{self.label} diverged: settled at {level:.3g}x the trend, not coming back {steps_in} steps in"
@@ -371,6 +427,7 @@ class LossSpikeDetector(SpikeDetector):
     kinds = (FindingKind("loss_spike", Family.TRAINING, tolerance=5),)
     metric = "loss"
     label = "loss"
+    checks_level = True
 
 
 class GradSpikeDetector(SpikeDetector):

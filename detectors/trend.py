@@ -10,7 +10,9 @@ admitted points teach anything: the line, the spread and the tail factor all lea
 the points the caller accepts, so an outlier (and every point of an episode) is scored
 against the baseline without moving it, and a spike cannot raise the bar for the next
 one. The tail factor is capped at ``MAX_TAIL``. A rewind starts a new timeline from the
-parent's points before the branch step.
+parent's points before the branch step. A young baseline (``learns_young``) learns from the newer half
+of what it admitted, the line and the spread alike, until it holds ``window`` and ``memory`` of them:
+a run's fast early fall bends flat within tens of steps, and forecasts from before the bend are not noise.
 
 ``lookahead`` scores a block of upcoming points at once, with numpy over sliding windows:
 each point exactly as ``score`` would score it once every point before it is admitted.
@@ -68,6 +70,9 @@ class Score:
     z: float
     tail: float
     ready: bool = True
+    grown: bool = True
+    """Whether the line and sigma came from a full window and memory: only then is z a sample of the noise's
+    tail (a young baseline's, from a few tens of points, carries its own estimation error)."""
 
 
 Point = tuple[int, float, float]
@@ -86,12 +91,15 @@ class RobustTrend:
         memory: int = 200,
         tail_memory: int = 2000,
         tail_power: float = 2.5,
+        learns_young: bool = True,
     ) -> None:
         self.window, self.min_points, self.sigma_floor, self.tail_power = window, min_points, sigma_floor, tail_power
+        self.learns_young = learns_young
         self.memory = memory
         self._points: dict[int | None, deque[Point]] = {}  # None: points seen before any timeline
         self._residuals: deque[float] = deque(maxlen=memory)
         self._zs = RollingQuantile(tail_memory)
+        self._scored = 0  # ready scores admitted, young or grown: how long the tail has been watched
         self._timeline: int | None = None
         self.admitted = 0
         """Points admitted so far (``Lookahead`` checks that its points are admitted in order)."""
@@ -116,8 +124,9 @@ class RobustTrend:
         points = self._points.get(self._timeline)
         if points is None or len(points) < (self.min_points if min_points is None else min_points):
             return None
-        steps = np.fromiter((x for _, x, _ in points), float, len(points))
-        ys = np.fromiter((v for _, _, v in points), float, len(points))
+        recent = list(points)[-self._young(self.window, self.min_points) :]
+        steps = np.fromiter((x for _, x, _ in recent), float, len(recent))
+        ys = np.fromiter((v for _, _, v in recent), float, len(recent))
         half = len(ys) // 2
         run = median(steps[half:]) - median(steps[:half])
         slope = (median(ys[half:]) - median(ys[:half])) / run if run > 0 else 0.0
@@ -125,9 +134,34 @@ class RobustTrend:
         line = Line(median(detrended), float(slope))
         predicted = line.at(step)
         ready = len(self._residuals) >= MIN_FORECAST_ERRORS
-        spread = np.fromiter(self._residuals, float) if ready else detrended - line.level
+        errors = list(self._residuals)[-self._young(self.memory, MIN_FORECAST_ERRORS) :]
+        spread = np.fromiter(errors, float) if ready else detrended - line.level
         sigma = float(mad_sigma(spread, floor=self.sigma_floor))
-        return Score(line, predicted, sigma, (y - predicted) / sigma, self.tail(), ready)
+        grown = not self.learns_young or (len(recent) == self.window and len(errors) == self.memory)
+        return Score(line, predicted, sigma, (y - predicted) / sigma, self.tail(), ready, grown)
+
+    def recent_score(self, step: int, y: float, *, points: int, span: int = 30) -> Score | None:
+        """Early in a run, ``y`` against the median of the last three admitted points, with the sigma of the
+        successive differences of the last ``span`` (robust, over root 2); None before ``points`` points.
+
+        Before the forecast errors are known, the line's own spread takes a steep fall's curvature for noise,
+        and the line forecasts the fall past its bend: differences move with the noise, not with a smooth
+        fall, and the last points, brought on by their median step, follow the bend."""
+        known = self._points.get(self._timeline)
+        if known is None or len(known) < points:
+            return None
+        ys = np.fromiter((v for _, _, v in list(known)[-span:]), float)
+        moves = np.diff(ys)
+        reference = median(ys[-3:]) + 2 * median(moves)  # the last three's median, brought two steps on
+        sigma = float(mad_sigma(moves, floor=self.sigma_floor)) / math.sqrt(2)
+        return Score(Line(reference, 0.0), reference, sigma, (y - reference) / sigma, self.tail(), ready=False)
+
+    def _young(self, full: int, least: int) -> int:
+        """How many of the latest points (or forecast errors) a young baseline learns from: the newer half of
+        what it has admitted, at least ``least``, at most ``full``. A curve's dynamics change on a time scale
+        of its age (its fast early fall bends flat within a few tens of steps), so what came before the
+        newer half no longer says where it goes or how far it strays."""
+        return min(full, max(least, (self.admitted + 1) // 2)) if self.learns_young else full
 
     def tail(self) -> float:
         """(upper q99.5 of recent z / the normal 2.576 / slack) ** tail_power, at least 1.
@@ -138,22 +172,24 @@ class RobustTrend:
         of the quantile. A few hundred z-scores show a tail only roughly, and heavy tails
         least of all: until ``MIN_TAIL_ZS`` are seen the factor is at least ``EARLY_TAIL``.
         At most ``MAX_TAIL``: the power amplifies a quantile's error, and a handful of
-        large accepted points must not lift the bar out of reach.
+        large accepted points must not lift the bar out of reach. The quantile is of
+        ``grown`` scores only; the count of those seen includes a young baseline's.
         """
         if len(self._zs) < FIRST_TAIL_ZS:
             return EARLY_TAIL
         upper = self._zs.quantile(0.995)
         measured = min(max(1.0, upper / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** self.tail_power, MAX_TAIL)
-        return measured if len(self._zs) >= MIN_TAIL_ZS else max(measured, EARLY_TAIL)
+        return measured if self._scored >= MIN_TAIL_ZS else max(measured, EARLY_TAIL)
 
     def admit(self, step: int, y: float, score: Score | None) -> None:
         """Add an accepted point to the baseline; when it was scored, its forecast error to the
-        spread and, once scores are ``ready``, its z to the tail."""
+        spread and, once scores are ``ready`` (and ``grown``), its z to the tail."""
         self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, math.log1p(step), y))
         self.admitted += 1
         if score is not None:
             self._residuals.append(y - score.predicted)
-            if score.ready:
+            self._scored += score.ready
+            if score.ready and score.grown:
                 self._zs.add(score.z)
 
     def restart(self) -> None:
@@ -164,7 +200,8 @@ class RobustTrend:
         """The upcoming points ``steps``/``ys`` of the current timeline scored at once; None until the
         baseline is full (``window`` points, ``memory`` forecast errors), when ``score`` must do."""
         points = self._points.get(self._timeline)
-        if points is None or len(points) < self.window or len(self._residuals) < self.memory or not len(steps):
+        young = self._young(self.window, 0) < self.window or self._young(self.memory, 0) < self.memory
+        if points is None or young or len(points) < self.window or len(self._residuals) < self.memory or not len(steps):
             return None
         return Lookahead(self, points, steps, ys)
 
@@ -211,6 +248,7 @@ class Lookahead:
         trend._residuals.extend(self.errors[start:stop].tolist())
         for z in self.z[start:stop].tolist():
             trend._zs.add(z)
+        trend._scored += max(stop - start, 0)
         trend.admitted += stop - start
         self.done = max(start, stop)
 

@@ -318,6 +318,16 @@ def runs(tmp_path_factory) -> Iterator[Path]:
     registry.close_all()
 
 
+@pytest.fixture(scope="module")
+def clean_runs(tmp_path_factory) -> Path:
+    """A directory with one run that has nothing to find (``dashboard_app.clean_run``)."""
+    from dashboard_app import clean_run
+
+    folder = tmp_path_factory.mktemp("clean")
+    clean_run(folder)
+    return folder
+
+
 @pytest.fixture
 def served(runs: Path) -> Path:
     """The dashboard pointed at the directory of runs, without an operator token."""

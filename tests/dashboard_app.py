@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 import bedside.app.dashboard as dashboard
 from bedside.app.dashboard import live, registry
+from bedside.app.simulation import SimulationConfig, simulate_run
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 MAIN = Path(dashboard.__file__).parent / "main.py"
@@ -25,6 +26,8 @@ SCREENS = "screens"
 """Where main.py's pages are, relative to it (their file names are their url paths)."""
 FAULTS, REWIND = "tiny-faults", "tiny-rewind"
 """The two sample runs the page tests serve together."""
+CLEAN = "clean"
+"""A run with nothing to find (``clean_run``)."""
 PAGES = ("overview", "ranks", "incidents", "checkpoints", "runs", "sql")
 RUN_TIMEOUT_S = 60
 
@@ -39,6 +42,12 @@ def copy_run(name: str, into: Path, as_name: str | None = None) -> Path:
     for stale in run.glob("bedside.duckdb*"):
         stale.unlink()
     return run
+
+
+def clean_run(into: Path) -> Path:
+    """A run with no fault and nothing for the detectors to find: two simulated ranks, 160 steps."""
+    simulate_run(SimulationConfig(ranks=2, steps=160, seed=1), into / CLEAN)
+    return into / CLEAN
 
 
 def serve(target: Path, *, token: str = "", live: bool = False, config: Path | None = None) -> registry.Desk:

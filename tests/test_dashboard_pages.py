@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dashboard_app import (
+    CLEAN,
     FAULTS,
     PAGES,
     REWIND,
@@ -123,8 +124,9 @@ def test_the_training_curves_shade_each_incident_about_the_numbers_by_severity(s
 
 def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(served: Path) -> None:
     figure = chart(open_page("overview", run=REWIND), "training_curves")
-    lines = {(t["yaxis"], t["name"]): t for t in figure["data"]}
-    assert sorted({name for _, name in lines}) == ["timeline 0", "timeline 1"]
+    # The bad shards' spike on the abandoned timeline is an incident, marked in the legend as such.
+    assert sorted({t["name"] for t in figure["data"]}) == ["timeline 0", "timeline 1", "warning incident"]
+    lines = {(t["yaxis"], t["name"]): t for t in figure["data"] if t["name"].startswith("timeline")}
     panels = {axis for axis, _ in lines}
     assert len(panels) == 5 and len(lines) == 10  # loss, gradient norm, LR, throughput, step time: a line a timeline
     assert {t["opacity"] for (_, name), t in lines.items() if name == "timeline 0"} == {FADED}
@@ -168,12 +170,13 @@ def test_each_incident_opens_to_its_evidence_and_findings(served: Path) -> None:
         assert len(table(app, "kind", "severity", "active", "evidence")) == incident.findings
 
 
-def test_the_incidents_page_says_so_when_a_run_has_none(served: Path) -> None:
-    app = open_page("incidents", run=REWIND)
+def test_the_incidents_page_says_so_when_a_run_has_none(clean_runs: Path) -> None:
+    serve(clean_runs)
+    app = open_page("incidents", run=CLEAN)
     assert_rendered(app)
     [said] = [s.value for s in app.success]
     assert said.startswith("No incidents (detectors ran at ")
-    assert not chart_keys(app) and app.sidebar.selectbox(key="run").value == REWIND
+    assert not chart_keys(app) and app.sidebar.selectbox(key="run").value == CLEAN
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------

@@ -180,13 +180,14 @@ def test_the_page_s_preview_and_csv_refuse_every_attack_for_one_reason_and_chang
 
 
 @pytest.mark.parametrize(
-    ("run", "timeline", "first", "last"),
+    ("run", "timeline", "first", "last", "ranks"),
     [
-        pytest.param(REWIND, 1, 140, 160, id="no incident: the live timeline's last steps"),
-        pytest.param(FAULTS, 0, None, None, id="around the newest incident"),
+        pytest.param(WIDE, 0, 180, 200, 10, id="no incident: the last steps"),
+        pytest.param(REWIND, 0, None, None, 2, id="around the newest incident, on the abandoned timeline"),
+        pytest.param(FAULTS, 0, None, None, 2, id="around the newest incident"),
     ],
 )
-def test_the_examples_use_the_run_s_own_steps(served: Path, run: str, timeline: int, first, last) -> None:
+def test_the_examples_use_the_run_s_own_steps(served: Path, run: str, timeline: int, first, last, ranks: int) -> None:
     if first is None:
         [[onset]] = from_store(served / run, "SELECT max(start_step) FROM incidents").values
         first, last = onset - 10, onset + 10
@@ -198,4 +199,4 @@ def test_the_examples_use_the_run_s_own_steps(served: Path, run: str, timeline: 
     app.selectbox(key="example").select("slowest ranks").run()
     app.button(key="run_sql").click().run()
     assert_rendered(app)
-    assert len(table(app, "rank", "compute_s")) == 2  # both ranks of the run
+    assert len(table(app, "rank", "compute_s")) == ranks  # the run's ranks, the ten slowest of 16

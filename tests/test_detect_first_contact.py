@@ -1,10 +1,11 @@
 """The first minutes of a run a user instruments themselves: a real model's loss falls by two orders of magnitude
 over its first hundred steps, bends flat, and then the learning rate blows up. The blow-up must be found however the
 fall before it bent (the baseline's line forecasts too low for a hundred steps after the bend, and that bias is
-not noise), and nothing before it may page. The cases missed today are strict xfails (issue 24)."""
+not noise), and nothing before it may page."""
 
 from __future__ import annotations
 
+import first_contact_runs as fc
 import pandas as pd
 import pytest
 import torch
@@ -16,14 +17,15 @@ from bedside.detectors.finding import Severity
 
 BLOW_UP_FACTOR = 100.0
 FOUND_WITHIN = 20
-"""Steps from the blow-up to the alarm. Measured with the spread taken about each half's own median (not in the
-tree: it turned a sample run's bad-shard spike into a divergence): 7-16 steps on seeds 0-5 at 150; today seeds 0-2
-give no finding at all (the loss reaches 100x its level)."""
+"""Steps from the blow-up to the alarm. Measured over 54 runs (seeds 0-5, the three models below, blow-ups at steps
+60, 100 and 150): 1-9 steps, none before it; before the baseline learned from the newer half of a young run, seeds
+0-2 at step 150 gave no finding at all while the loss rose to 100x its level."""
 
 
-def mlp_run(seed: int, *, blow_up_at: int, steps: int, lr: float, width: int) -> pd.DataFrame:
-    """An MLP trained with Adam on fresh random regression batches (a teacher plus noise), its learning rate
-    ``BLOW_UP_FACTOR`` times higher from ``blow_up_at``: the job's loss and gradient norm per step."""
+def mlp_run(seed: int, *, blow_up_at: int | None, steps: int, lr: float, width: int, warmup: int = 0) -> pd.DataFrame:
+    """An MLP trained with Adam on fresh random regression batches (a teacher plus noise), the learning rate
+    rising linearly over ``warmup`` steps and ``BLOW_UP_FACTOR`` times higher from ``blow_up_at``: the job's loss
+    and gradient norm per step."""
     batches = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     teacher = torch.randn(32, 1, generator=batches)
@@ -31,9 +33,9 @@ def mlp_run(seed: int, *, blow_up_at: int, steps: int, lr: float, width: int) ->
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     rows = []
     for step in range(1, steps + 1):
-        if step == blow_up_at:
-            for group in optimizer.param_groups:
-                group["lr"] = lr * BLOW_UP_FACTOR
+        scale = BLOW_UP_FACTOR if blow_up_at is not None and step >= blow_up_at else min(1.0, step / max(warmup, 1))
+        for group in optimizer.param_groups:
+            group["lr"] = lr * scale
         x = torch.randn(64, 32, generator=batches)
         loss = F.mse_loss(model(x), x @ teacher + 0.35 * torch.randn(64, 1, generator=batches))
         optimizer.zero_grad()
@@ -44,42 +46,59 @@ def mlp_run(seed: int, *, blow_up_at: int, steps: int, lr: float, width: int) ->
     return pd.DataFrame(rows, columns=["step", "loss", "grad_norm"])
 
 
-KNEE = pytest.mark.xfail(
-    strict=True,
-    reason="the baseline's sigma, the MAD of the line's forecast errors, takes the line's bias where the fall bends "
-    "flat for noise (0.97 on log scale against the loss's 0.18) and the blow-up scores under the bar: issue 24",
-)
+MODELS = [(3e-3, 64), (2e-3, 128), (5e-3, 32)]
+"""(learning rate, width): the last falls fastest, the second creeps up slowest once blown up (about 1.5x a step)."""
 
 
-@pytest.mark.parametrize(
-    ("seed", "lr", "width"),
-    [
-        pytest.param(0, 3e-3, 64, marks=KNEE),
-        pytest.param(1, 3e-3, 64, marks=KNEE),
-        pytest.param(2, 3e-3, 64, marks=KNEE),
-        (3, 3e-3, 128),
-        (4, 5e-3, 32),
-    ],
-)
-def test_a_learning_rate_blow_up_just_after_the_first_steep_fall_is_found(seed: int, lr: float, width: int) -> None:
-    check_found(mlp_run(seed, blow_up_at=150, steps=210, lr=lr, width=width), blow_up_at=150)
+@pytest.mark.parametrize(("lr", "width"), MODELS)
+@pytest.mark.parametrize(("seed", "blow_up_at"), [(0, 150), (1, 100), (2, 60)])
+def test_a_learning_rate_blow_up_in_the_first_steps_is_found(seed: int, blow_up_at: int, lr: float, width: int) -> None:
+    # From step 150 the window of 100 points no longer holds the fall; at 60 the fall has barely bent.
+    run = mlp_run(seed, blow_up_at=blow_up_at, steps=blow_up_at + 60, lr=lr, width=width)
+    check_found(run, blow_up_at=blow_up_at, fell=30 if blow_up_at >= 100 else 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a divergence that creeps (about 1.5x a step, here 0.21 to 38 over 60 steps) is followed by the "
-    "baseline, each point a few sigma over the last: it needs a level compared with the best the run reached",
-)
-def test_a_learning_rate_blow_up_that_creeps_up_is_found() -> None:
-    check_found(mlp_run(3, blow_up_at=150, steps=210, lr=2e-3, width=128), blow_up_at=150)
+@pytest.mark.parametrize("warmup", [20, 80])
+def test_a_blow_up_after_a_linear_warm_up_is_found(warmup: int) -> None:
+    # A warm-up holds the fall back: the loss falls slowly, then steeply as the rate comes up, then bends flat.
+    run = mlp_run(3, blow_up_at=warmup + 80, steps=warmup + 140, lr=3e-3, width=64, warmup=warmup)
+    check_found(run, blow_up_at=warmup + 80, fell=30)
 
 
-def check_found(run: pd.DataFrame, *, blow_up_at: int) -> None:
-    """An alarm within ``FOUND_WITHIN`` steps of the blow-up, critical, and none before it."""
+@pytest.mark.parametrize(("lr", "width"), [*MODELS, (1e-2, 64)])
+def test_the_first_steep_fall_of_a_clean_run_pages_nobody(lr: float, width: int) -> None:
+    run = mlp_run(4, blow_up_at=None, steps=600, lr=lr, width=width)
+    findings = detect(steps=run, only=["loss_spike", "grad_spike"]).findings
+    assert [f.summary for f in findings if f.severity != Severity.INFO] == []
+
+
+def check_found(run: pd.DataFrame, *, blow_up_at: int, fell: float) -> None:
+    """An alarm within ``FOUND_WITHIN`` steps of the blow-up, critical, and none before it; the loss fell ``fell``
+    times or more before it (else the test would mean nothing)."""
     first, settled = run["loss"].iloc[:5].median(), run["loss"].iloc[blow_up_at - 20 : blow_up_at].median()
-    assert first / settled > 30, "the loss must fall steeply first for this test to mean anything"
+    assert first / settled > fell, "the loss must fall steeply first for this test to mean anything"
     findings = detect(steps=run, only=["loss_spike", "grad_spike"]).findings
     alarms = [f for f in findings if f.severity != Severity.INFO]
     assert [f.summary for f in alarms if f.start_step < blow_up_at] == []
     found = [f.start_step - blow_up_at for f in alarms if f.severity == Severity.CRITICAL]
     assert found and min(found) <= FOUND_WITHIN, [f.summary for f in findings]
+
+
+@pytest.mark.parametrize("shape", fc.SHAPES)
+@pytest.mark.parametrize(("fault", "ratio", "within"), [
+    ("blow_up", 30.0, 3), ("blow_up", 3.0, 3), ("spike", 2.0, 0), ("spike", 3.0, 0), ("plateau", 2.0, 0),
+    ("nan", 1.0, 0), ("creep", 1.15, 15),
+])  # fmt: skip
+def test_each_fault_is_found_from_step_20_after_any_initial_descent(
+    shape: str, fault: str, ratio: float, within: int
+) -> None:
+    # Delays count from the step the fault has the loss at 2x (a creep of 1.15x a step gets there in 5 steps and
+    # is found by its level, 4x its lowest, up to 13 steps later behind a warm-up). Before: a 2x plateau at step 20 or 50 went unseen
+    # in 18 of 32 runs (its early bar was 2x a line that still forecast the fall, and that line's own spread).
+    # Not here, measured by the benchmark: a fault while the loss still falls 15% a step (a creep there only
+    # holds it flat, found 12-24 steps after it doubled the loss against where the fall would have taken it).
+    outcomes = [
+        fc.score(fc.Case(shape, scale, drop, "gaussian", 0.03, fault, ratio, onset, seed=onset + int(scale)))
+        for scale, drop, onset in ((5.0, 30.0, 20), (40.0, 30.0, 50), (20.0, 3.0, 150), (80.0, 100.0, 500))
+    ]
+    assert [(o.case.name, o.delay, o.early) for o in outcomes if o.delay is None or o.delay > within or o.early] == []

@@ -85,6 +85,26 @@ def test_spikes_found_in_one_batch_are_those_found_a_step_at_a_time(name: str, n
     assert whole and whole == streamed
 
 
+def knee_run(noise: str, seed: int) -> pd.DataFrame:
+    """A loss held up by a long warm-up, falling 150x around step 380, flat from about 430, then creeping up 6% a
+    step from 471: the trend's window still holds the fall, so the level finds the blow-up, past the point where
+    batch detection scores blocks at once."""
+    rng = np.random.default_rng(seed)
+    step = np.arange(1, 701)
+    loss = (0.2 + 30 / (1 + np.exp((step - 380) / 12.0))) * np.exp(tf.log_noise(rng, noise, 700, 0.05))
+    loss[470:] *= 1.06 ** np.minimum(np.arange(1, 231), 80)
+    frame = tf.steps_frame(1.8e9 + step.astype(float), first_step=1)
+    return frame.assign(loss=loss, grad_norm=np.exp(tf.log_noise(rng, noise, 700, 0.1)))
+
+
+@pytest.mark.parametrize("noise", NOISES)
+def test_a_rise_found_by_its_level_in_one_batch_is_the_one_found_a_step_at_a_time(noise: str) -> None:
+    whole, streamed = replay_both("loss_spike", TelemetryBatch(steps=knee_run(noise, NOISES.index(noise))))
+    assert whole == streamed
+    [found] = [f for f in whole.values() if f["severity"] == "critical"]
+    assert 471 < found["start_step"] < 500 and found["evidence"]["best_level_step"] <= 475, found["summary"]
+
+
 def throughput_run(noise: str, n: int, seed: int) -> pd.DataFrame:
     """Steps whose duration drops by 30% for a stretch, then comes back, and slows for good at the end."""
     rng = np.random.default_rng(seed)
