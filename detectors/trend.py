@@ -70,9 +70,6 @@ class Score:
     z: float
     tail: float
     ready: bool = True
-    grown: bool = True
-    """Whether the line and sigma came from a full window and memory: only then is z a sample of the noise's
-    tail (a young baseline's, from a few tens of points, carries its own estimation error)."""
 
 
 Point = tuple[int, float, float]
@@ -99,7 +96,6 @@ class RobustTrend:
         self._points: dict[int | None, deque[Point]] = {}  # None: points seen before any timeline
         self._residuals: deque[float] = deque(maxlen=memory)
         self._zs = RollingQuantile(tail_memory)
-        self._scored = 0  # ready scores admitted, young or grown: how long the tail has been watched
         self._timeline: int | None = None
         self.admitted = 0
         """Points admitted so far (``Lookahead`` checks that its points are admitted in order)."""
@@ -137,8 +133,7 @@ class RobustTrend:
         errors = list(self._residuals)[-self._young(self.memory, MIN_FORECAST_ERRORS) :]
         spread = np.fromiter(errors, float) if ready else detrended - line.level
         sigma = float(mad_sigma(spread, floor=self.sigma_floor))
-        grown = not self.learns_young or (len(recent) == self.window and len(errors) == self.memory)
-        return Score(line, predicted, sigma, (y - predicted) / sigma, self.tail(), ready, grown)
+        return Score(line, predicted, sigma, (y - predicted) / sigma, self.tail(), ready)
 
     def recent_score(self, step: int, y: float, *, points: int, span: int = 30) -> Score | None:
         """Early in a run, ``y`` against the median of the last three admitted points, with the sigma of the
@@ -172,24 +167,22 @@ class RobustTrend:
         of the quantile. A few hundred z-scores show a tail only roughly, and heavy tails
         least of all: until ``MIN_TAIL_ZS`` are seen the factor is at least ``EARLY_TAIL``.
         At most ``MAX_TAIL``: the power amplifies a quantile's error, and a handful of
-        large accepted points must not lift the bar out of reach. The quantile is of
-        ``grown`` scores only; the count of those seen includes a young baseline's.
+        large accepted points must not lift the bar out of reach.
         """
         if len(self._zs) < FIRST_TAIL_ZS:
             return EARLY_TAIL
         upper = self._zs.quantile(0.995)
         measured = min(max(1.0, upper / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** self.tail_power, MAX_TAIL)
-        return measured if self._scored >= MIN_TAIL_ZS else max(measured, EARLY_TAIL)
+        return measured if len(self._zs) >= MIN_TAIL_ZS else max(measured, EARLY_TAIL)
 
     def admit(self, step: int, y: float, score: Score | None) -> None:
         """Add an accepted point to the baseline; when it was scored, its forecast error to the
-        spread and, once scores are ``ready`` (and ``grown``), its z to the tail."""
+        spread and, once scores are ``ready``, its z to the tail."""
         self._points.setdefault(self._timeline, deque(maxlen=self.window)).append((step, math.log1p(step), y))
         self.admitted += 1
         if score is not None:
             self._residuals.append(y - score.predicted)
-            self._scored += score.ready
-            if score.ready and score.grown:
+            if score.ready:
                 self._zs.add(score.z)
 
     def restart(self) -> None:
@@ -248,7 +241,6 @@ class Lookahead:
         trend._residuals.extend(self.errors[start:stop].tolist())
         for z in self.z[start:stop].tolist():
             trend._zs.add(z)
-        trend._scored += max(stop - start, 0)
         trend.admitted += stop - start
         self.done = max(start, stop)
 
