@@ -39,8 +39,9 @@ from bedside.detectors.faults import (
     window_of,
 )
 
-CALIBRATION_STEPS = 10  # a factor straggler measures its compute over at most this many steps before onset
-MIN_CALIBRATION = 3  # ... and needs at least this many measured steps before it slows down
+CALIBRATION_STEPS = 10  # a factor straggler's reference: the median of its last (at most) this many computes
+MIN_CALIBRATION = 3  # ... and it needs at least this many measured steps before it slows down
+TRACKED_STEPS = 5  # inside its window, the reference follows the median of its last this many computes
 HANG_SLEEP_S = 3600.0
 _INTS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -124,7 +125,7 @@ class Fault:
 
 
 class Straggler(Fault):
-    """This rank's compute slowed by ``factor`` (measured) or by a fixed ``delay_ms``."""
+    """This rank's compute slowed by ``factor`` (measured, step by step) or by a fixed ``delay_ms``."""
 
     fault_type = TRAINER_FAULTS["straggler"]
 
@@ -146,28 +147,31 @@ class Straggler(Fault):
         self._ready = 0.0
 
     def before_compute(self, step: int) -> None:
-        if self.delay_s is None:
+        if self.factor is not None:
             self._calibrate(step)
         if self.delay_s is not None and self.window.covers(step):
             self.record(step, delay_s=self.delay_s, reference_compute_s=self.reference_s)
             time.sleep(self.delay_s)
+        last = self.window.last
+        if self.factor is not None and self.window.first - CALIBRATION_STEPS <= step and (last is None or step < last):
+            self._started = time.perf_counter()  # after the sleep: the compute of this step alone
 
     def bucket_ready(self) -> None:
         if self._started is not None:
             self._ready = time.perf_counter()
 
     def _calibrate(self, step: int) -> None:
-        """The median compute time (start of forward to last gradient bucket) of recent unslowed steps."""
-        if self.factor is None:  # a fixed delay_ms: nothing to calibrate
-            return
+        """The delay for ``step``: ``factor - 1`` times the median compute (start of forward, after any delay,
+        to the last gradient bucket) of the rank's recent steps, the last ``TRACKED_STEPS`` once slowed, so the
+        rank computes ``factor`` times what it would under whatever load the machine has now."""
+        assert self.factor is not None
         if self._started is not None and self._ready > self._started:
             self._computes.append(self._ready - self._started)
         self._started = None
         if step >= self.window.first and len(self._computes) >= MIN_CALIBRATION:
-            self.reference_s = median(self._computes)
+            recent = list(self._computes)[-TRACKED_STEPS:] if self.delay_s is not None else list(self._computes)
+            self.reference_s = median(recent)
             self.delay_s = (self.factor - 1) * self.reference_s
-        elif step >= self.window.first - CALIBRATION_STEPS:
-            self._started = time.perf_counter()
 
 
 class Hang(Fault):
