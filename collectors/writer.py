@@ -54,9 +54,9 @@ class RunLogger:
     """Writes one rank's telemetry for a run directory (format v1).
 
     ``previous_record`` is the last complete record already in this rank's file when the logger
-    opened it (None for a new run); ``left_off`` the furthest (timeline, step) its last records
-    reached: where a restarted rank left off (the last record may be an earlier step's: a save that
-    finished after later steps were taken, the run's end).
+    opened it (None for a new run); ``left_off`` the newest timeline its last records reached and
+    the furthest step taken on it: where a restarted rank left off (the last record may be an
+    earlier step's: a save that finished after later steps were taken, the run's end).
 
     A rank file that already holds records is refused (``RunExistsError``) unless ``resume`` is
     True: then the run continues on a new timeline, one past the newest any rank file carries,
@@ -332,13 +332,15 @@ class RunLogger:
 
 
 def furthest_step(records: list[dict[str, Any]]) -> tuple[int, int] | None:
-    """The highest (timeline, step) of ``records``; None when none carries both."""
-    reached = [
-        (record["timeline"], record["step"])
-        for record in records
-        if isinstance(record.get("timeline"), int) and isinstance(record.get("step"), int)
-    ]
-    return max(reached) if reached else None
+    """The newest timeline of ``records`` and the furthest step taken on it (its step and rank_step records;
+    without any, its records' furthest step, such as a checkpoint loaded); None when no record has both."""
+    placed = [r for r in records if isinstance(r.get("timeline"), int) and isinstance(r.get("step"), int)]
+    if not placed:
+        return None
+    newest = max(r["timeline"] for r in placed)
+    on_it = [r for r in placed if r["timeline"] == newest]
+    taken = [r["step"] for r in on_it if r.get("kind") in (Kind.STEP, Kind.RANK_STEP)]
+    return newest, max(taken or [r["step"] for r in on_it])
 
 
 def _write_lines(channel: AppendFile, lines: list[str]) -> None:

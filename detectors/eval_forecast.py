@@ -73,6 +73,8 @@ LAWS = (
 )
 PARAMETERS = 3
 MIN_AMPLITUDE = 1e-12
+LM_TOLERANCES = {"ftol": 1e-8, "xtol": 1e-8, "gtol": 1e-8}
+"""``least_squares``' defaults, which the fits were measured with."""
 
 
 @dataclass(frozen=True)
@@ -241,12 +243,15 @@ def _levenberg_marquardt(
     residuals: Callable[[np.ndarray], np.ndarray], jacobian: Callable[[np.ndarray], np.ndarray], start: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(parameters, residuals) of MINPACK's Levenberg-Marquardt from ``start``, unbounded; None when it fails or
-    ends anywhere not finite. scipy's ``leastsq`` directly: ``least_squares(method="lm")`` runs the same
-    MINPACK routine behind a wrapper that cost half the time of these small fits."""
+    ends anywhere not finite. scipy's ``leastsq`` directly, with the tolerances and evaluation budget of
+    ``least_squares(method="lm")``, which runs the same MINPACK routine behind a wrapper that cost half the time
+    of these small fits."""
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            params, _, info, _, status = optimize.leastsq(residuals, start, Dfun=jacobian, full_output=True)
+            params, _, info, _, status = optimize.leastsq(
+                residuals, start, Dfun=jacobian, full_output=True, **LM_TOLERANCES, maxfev=100 * len(start)
+            )
     except (RuntimeError, ValueError, TypeError):
         return None
     fun = info["fvec"]

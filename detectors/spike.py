@@ -12,8 +12,8 @@ smaller ones are real but harmless bumps, reported as info.
 
 After ``diverge_steps`` of an episode, each elevated point tests whether the series is
 coming back: the median excess over the trend in the later half of the last
-``diverge_steps`` points against the earlier half. Not falling (by ``2`` sigma and by a
-fifth of the excess) is a divergence, as large as the level it settled at (the later
+``diverge_steps`` points against the earlier half. Not falling (by two standard errors of
+that difference and by a fifth of the excess) is a divergence, as large as the level it settled at (the later
 half's median excess): critical from ``min_ratio`` times the trend, info below (a level
 shift, such as a data-mixture switch, is no incident). The baseline restarts on the new level, and the
 finding stays active until the series returns to the old trend (``recover_steps``
@@ -185,12 +185,12 @@ class SpikeDetector(Detector):
         for i in np.flatnonzero(ahead.z >= self.z_alarm * min(1.0, self.settle_factor)).tolist():
             ahead.admit_until(i)
             if ahead.z[i] >= self._threshold(timeline, int(steps[rows[i]]), ahead.score(i)):
-                self.level.extend(steps[rows[:i]].tolist(), ys[:i])
+                self._extend_level(steps[rows[:i]].tolist(), ys[:i])
                 self._block = QUIET_BLOCK[0]
                 return int(rows[i]) - start
             ahead.admit_until(i + 1)
         ahead.admit_until(len(rows))
-        self.level.extend(steps[rows].tolist(), ys)
+        self._extend_level(steps[rows].tolist(), ys)
         self._block = min(2 * self._block, QUIET_BLOCK[1])
         return end - start
 
@@ -216,7 +216,7 @@ class SpikeDetector(Detector):
         if not (math.isfinite(value) and value > 0):
             return changed  # the nonfinite detector reports these; they neither open nor close a spike
         y = math.log(value)
-        self.level.extend([step], [y])
+        self._extend_level([step], [y])
         resolved = self._follow_divergence(step, y)
         score = self.trend.score(step, y)
         risen = self._risen(timeline, step, y, score) if resolved is None else None
@@ -247,13 +247,17 @@ class SpikeDetector(Detector):
             return None
         line = Line(rise.best, 0.0)
         excess = deque((rise.level - rise.best,), maxlen=self.diverge_steps)
-        z = (rise.level - rise.best) / score.sigma
-        value = math.exp(rise.level)
+        z = (rise.peak - rise.best) / score.sigma
         ep = _Episode(
-            timeline, rise.since, line, self._threshold(timeline, step, score), score.tail, score.sigma, z, value,
-            step, excess, best_step=rise.best_step,
+            timeline, rise.since, line, self._threshold(timeline, step, score), score.tail, score.sigma, z,
+            math.exp(rise.peak), step, excess, best_step=rise.best_step,
         )  # fmt: skip
+        ep.peak_step = rise.peak_step
         return self._diverge(ep, step)
+
+    def _extend_level(self, steps: list[int], ys: list[float]) -> None:
+        if self.checks_level:
+            self.level.extend(steps, ys)
 
     def _switch_timeline(self, timeline: int, step: int) -> Finding | None:
         """A rewind: the spike or divergence on the abandoned branch ends there."""

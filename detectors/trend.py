@@ -148,7 +148,7 @@ class RobustTrend:
         ys = np.fromiter((v for _, _, v in list(known)[-span:]), float)
         moves = np.diff(ys)
         reference = median(ys[-3:]) + 2 * median(moves)  # the last three's median, brought two steps on
-        sigma = float(mad_sigma(moves, floor=self.sigma_floor)) / math.sqrt(2)
+        sigma = max(float(mad_sigma(moves)) / math.sqrt(2), self.sigma_floor)
         return Score(Line(reference, 0.0), reference, sigma, (y - reference) / sigma, self.tail(), ready=False)
 
     def _young(self, full: int, least: int) -> int:
@@ -191,7 +191,8 @@ class RobustTrend:
 
     def lookahead(self, steps: Sequence[int], ys: Sequence[float]) -> Lookahead | None:
         """The upcoming points ``steps``/``ys`` of the current timeline scored at once; None until the
-        baseline is full (``window`` points, ``memory`` forecast errors), when ``score`` must do."""
+        baseline is full and grown (``window`` points, ``memory`` forecast errors, and no longer young:
+        it has admitted twice as many), when ``score`` must do."""
         points = self._points.get(self._timeline)
         young = self._young(self.window, 0) < self.window or self._young(self.memory, 0) < self.memory
         if points is None or young or len(points) < self.window or len(self._residuals) < self.memory or not len(steps):

@@ -6,6 +6,7 @@ not noise), and nothing before it may page."""
 from __future__ import annotations
 
 import first_contact_runs as fc
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -102,3 +103,15 @@ def test_each_fault_is_found_from_step_20_after_any_initial_descent(
         for scale, drop, onset in ((5.0, 30.0, 20), (40.0, 30.0, 50), (20.0, 3.0, 150), (80.0, 100.0, 500))
     ]
     assert [(o.case.name, o.delay, o.early) for o in outcomes if o.delay is None or o.delay > within or o.early] == []
+
+
+def test_a_short_dip_sets_no_lowest_level_the_run_cannot_come_back_to() -> None:
+    # The level check holds the loss to the lowest level it held: six easy batches at a fifth of the loss are
+    # no level the run must stay within 4x of (the lowest median of 10 would have been, and the loss back at
+    # its level would have read as a divergence that never resolves).
+    rng = np.random.default_rng(7)
+    loss = np.exp(rng.normal(0.0, 0.01, 600))
+    loss[300:306] = 0.2
+    run = pd.DataFrame({"step": np.arange(1, 601), "loss": loss, "grad_norm": loss})
+    findings = detect(steps=run, only=["loss_spike"]).findings
+    assert [f.summary for f in findings if f.severity == Severity.CRITICAL] == []

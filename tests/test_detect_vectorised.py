@@ -102,7 +102,7 @@ def test_a_rise_found_by_its_level_in_one_batch_is_the_one_found_a_step_at_a_tim
     whole, streamed = replay_both("loss_spike", TelemetryBatch(steps=knee_run(noise, NOISES.index(noise))))
     assert whole == streamed
     [found] = [f for f in whole.values() if f["severity"] == "critical"]
-    assert 471 < found["start_step"] < 500 and found["evidence"]["best_level_step"] <= 475, found["summary"]
+    assert 471 < found["start_step"] < 500 and 430 < found["evidence"]["best_level_step"] < 485, found["summary"]
 
 
 def throughput_run(noise: str, n: int, seed: int) -> pd.DataFrame:

@@ -80,10 +80,14 @@ class Checkpointing:
         return True
 
     def _where_the_run_left_off(self) -> tuple[int, int]:
-        """The highest (timeline, step) any rank recorded before this restart, agreed by all ranks."""
-        seen = torch.tensor(self.trainer.log.left_off or (0, 0), dtype=torch.int64)
-        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.manager.group)
-        return int(seen[0]), int(seen[1])
+        """The highest (timeline, step) any rank recorded before this restart, agreed by all ranks: the newest
+        timeline, then the furthest step on it (a rank still on an older timeline says nothing of its steps)."""
+        timeline, step = self.trainer.log.left_off or (0, 0)
+        newest = torch.tensor([timeline], dtype=torch.int64)
+        dist.all_reduce(newest, op=dist.ReduceOp.MAX, group=self.manager.group)
+        furthest = torch.tensor([step if timeline == int(newest) else 0], dtype=torch.int64)
+        dist.all_reduce(furthest, op=dist.ReduceOp.MAX, group=self.manager.group)
+        return int(newest), int(furthest)
 
     def rewind(self, at_or_before_step: int) -> CheckpointInfo | None:
         """Load the latest good checkpoint at or before a step and continue on a new timeline; None when none."""
