@@ -219,7 +219,7 @@ class SpikeDetector(Detector):
         self._extend_level([step], [y])
         resolved = self._follow_divergence(step, y)
         score = self.trend.score(step, y)
-        risen = self._risen(timeline, step, y, score) if resolved is None else None
+        risen = self._risen(timeline, step, y, score) if resolved is None and changed is None else None
         if risen is not None:
             return risen
         early = None if resolved is not None or (score is not None and score.ready) else self._early(timeline, step, y)

@@ -194,7 +194,7 @@ class RobustTrend:
         baseline is full and grown (``window`` points, ``memory`` forecast errors, and no longer young:
         it has admitted twice as many), when ``score`` must do."""
         points = self._points.get(self._timeline)
-        young = self._young(self.window, 0) < self.window or self._young(self.memory, 0) < self.memory
+        young = self._young(max(self.window, self.memory), 0) < max(self.window, self.memory)
         if points is None or young or len(points) < self.window or len(self._residuals) < self.memory or not len(steps):
             return None
         return Lookahead(self, points, steps, ys)
