@@ -14,6 +14,8 @@ from bedside.app.dashboard.data import RunData
 from bedside.app.dashboard.registry import desk
 
 OVERVIEW = "screens/overview.py"
+OPENING = "runs_opening"
+"""The session key of the run whose row was clicked, opened by the next full run of the page."""
 COLUMNS = {
     "folder": st.column_config.TextColumn("run"),
     "last_loss": st.column_config.NumberColumn("last loss", help="the training loss of the latest step"),
@@ -25,6 +27,18 @@ COLUMNS = {
     "run_id": st.column_config.TextColumn("run id"),
 }
 
+
+def open_clicked() -> None:
+    """The Overview of the run whose row was clicked, as a link to it opens it (the sidebar's pick giving way to
+    the link's run). Done from a full run of the page, never from the table's fragment: Streamlit's browser side
+    can lose the whole page (a blank tab, "Bad delta path index") when a fragment switches pages while another
+    fragment refreshes."""
+    if folder := st.session_state.pop(OPENING, None):
+        st.session_state.pop("run", None)
+        st.switch_page(OVERVIEW, query_params={"run": folder})
+
+
+open_clicked()
 current_run()
 live.preload_plotly()  # its chart needs plotly.js: fetched while the queries run
 st.title("Runs")
@@ -64,13 +78,8 @@ def table() -> None:
     )
     st.caption("Click a row to open that run.")
     if picked.selection.rows:
-        open_run(str(shown["folder"].iloc[picked.selection.rows[0]]))
-
-
-def open_run(folder: str) -> None:
-    """The Overview of ``folder``: as a link to it opens it, the sidebar's pick giving way to the link's run."""
-    del st.session_state["run"]
-    st.switch_page(OVERVIEW, query_params={"run": folder})
+        st.session_state[OPENING] = str(shown["folder"].iloc[picked.selection.rows[0]])
+        st.rerun(scope="app")
 
 
 def compare(folders: list[str]) -> None:
