@@ -18,6 +18,7 @@ active while its checksum still disagrees or within ``gap`` steps of its last ou
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,6 +45,11 @@ SCORE_CAP = 10.0
 """One outlier adds its excess over the threshold (ratio of log2 deviations) to the score, at most this."""
 HIT_STEPS = 16
 """The evidence lists this many of the newest outlier steps."""
+OWN_STEPS, OWN_MIN = 32, 8
+"""A rank's own recent level: the median of its last 32 log2 norms (8 at least) of two-rank steps."""
+PEER_SHARE = 0.5
+"""A lone jump: the peer's own change is at most this share of the rank's (the jump is the rank's, not a drop of
+its peer's nor a job-wide move)."""
 
 
 class PooledTail:
@@ -172,6 +178,7 @@ class SdcDetector(CrossRankDetector):
     )
     limits = ranges(
         false_alarms_per_step=FRACTION,
+        suspect_false_alarms_per_step=FRACTION,
         half_life=POSITIVE,
         warmup=OPTIONAL_COUNT,
         min_ratio_log2=NON_NEGATIVE,
@@ -183,6 +190,7 @@ class SdcDetector(CrossRankDetector):
         self,
         *,
         false_alarms_per_step: float = 1e-5,
+        suspect_false_alarms_per_step: float = 1e-4,
         half_life: int = 1000,
         warmup: int = 400,
         min_ratio_log2: float = 1.0,
@@ -191,6 +199,7 @@ class SdcDetector(CrossRankDetector):
     ) -> None:
         super().__init__()
         self.false_alarms_per_step = false_alarms_per_step
+        self.suspect_false_alarms_per_step = suspect_false_alarms_per_step
         self.half_life = half_life
         self.warmup = warmup
         self.min_ratio_log2 = min_ratio_log2
@@ -203,6 +212,7 @@ class SdcDetector(CrossRankDetector):
         self._groups: tuple[tuple, np.ndarray] = ((), np.zeros(0, dtype=int))
         self._unanimous: set[int] = set()
         self._splits: dict[int, Finding] = {}
+        self._own: dict[int, deque[float]] = {}
 
     def take(self, batch: TelemetryBatch, matrix: StepMatrix | None) -> list[Finding]:
         return self._released(matrix)
@@ -330,10 +340,16 @@ class SdcDetector(CrossRankDetector):
         compared = ~np.isnan(deviations)
         if compared.sum() < 2:
             return []
-        threshold = self._threshold(int(compared.sum()))
-        outliers = compared & ((deviations > threshold) | np.isposinf(deviations))
-        sigma = self._tail.scale() if outliers.any() else 0.0
-        self._tail.add(deviations[compared & ~outliers & np.isfinite(deviations)])
+        jumps: dict[int, dict] = {}
+        if compared.sum() == 2 and np.isfinite(deviations[compared]).all():
+            threshold = self._threshold(2, self.suspect_false_alarms_per_step)
+            jumps = self._lone_jumps(ranks, norms, deviations, threshold)
+            flagged = np.isin(np.arange(len(ranks)), list(jumps))
+        else:
+            threshold = self._threshold(int(compared.sum()), self.false_alarms_per_step)
+            flagged = compared & ((deviations > threshold) | np.isposinf(deviations))
+        sigma = self._tail.scale() if flagged.any() else 0.0
+        self._tail.add(deviations[compared & ~flagged & np.isfinite(deviations)])
         return [
             self._outlier(
                 timeline,
@@ -348,17 +364,39 @@ class SdcDetector(CrossRankDetector):
                     "threshold_log2": threshold,
                     "scale_log2": sigma,
                     "ranks_compared": int(compared.sum()),
+                    "lone_jump": jumps.get(int(j)),
                 },
             )
-            for j in np.flatnonzero(outliers)
+            for j in np.flatnonzero(flagged)
         ]
 
-    def _threshold(self, ranks: int) -> float:
-        """The log2 deviation above which one of ``ranks`` is an outlier (infinite while warming up: then only
-        an infinite norm among finite peers is one)."""
+    def _lone_jumps(
+        self, ranks: np.ndarray, norms: np.ndarray, deviations: np.ndarray, threshold: float
+    ) -> dict[int, dict]:
+        """Two ranks compared: ``d`` is half their log ratio, the same for both but its sign, so it cannot tell a
+        jump of one from a drop of the other. The rank named is the one whose norm rose above its own recent
+        median while its peer's stayed (moved at most ``PEER_SHARE`` of that), when ``d`` passes the bar of the
+        looser ``suspect_false_alarms_per_step``: column -> its jump."""
+        columns = np.flatnonzero(~np.isnan(deviations))
+        logs = np.log2(norms[columns])
+        history = [self._own.setdefault(int(ranks[j]), deque(maxlen=OWN_STEPS)) for j in columns]
+        changes = [log - float(np.median(h)) if len(h) >= OWN_MIN else math.nan for log, h in zip(logs, history)]
+        jumps = {}
+        for k, j in enumerate(columns):
+            own, peer = changes[k], changes[1 - k]
+            if deviations[j] > threshold and own > 0 and abs(peer) <= PEER_SHARE * own:
+                jumps[int(j)] = {"own_change_log2": own, "peer_change_log2": peer, "own_steps": OWN_STEPS}
+        for j, log, h in zip(columns, logs, history):
+            if int(j) not in jumps:  # a rank's own level learns from its clean steps only
+                h.append(float(log))
+        return jumps
+
+    def _threshold(self, ranks: int, false_alarms_per_step: float) -> float:
+        """The log2 deviation above which one of ``ranks`` is an outlier at ``false_alarms_per_step`` (infinite
+        while warming up: then only an infinite norm among finite peers is one)."""
         if self._tail.samples < self.warmup:
             return math.inf
-        return max(self._tail.threshold(self.false_alarms_per_step / ranks), self.min_ratio_log2)
+        return max(self._tail.threshold(false_alarms_per_step / ranks), self.min_ratio_log2)
 
     def _outlier(self, timeline: int, step: int, rank: int, seen: dict) -> _Case:
         case = self._case(timeline, rank, step)
@@ -387,7 +425,7 @@ class SdcDetector(CrossRankDetector):
         """A rewind started ``timeline``: what was open on the old one is over."""
         if timeline == self._timeline:
             return []
-        self._timeline, self._agreed = timeline, {}
+        self._timeline, self._agreed, self._own = timeline, {}, {}
         closed = list(self._cases.values())
         for case in closed:
             case.active = False
@@ -477,6 +515,12 @@ def _gradient_summary(gradient: dict | None) -> str:
     ranks, step = gradient["ranks_compared"], gradient["step"]
     if not math.isfinite(gradient["ratio_log2"]):
         return f"infinite local gradient norm among {ranks} ranks at step {step}{repeated}"
+    if jump := gradient.get("lone_jump"):
+        return (
+            f"local gradient norm 2^{2 * gradient['ratio_log2']:.1f} x its only peer's at step {step}, "
+            f"2^{jump['own_change_log2']:.1f} x its own median of its last {jump['own_steps']} steps while the "
+            f"peer's moved 2^{jump['peer_change_log2']:.1f} (a suspect: two ranks hold no majority){repeated}"
+        )
     return (
         f"local gradient norm 2^{gradient['ratio_log2']:.1f} x the median of {ranks} ranks at step {step} "
         f"(robust z {gradient['robust_z']:.1f} > {gradient['threshold_z']:.1f}){repeated}"

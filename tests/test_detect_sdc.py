@@ -101,7 +101,38 @@ def test_one_rank_gradient_scaled_16x_is_found_at_its_step(kind: str, scale: flo
     )
 
 
-@pytest.mark.parametrize("ranks", RANKS)
+@pytest.mark.parametrize("kind,scale", NOISES)
+def test_one_of_two_ranks_whose_norm_jumped_while_its_peers_stayed_is_named(kind: str, scale: float) -> None:
+    # With two ranks d is half their log ratio, the same for both but its sign, and the pooled bar sat at 2^2.5 and
+    # more: before the lone-jump route, 8x on one rank was never named under gaussian or lognormal spread (each
+    # missed jump then joined the tail and lifted the bar further).
+    rng = np.random.default_rng(2)
+    faults = 40
+    norms = clean_norms(rng, 250 + 60 * faults, 2, kind, scale)
+    truth = {(250 + 60 * k + int(rng.integers(60)), int(rng.integers(2))) for k in range(faults)}
+    for step, rank in truth:
+        norms[step - 1, rank] *= 8.0
+    found = detect(norm_batch(norms), 2, gap=0)
+    named = {(f.start_step, f.ranks[0]) for f in found}
+    assert len(named & truth) / len(truth) >= 0.95 and len(named & truth) / max(len(named), 1) >= 0.95
+    jumps = [f for f in found if f.evidence["gradient"]["lone_jump"]]
+    for finding in jumps:
+        jump = finding.evidence["gradient"]["lone_jump"]
+        assert finding.severity == Severity.WARNING and jump["own_change_log2"] > 2
+        assert abs(jump["peer_change_log2"]) <= 0.5 * jump["own_change_log2"]
+        assert "its only peer's" in finding.summary and "two ranks hold no majority" in finding.summary
+
+
+def test_a_drop_of_one_of_two_ranks_names_neither() -> None:
+    # Rank 0's norm falling 16x puts rank 1 as far above it as a jump of rank 1 would, but rank 1's own norm stayed.
+    rng = np.random.default_rng(3)
+    norms = clean_norms(rng, 1200, 2)
+    for step in range(300, 1200, 60):
+        norms[step - 1, 0] /= 16.0
+    assert detect(norm_batch(norms), 2, gap=0) == []
+
+
+@pytest.mark.parametrize("ranks", (2, *RANKS))
 @pytest.mark.parametrize("kind,scale", NOISES)
 def test_clean_runs_stay_quiet_over_10k_steps(kind: str, scale: float, ranks: int) -> None:
     rng = np.random.default_rng(7 + ranks)

@@ -427,7 +427,9 @@ def test_a_straggler_slows_its_compute_by_the_factor_and_makes_its_peer_wait(fau
             "WHERE step > 1 GROUP BY ALL",
         )
     )
-    assert 2.5 < medians[1, True][0] / reference < 6
+    # the delay follows the rank's own recent compute (docs/faults.md): measured against its peer's compute over
+    # the same steps, which shared the machine's load, not against the reference taken before the window
+    assert 2.5 < medians[1, True][0] / medians[0, True][0] < 6
     assert medians[0, True][1] - medians[0, False][1] > 0.4 * delay
 
 

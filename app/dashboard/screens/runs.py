@@ -14,8 +14,7 @@ from bedside.app.dashboard.data import RunData
 from bedside.app.dashboard.registry import desk
 
 OVERVIEW = "screens/overview.py"
-OPENING = "runs_opening"
-"""The session key of the run whose row was clicked, opened by the next full run of the page."""
+OPENING = "runs_opening"  # the session key of the run whose row was clicked, opened by the page's next full run
 COLUMNS = {
     "folder": st.column_config.TextColumn("run"),
     "last_loss": st.column_config.NumberColumn("last loss", help="the training loss of the latest step"),
