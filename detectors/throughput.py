@@ -10,6 +10,13 @@ a finding when it is at least ``min_drop`` and ``z`` standard errors of the diff
 of the two medians; the baseline is then frozen until the rate is back within
 ``min_drop / 2`` of it. The first ``warmup_steps`` (compilation, allocator and loader
 warm-up) are not a baseline.
+
+A drop is judged by its practical size too: the wall time it has cost (each step's
+duration less the time the baseline rate would have taken for its work, summed from
+the onset). It pages (warning) once that reaches ``min_lost_s``; until then it is
+info, so that a toy job whose 2 ms steps became 8 ms while another process took the
+cores (a second lost in 150 steps) pages nobody, while a real job's drop of the same
+share reaches the bar within minutes.
 """
 
 from __future__ import annotations
@@ -25,13 +32,13 @@ import pandas as pd
 from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
-from .limits import COUNT, FRACTION, OPTIONAL_COUNT, POSITIVE, ranges
+from .limits import COUNT, FRACTION, NON_NEGATIVE, OPTIONAL_COUNT, POSITIVE, ranges
 from .robust import mad_sigma, row_median
 from .telemetry import TelemetryBatch
 
 Key = tuple[int, int]
-_Rated = tuple[Key, float, str, float]
-"""A step's key and log rate, with where its duration came from and the tokens it reported."""
+_Rated = tuple[Key, float, str, float, float]
+"""A step's key and log rate, with where its duration came from, the tokens it reported and its seconds."""
 SCREEN_FROM = 64
 """Rated steps from which a drain screens them with rolling medians rather than judging each."""
 SCREEN_SLACK = 1e-9
@@ -51,6 +58,7 @@ class _Drop:
     end_step: int
     lowest: float  # the lowest log rate (median of the window) since the onset
     lowest_step: int  # the step at which it was seen
+    lost_s: float = 0.0  # wall time lost against the baseline rate since the onset
     evidence: dict[str, Any] = field(default_factory=dict)
     active: bool = True
 
@@ -64,7 +72,13 @@ class ThroughputDetector(CrossRankDetector):
         FindingKind("throughput_drop", Family.PERFORMANCE, tolerance=200, cause="throughput", precedence=90, lead=50),
     )
     limits = ranges(
-        window=COUNT, baseline_steps=COUNT, min_drop=FRACTION, z=POSITIVE, warmup_steps=OPTIONAL_COUNT, lag=COUNT
+        window=COUNT,
+        baseline_steps=COUNT,
+        min_drop=FRACTION,
+        z=POSITIVE,
+        warmup_steps=OPTIONAL_COUNT,
+        lag=COUNT,
+        min_lost_s=NON_NEGATIVE,
     )
 
     def __init__(
@@ -76,17 +90,18 @@ class ThroughputDetector(CrossRankDetector):
         z: float = 4.0,
         warmup_steps: int = 100,
         lag: int = 20,
+        min_lost_s: float = 60.0,
     ) -> None:
         super().__init__()
         self.window, self.baseline_steps, self.min_drop, self.z = window, baseline_steps, min_drop, z
-        self.warmup_steps, self.lag = warmup_steps, lag
+        self.warmup_steps, self.lag, self.min_lost_s = warmup_steps, lag, min_lost_s
         self._durations: dict[Key, float] = {}
         self._released: Key = (-1, -1)
         self._queue: deque[tuple[Key, float, float]] = deque()  # (key, time, tokens) of step records not yet rated
         self._previous: dict[int, tuple[int, float]] = {}  # timeline -> (step, time) of the last step record
         self._tokens = math.nan
         self._seen = 0
-        self._history: deque[tuple[Key, float]] = deque(maxlen=baseline_steps + window)
+        self._history: deque[tuple[Key, float, float]] = deque(maxlen=baseline_steps + window)  # key, log rate, s
         self._drop: _Drop | None = None
         self._source = "median rank step_time"
 
@@ -133,9 +148,10 @@ class ThroughputDetector(CrossRankDetector):
             if not settled:
                 break
             self._queue.popleft()
-            rate = self._rate(key, time, tokens)
-            if rate is not None:
-                rated.append((key, math.log(rate), self._source, self._tokens))
+            timed = self._rate(key, time, tokens)
+            if timed is not None:
+                rate, seconds = timed
+                rated.append((key, math.log(rate), self._source, self._tokens, seconds))
         last = self._source, self._tokens
         changed = {id(drop): drop for drop in self._observe_all(rated)}
         self._source, self._tokens = last  # as the last step rated left them
@@ -144,8 +160,9 @@ class ThroughputDetector(CrossRankDetector):
             self._drop.evidence = self._evidence(self._drop)
         return [self._finding(d) for d in changed.values()]
 
-    def _rate(self, key: Key, time: float, tokens: float) -> float | None:
-        """Tokens (or steps) per second of the step ``key``; None when it has no duration."""
+    def _rate(self, key: Key, time: float, tokens: float) -> tuple[float, float] | None:
+        """Tokens (or steps) per second of the step ``key``, and the seconds it took; None when it has no
+        duration."""
         timeline, step = key
         before = self._previous.get(timeline)
         self._previous[timeline] = (step, time)
@@ -153,11 +170,12 @@ class ThroughputDetector(CrossRankDetector):
         work = self._tokens if math.isfinite(self._tokens) else 1.0
         if key in self._durations:
             self._source = "median rank step_time"
-            return work / self._durations.pop(key)
+            seconds = self._durations.pop(key)
+            return work / seconds, seconds
         if before is None or step <= before[0] or time <= before[1]:
             return None
         self._source = "interval between step records"
-        return work * (step - before[0]) / (time - before[1])
+        return work * (step - before[0]) / (time - before[1]), time - before[1]
 
     # -- the statistic -------------------------------------------------------------------
     def _observe_all(self, rated: list[_Rated]) -> list[_Drop]:
@@ -174,14 +192,14 @@ class ThroughputDetector(CrossRankDetector):
         rated = rated[warm:]
         if not rated:
             return []
-        known = [x for _, x in self._history]
+        known = [x for _, x, _ in self._history]
         values = pd.Series(known + [x for _, x, *_ in rated])
         current = values.rolling(self.window).median().to_numpy()[len(known) :]
         older = values.rolling(self.baseline_steps, min_periods=2 * self.window).median()
         baseline = older.shift(self.window).to_numpy()[len(known) :]
         out: list[_Drop] = []
-        for (key, x, source, tokens), now, base in zip(rated, current.tolist(), baseline.tolist()):
-            self._history.append((key, x))
+        for (key, x, source, tokens, seconds), now, base in zip(rated, current.tolist(), baseline.tolist()):
+            self._history.append((key, x, seconds))
             drop = self._drop
             if not math.isfinite(base):
                 continue
@@ -191,20 +209,20 @@ class ThroughputDetector(CrossRankDetector):
                 interesting = now < drop.lowest + SCREEN_SLACK or now > drop.baseline + self._back - SCREEN_SLACK
             if not interesting:
                 if drop is not None:
-                    self._extend(drop, key)
+                    self._extend(drop, key, x, seconds, now)
                 continue
             self._source, self._tokens = source, tokens
             if (found := self._judge(key)) is not None:
                 out.append(found)
         return out
 
-    def _observe(self, key: Key, x: float, source: str, tokens: float) -> _Drop | None:
-        """Add one step's log rate (its duration's source and the tokens it reported, for the evidence); the
-        drop opened or closed by it."""
+    def _observe(self, key: Key, x: float, source: str, tokens: float, seconds: float) -> _Drop | None:
+        """Add one step's log rate and seconds (its duration's source and the tokens it reported, for the
+        evidence); the drop opened or closed by it."""
         self._seen += 1
         if self._seen <= self.warmup_steps:
             return None
-        self._history.append((key, x))
+        self._history.append((key, x, seconds))
         self._source, self._tokens = source, tokens
         return self._judge(key)
 
@@ -215,12 +233,13 @@ class ThroughputDetector(CrossRankDetector):
 
     def _judge(self, key: Key) -> _Drop | None:
         """The drop that the history, up to the step ``key``, opens or closes."""
-        values = np.array([v for _, v in self._history])
+        values = np.array([v for _, v, _ in self._history])
         if len(values) < 3 * self.window:
             return None
         current = float(np.median(values[-self.window :]))
         if self._drop is not None:
-            self._extend(self._drop, key)
+            _, x, seconds = self._history[-1]
+            self._extend(self._drop, key, x, seconds, current)
             if current < self._drop.lowest:
                 self._drop.lowest, self._drop.lowest_step = current, key[1]
             if current > self._drop.baseline + self._back:
@@ -235,9 +254,12 @@ class ThroughputDetector(CrossRankDetector):
         return None
 
     @staticmethod
-    def _extend(drop: _Drop, key: Key) -> None:
+    def _extend(drop: _Drop, key: Key, x: float, seconds: float, current: float) -> None:
+        """The step ``key`` (log rate ``x``, ``seconds`` long, the window's median ``current``) within the drop:
+        its end, and the time it lost."""
         if key[0] == drop.timeline:
             drop.end_step = max(key[1], drop.start_step)
+            drop.lost_s += lost_seconds(x, seconds, current, drop.baseline)
 
     def _open(self, key: Key, values: np.ndarray, baseline: float) -> _Drop:
         """The drop's onset: the recent step from which the count of steps below the half-drop level, less
@@ -245,9 +267,11 @@ class ThroughputDetector(CrossRankDetector):
         recent = values[-self.window :]
         signs = np.where(recent < baseline + math.log1p(-self.min_drop / 2), 1, -1)
         first = int(np.argmax(np.cumsum(signs[::-1])[::-1]))
-        onset = list(self._history)[-self.window + first][0]
-        start = onset[1] if onset[0] == key[0] else key[1]
-        return _Drop(key[0], start, key[1], baseline, key[1], float(np.median(recent)), key[1])
+        since = [entry for entry in list(self._history)[-self.window + first :] if entry[0][0] == key[0]]
+        start = since[0][0][1] if since else key[1]
+        current = float(np.median(recent))
+        lost = sum(lost_seconds(x, seconds, current, baseline) for _, x, seconds in since)
+        return _Drop(key[0], start, key[1], baseline, key[1], current, key[1], lost)
 
     def _close(self, drop: _Drop) -> _Drop:
         drop.evidence, drop.active = self._evidence(drop), False
@@ -255,7 +279,7 @@ class ThroughputDetector(CrossRankDetector):
         return drop
 
     def _evidence(self, drop: _Drop) -> dict[str, Any]:
-        current = float(np.median([v for _, v in list(self._history)[-self.window :]]))
+        current = float(np.median([v for _, v, _ in list(self._history)[-self.window :]]))
         unit = "tokens/s" if math.isfinite(self._tokens) else "steps/s"
         return {
             "baseline_per_s": round(math.exp(drop.baseline), 6),
@@ -271,6 +295,8 @@ class ThroughputDetector(CrossRankDetector):
             "baseline_steps": self.baseline_steps,
             "alarm_step": drop.alarm_step,
             "duration_from": self._source,
+            "lost_s": round(drop.lost_s, 3),
+            "min_lost_s": self.min_lost_s,
         }
 
     def _finding(self, drop: _Drop) -> Finding:
@@ -283,7 +309,7 @@ class ThroughputDetector(CrossRankDetector):
         )
         return Finding(
             "throughput_drop",
-            Severity.WARNING,
+            Severity.WARNING if drop.lost_s >= self.min_lost_s else Severity.INFO,
             drop.timeline,
             drop.start_step,
             max(drop.end_step, drop.start_step),
@@ -297,6 +323,14 @@ class ThroughputDetector(CrossRankDetector):
         )
 
 
+def lost_seconds(x: float, seconds: float, current: float, baseline: float) -> float:
+    """What a step lost (its log rate ``x``, ``seconds`` long): its work's time at the window's median log rate
+    ``current`` less its time at the ``baseline``. Medians, as the drop itself: a checkpoint pause inside a
+    drop is no time the drop lost."""
+    work = seconds * math.exp(x)
+    return work * (math.exp(-current) - math.exp(-baseline))
+
+
 def _summary(start_step: int, ev: dict[str, Any]) -> str:
     """The drop at its deepest, with the rates of that moment; the rate now too when it has moved since."""
     unit, baseline = ev["unit"], ev["baseline_per_s"]
@@ -304,7 +338,15 @@ def _summary(start_step: int, ev: dict[str, Any]) -> str:
         f"throughput down {ev['largest_drop'] * 100:.1f}% from its baseline since step {start_step}"
         f" ({ev['lowest_per_s']:.4g} vs {baseline:.4g} {unit} at step {ev['lowest_step']})"
     )
+    cost = f"; {_duration(ev['lost_s'])} of wall time lost"
+    if ev["lost_s"] < ev["min_lost_s"]:
+        cost += f" (it pages from {_duration(ev['min_lost_s'])})"
     if f"{ev['drop'] * 100:.1f}" == f"{ev['largest_drop'] * 100:.1f}":
-        return peak
+        return peak + cost
     now = ev["drop"]
-    return f"{peak}; now {ev['current_per_s']:.4g} {unit}, {abs(now) * 100:.1f}% {'below' if now >= 0 else 'above'} it"
+    rate = f"now {ev['current_per_s']:.4g} {unit}, {abs(now) * 100:.1f}% {'below' if now >= 0 else 'above'} it"
+    return f"{peak}; {rate}{cost}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"

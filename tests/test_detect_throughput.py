@@ -63,12 +63,18 @@ def test_stalls_swings_and_warm_up_do_not_alarm(kind: str, rank_steps: bool) -> 
 
 
 @pytest.mark.parametrize("kind", tf.NOISES)
-@pytest.mark.parametrize(("base", "tokens", "rank_steps"), [(0.05, 4096.0, True), (20.0, 4e6, False)])
-def test_a_sustained_drop_is_found_and_clears(kind: str, base: float, tokens: float, rank_steps: bool) -> None:
+@pytest.mark.parametrize(
+    ("base", "tokens", "rank_steps", "severity"), [(0.05, 4096.0, True, "info"), (20.0, 4e6, False, "warning")]
+)
+def test_a_sustained_drop_is_found_and_clears(
+    kind: str, base: float, tokens: float, rank_steps: bool, severity: str
+) -> None:
+    # 20% slower for 300 steps: 3 s lost at 50 ms a step pages nobody, 20 minutes at 20 s a step does
     timing = job(kind, base=base, drop=(1500, 1800, 1.2))
     [found] = detect(batch_of(timing, tokens=tokens, rank_steps=rank_steps))
     ev = found.evidence
-    assert found.severity.value == "warning" and found.ranks == () and not found.active
+    assert ev["lost_s"] == pytest.approx(300 * 0.2 * base, rel=0.3)
+    assert found.severity.value == severity and found.ranks == () and not found.active
     assert 1480 <= found.start_step <= 1520 and ev["alarm_step"] - 1500 <= 50
     assert 1800 <= found.end_step <= 1860 and ev["largest_drop"] >= 0.1 and ev["unit"] == "tokens/s"
     assert ev["baseline_per_s"] == pytest.approx(tokens / np.median(timing["step_time"][1000:1500]), rel=0.05)
@@ -79,6 +85,27 @@ def test_a_sustained_drop_is_found_and_clears(kind: str, base: float, tokens: fl
 def test_a_drop_that_lasts_stays_active() -> None:
     [found] = detect(batch_of(job(drop=(2000, STEPS, 1.25))))
     assert found.active and found.end_step == STEPS and 0.12 < found.evidence["drop"] < 0.25
+
+
+@pytest.mark.parametrize("kind", tf.NOISES)
+def test_a_tiny_job_slowed_by_contention_is_told_not_paged(kind: str) -> None:
+    # Steps of 2 ms that took 8 ms for 150 steps while other processes took the cores: under a second lost.
+    compute = tf.work(np.random.default_rng(5), 1200, 2, 0.002, kind=kind, scale=0.05)
+    compute[699:850] *= 4.0
+    [found] = detect(batch_of(tf.synchronous(compute, np.full_like(compute, 1e-5))))
+    assert found.severity.value == "info" and 0.5 < found.evidence["lost_s"] < 1.5
+    assert re.search(r"; [01]\.\d s of wall time lost \(it pages from 60\.0 s\)$", found.summary), found.summary
+
+
+def test_the_same_share_lost_on_long_steps_pages_once_it_has_cost_a_minute() -> None:
+    # 25% slower from step 2000 at 0.5 s a step: 0.125 s a step, a minute lost within about 500 steps.
+    timing = job(drop=(2000, STEPS, 1.25))
+    batch = batch_of(timing)
+    first = [f for f in detect(TelemetryBatch(steps=batch.steps.iloc[:2100], rank_steps=batch.rank_steps))]
+    assert [f.severity.value for f in first] == ["info"]
+    [found] = detect(batch)
+    assert found.severity.value == "warning" and found.evidence["lost_s"] > 60
+    assert "min of wall time lost" in found.summary and "pages from" not in found.summary
 
 
 def test_a_small_drop_is_not_a_finding() -> None:
@@ -113,16 +140,17 @@ def test_the_old_name_is_taken_with_a_warning() -> None:
 RATE = r"([0-9.]+(?:e[+-]?\d+)?)"
 SUMMARY = re.compile(
     rf"throughput down ([0-9.]+)% from its baseline since step (\d+) \({RATE} vs {RATE} tokens/s at step (\d+)\)"
-    rf"(?:; now {RATE} tokens/s, ([0-9.]+)% (below|above) it)?$"
+    rf"(?:; now {RATE} tokens/s, ([0-9.]+)% (below|above) it)?; ([0-9.]+) (s|min) of wall time lost"
+    r"(?: \(it pages from 60\.0 s\))?$"
 )
 
 
 def summary_numbers(found: Finding) -> dict[str, float]:
     match = SUMMARY.match(found.summary)
     assert match, found.summary
-    peak, start, lowest, baseline, at, now, now_pct, side = match.groups()
+    peak, start, lowest, baseline, at, now, now_pct, side, lost, unit = match.groups()
     numbers = {"peak": float(peak), "start": int(start), "lowest": float(lowest), "baseline": float(baseline)}
-    numbers |= {"at": int(at)}
+    numbers |= {"at": int(at), "lost_s": float(lost) * (60 if unit == "min" else 1)}
     if now is not None:
         numbers |= {"now": float(now), "now_pct": float(now_pct) * (1 if side == "below" else -1)}
     return numbers
