@@ -73,7 +73,8 @@ def detect(
     """Run the registered detectors (or those in ``only``, with ``settings`` by name) over whole frames.
 
     A frame left out is empty; a column left out is missing (NaN), except ``timeline``
-    (0), ``rank`` (0), ``seq`` (the row's position) and ``time`` (the step, as seconds).
+    (0), ``rank`` (0), ``seq`` (the row's position) and ``time`` (the step, as seconds, each
+    timeline after the one before: a rewind's steps come after the abandoned branch's).
     ``world_size`` defaults to the ranks seen.
     """
     run = RunState(world_size=world_size, topology=_topology(topology))
@@ -95,11 +96,14 @@ def telemetry_batch(**frames: pd.DataFrame | None) -> TelemetryBatch:
     unknown = sorted(set(frames) - set(FRAMES))
     if unknown:
         raise DetectorInputError(f"unknown frame {', '.join(unknown)} (known: {', '.join(FRAMES)})")
-    return TelemetryBatch(**{name: _completed(name, frame) for name, frame in frames.items()})
+    steps = [frame["step"] for frame in frames.values() if frame is not None and "step" in frame and len(frame)]
+    span = 1.0 + max((float(pd.to_numeric(s, errors="coerce").max()) for s in steps), default=0.0)
+    return TelemetryBatch(**{name: _completed(name, frame, span) for name, frame in frames.items()})
 
 
-def _completed(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
-    """``frame`` with every column the detectors read, in the order its rows were written."""
+def _completed(name: str, frame: pd.DataFrame | None, span: float) -> pd.DataFrame:
+    """``frame`` with every column the detectors read, in the order its rows were written; without times, a
+    row's time is its step plus ``span`` (one more than any step given) per timeline before its own."""
     columns = FRAMES[name]
     if frame is None or frame.empty:
         return empty_frame(columns)
@@ -107,11 +111,11 @@ def _completed(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
     if missing:
         raise DetectorInputError(f"{name}: column {', '.join(missing)} is missing or has missing values")
     out = frame.reset_index(drop=True)
-    if "time" not in out:
-        out = out.assign(time=out["step"].astype(float))
     defaults = {"timeline": 0, "rank": 0, "seq": np.arange(len(out))}
     out = out.assign(**{c: defaults.get(c, None if c in TEXT_COLUMNS else np.nan) for c in columns if c not in out})
     out = out.assign(**{c: _whole(name, c, out[c]) for c in INTEGER_COLUMNS if c in columns})
+    if "time" not in frame:
+        out = out.assign(time=out["step"].astype(float) + span * out["timeline"].astype(float))
     return out.sort_values("time", kind="stable", ignore_index=True)[list(columns)]
 
 

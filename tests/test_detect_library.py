@@ -89,6 +89,29 @@ def test_frames_without_their_optional_columns_are_completed() -> None:
     assert {f.kind for f in bare.findings} == {"loss_spike", "eval_stall"}
 
 
+@pytest.mark.parametrize("with_times", [True, False])
+def test_a_rewound_frame_without_times_is_read_branch_after_branch(with_times: bool) -> None:
+    # Timeline 0 blows up from step 501; timeline 1 goes back to step 451 and trains clean. Without times, the
+    # rows were ordered by step and the two branches interleaved: the spike ended and reopened at every row of
+    # timeline 1, 100 findings instead of one.
+    rng = np.random.default_rng(0)
+    first, second = np.arange(1, 601), np.arange(451, 1201)
+    grad = np.exp(rng.normal(0, 0.05, len(first) + len(second)))
+    grad[500 : len(first)] *= np.linspace(1, 50, 100)
+    steps = pd.DataFrame(
+        {
+            "timeline": np.repeat([0, 1], [len(first), len(second)]),
+            "step": np.r_[first, second],
+            "grad_norm": grad,
+        }
+    )
+    if with_times:
+        steps["time"] = np.arange(len(steps), dtype=float)
+    [found] = detect(steps=steps, only=["grad_spike"]).findings
+    assert found.timeline == 0 and 501 <= found.start_step <= 503 and not found.active
+    assert found.evidence["ended_by"] == "rewind to step 451 on timeline 1"
+
+
 def test_settings_and_only_reach_the_detectors() -> None:
     steps = tf.faulty_run().steps
     assert detect(steps=steps, only=["loss_spike"], settings={"loss_spike": {"z_alarm": 1e6}}).findings == []
