@@ -80,12 +80,10 @@ def detect(
     run = RunState(world_size=world_size, topology=_topology(topology))
     runner = DetectorRunner(build_detectors(settings, only), run)
     book = IncidentBook()
-    book.add(
-        runner.update(
-            telemetry_batch(steps=steps, rank_steps=rank_steps, evals=evals, checkpoints=checkpoints, events=events)
-        )
-    )
+    batch = telemetry_batch(steps=steps, rank_steps=rank_steps, evals=evals, checkpoints=checkpoints, events=events)
+    book.add(runner.update(batch))
     book.add(runner.finish())
+    book.went_on(run.newest_timeline)
     findings = runner.ordered()
     incidents = [book.describe(i) for i in dict.fromkeys(book.incident_of(f) for f in findings)]
     return Detection(findings, incidents)

@@ -1,11 +1,15 @@
 """Incidents: findings that share a cause and a time window, with a lifecycle.
 
 A finding joins the incident of its family (training health, performance, learning)
-on its timeline whose step window it touches within ``gap`` steps; otherwise it opens
-a new incident, named after it. Findings are assigned once and never move, so an
-incident's id is stable while it grows (what alerts and acknowledgements refer to).
-An incident is resolved when every finding in it has cleared, or when an operator closes it by
-hand; a closed incident takes no new findings (they open a new incident).
+on its timeline whose step window it touches within ``gap`` steps, unless it began
+later than that and names another slow culprit (ranks or a host that the incident's
+findings of its kind do not name: a second host that slows down later is a second incident);
+otherwise it opens a new incident, named after it. Findings are assigned once and never move, so an incident's id is stable
+while it grows (what alerts and acknowledgements refer to).
+An incident is resolved, with the reason kept, when every finding in it has cleared, or
+when a rewind abandoned its timeline (about the numbers trained only: a slow host stays
+slow on the new timeline), or when an operator closes it by hand; a closed incident takes
+no new findings (they open a new incident).
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ class Incident:
     summary: str
     suggested_action: SuggestedAction
     closed_by_hand: bool = False  # an operator resolved it: it takes no new findings and nothing more is sent
+    resolution: str | None = None  # why it is resolved, in words (None while open)
+
+
+CLEARED = "every finding cleared"
+
+
+def abandoned(timeline: int, newest: int) -> str:
+    """The resolution of an incident whose timeline a rewind left."""
+    return f"timeline {timeline} was abandoned: the run went on from a rewind (timeline {newest})"
 
 
 class IncidentBook:
@@ -61,6 +74,7 @@ class IncidentBook:
         self._incident_of: dict[str, str] = dict(assignments or {})
         self._members: dict[str, dict[str, Finding]] = {}
         self._closed: set[str] = set(closed or ())
+        self._newest: int | None = None
 
     def add(self, findings: list[Finding]) -> list[Incident]:
         """Take new or changed findings; the incidents they changed.
@@ -76,6 +90,15 @@ class IncidentBook:
             if incident_id not in touched:
                 touched.append(incident_id)
         return [self.describe(i) for i in touched]
+
+    def went_on(self, timeline: int | None) -> list[Incident]:
+        """The run has reached ``timeline``: the incidents about the numbers trained on an older timeline that this
+        resolves (their findings may never clear: the detector that made them has moved on)."""
+        if timeline is None or (self._newest is not None and timeline <= self._newest):
+            return []
+        before = {i: self.describe(i).resolved for i in self._members}
+        self._newest = timeline
+        return [incident for i, was in before.items() if not was and (incident := self.describe(i)).resolved]
 
     def close(self, incident_id: str) -> None:
         """An operator resolved the incident by hand: new findings no longer join it."""
@@ -98,7 +121,9 @@ class IncidentBook:
                 continue
             start = min(f.start_step for f in members.values())
             end = max(f.end_step for f in members.values())
-            if finding.start_step <= end + self.gap and finding.end_step >= start - self.gap:
+            near = finding.start_step <= end + self.gap and finding.end_step >= start - self.gap
+            together = abs(finding.start_step - start) <= self.gap  # began with it: one cause can hit both
+            if near and (together or _same_culprit(finding, members.values())):
                 return incident_id
         return finding.finding_id
 
@@ -108,11 +133,12 @@ class IncidentBook:
         kinds = tuple(dict.fromkeys(f.kind for f in members))
         family = family_of(members[0].kind)
         extra = len(members) - 1
+        resolution = self._resolution(incident_id, members)
         return Incident(
             incident_id=incident_id,
             title=f"{family.heading}: {', '.join(kinds)}",
             severity=worst.severity,
-            resolved=not any(f.active for f in members),
+            resolved=resolution is not None,
             cause=_cause(members),
             timeline=members[0].timeline,
             start_step=min(f.start_step for f in members),
@@ -123,7 +149,16 @@ class IncidentBook:
             summary=worst.summary + (f" (+{extra} related finding{'s' if extra > 1 else ''})" if extra else ""),
             suggested_action=_action(members, worst),
             closed_by_hand=incident_id in self._closed,
+            resolution=resolution,
         )
+
+    def _resolution(self, incident_id: str, members: list[Finding]) -> str | None:
+        if not any(f.active for f in members):
+            return CLEARED
+        timeline = members[0].timeline
+        if self._newest is not None and timeline < self._newest and concerns_training(f.kind for f in members):
+            return abandoned(timeline, self._newest)
+        return None
 
 
 def id_ranges(ids: Iterable[int], *, runs: int = 8, sep: str = ", ", more: str = ", and {} more") -> str:
@@ -156,6 +191,24 @@ def _cause(members: list[Finding]) -> str:
     if {"loss_spike", "grad_spike"} <= set(first) and first["grad_spike"] < first["loss_spike"]:
         return f"optimisation: the gradient norm led the loss by {first['loss_spike'] - first['grad_spike']} steps"
     return UNEXPLAINED
+
+
+def _same_culprit(finding: Finding, members: Iterable[Finding]) -> bool:
+    """Whether ``finding`` can share a cause with ``members``: it is about speed and names ranks, and the
+    incident names none of its kind, or they share a rank or a host (a NaN or a spike on another rank is still
+    the same trouble spreading; a slow rank elsewhere is another machine)."""
+    named = [f for f in members if f.kind == finding.kind and f.ranks]
+    if family_of(finding.kind) != Family.PERFORMANCE or not finding.ranks or not named:
+        return True
+    mine = _culprits(finding)
+    return any(mine & _culprits(f) for f in named)
+
+
+def _culprits(finding: Finding) -> set[tuple[str, object]]:
+    """The ranks a finding names, and its host where its evidence names one."""
+    place = finding.evidence.get("place")
+    host = finding.evidence.get("host") or (place.get("host") if isinstance(place, dict) else None)
+    return {("rank", r) for r in finding.ranks} | ({("host", host)} if host else set())
 
 
 def _ranks_of(members: list[Finding], kind: FindingKind) -> list[int]:

@@ -156,6 +156,7 @@ class RunState:
     restarts: dict[int, list[int]] = field(default_factory=dict)
     caught_up: bool = True  # ingestion has read every file to its end (no backlog)
     corrupt_paths: set[str] = field(default_factory=set)  # checkpoints a ``corrupt`` event named
+    newest_timeline: int | None = None  # the newest timeline any step or rank step was on
     _good_paths: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False)  # path -> place
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -165,9 +166,13 @@ class RunState:
         super().__setattr__(name, value)
 
     def observe(self, batch: TelemetryBatch) -> None:
-        """Take the checkpoints saved or verified, less those found corrupt (by path), and the restarts, from
-        ``batch``."""
+        """Take the newest timeline, the checkpoints saved or verified, less those found corrupt (by path), and
+        the restarts, from ``batch``."""
         ck, ev = batch.checkpoints, batch.events
+        for frame in (batch.steps, batch.rank_steps):
+            if not frame.empty:
+                newest = int(frame["timeline"].max())
+                self.newest_timeline = max(newest, self.newest_timeline or 0)
         if not ck.empty:
             for row in ck.itertuples(index=False):
                 if row.event in ("saved", "verified"):

@@ -222,6 +222,23 @@ def test_the_payload_tells_the_incident_s_state_and_links_to_the_dashboard() -> 
     assert every_payload("")["opened"]["incident"]["url"] is None
 
 
+def test_a_resolved_message_says_why_it_resolved() -> None:
+    book = IncidentBook()
+    [opened] = book.add([finding("grad_spike", 500, "critical")])
+    [left] = book.went_on(1)
+    cleared = incident(finding("loss_spike", 85, active=False))
+    for made, why in ((left, "timeline 0 was abandoned: the run went on from a rewind (timeline 1)"),
+                      (cleared, "every finding cleared")):  # fmt: skip
+        payload = incident_payload(
+            f"{RUN.run_id}/hook/{made.incident_id}/resolved/1", "resolved", RUN, made, notifier="hook", ack=None,
+            dashboard_url="", now=NOW,
+        )  # fmt: skip
+        VALIDATOR.validate(payload)
+        assert payload["incident"]["resolution"] == why
+        assert f"Resolved: {why}" in json.dumps(slack_message(payload)) + json.dumps(discord_message(payload))
+    assert incident_payloads()["opened"]["incident"]["resolution"] is None and not opened.resolved
+
+
 def test_the_schema_refuses_a_payload_that_breaks_the_contract() -> None:
     payload = every_payload()["opened"]
     for broken in (

@@ -128,6 +128,10 @@ def test_detection_fills_the_findings_and_incidents_views(sample: Path) -> None:
         assert row.findings == counts[row.incident_id]
         assert row.incident_id in set(rows["finding_id"])  # named after its first finding
         assert (row.status == "resolved") == (not rows[rows["incident_id"] == row.incident_id]["active"].any())
+        if row.status == "resolved":
+            assert row.resolution == "every finding cleared"
+        else:
+            assert pd.isna(row.resolution)
 
 
 def test_a_replay_in_a_new_object_keeps_first_seen_and_incident_ids(sample: Path) -> None:
@@ -275,19 +279,64 @@ def finding(
     active: bool = True,
     severity: str = "warning",
     score: float = 5.0,
+    host: str | None = None,
+    timeline: int = 0,
 ) -> Finding:
     return Finding(
         kind=kind,
         severity=severity,
-        timeline=0,
+        timeline=timeline,
         start_step=start,
         end_step=end,
         ranks=ranks,
         score=score,
         summary=f"{kind} from step {start}",
-        evidence={},
+        evidence={"host": host} if host else {},
         active=active,
     )
+
+
+def test_a_second_slow_host_later_opens_its_own_incident_and_the_same_host_joins_its_own() -> None:
+    book = IncidentBook()
+    first = finding("straggler", 100, 400, ranks=tuple(range(8)), host="node-0037")
+    later = finding("straggler", 380, 420, ranks=tuple(range(8, 16)), host="node-0012")
+    again = finding("straggler", 390, 400, ranks=(3,), host="node-0037")
+    book.add([first, later, again])
+    assert book.incident_of(later) == later.finding_id != book.incident_of(first)
+    assert book.incident_of(again) == first.finding_id
+    assert book.describe(later.finding_id).start_step == 380 and book.describe(first.finding_id).findings[1] == again
+
+
+def test_slow_ranks_of_two_hosts_that_slowed_together_are_one_incident() -> None:
+    book = IncidentBook()
+    half = finding("straggler", 60, 200, ranks=(20, 21, 22, 23), host="node-2")
+    whole = finding("straggler", 62, 200, ranks=tuple(range(24, 32)), host="node-3")
+    book.add([half, whole])
+    assert book.incident_of(half) == book.incident_of(whole)
+
+
+def test_a_nan_on_another_rank_is_the_same_trouble_spreading() -> None:
+    book = IncidentBook()
+    first, later = finding("nonfinite", 100, 100, ranks=(1,)), finding("nonfinite", 120, 120, ranks=(5,))
+    book.add([first, later])
+    assert book.incident_of(later) == book.incident_of(first)
+
+
+def test_a_rewind_resolves_the_incidents_about_training_on_the_branch_it_left() -> None:
+    book = IncidentBook()
+    spike = finding("grad_spike", 500, 560, severity="critical")  # its detector never cleared it
+    slow = finding("straggler", 300, 560, ranks=(2,), host="node-1")
+    cleared = finding("loss_spike", 100, 110, active=False)
+    book.add([spike, slow, cleared])
+    assert not book.describe(spike.finding_id).resolved and book.went_on(0) == []
+    [resolved] = book.went_on(1)
+    assert resolved.incident_id == spike.finding_id and resolved.resolved
+    assert resolved.resolution == "timeline 0 was abandoned: the run went on from a rewind (timeline 1)"
+    assert not book.describe(slow.finding_id).resolved  # a slow host is still slow on the new timeline
+    assert book.describe(cleared.finding_id).resolution == "every finding cleared"
+    assert book.went_on(1) == [] and book.went_on(2) == []  # each incident is resolved once
+    [new] = book.add([finding("grad_spike", 500, 505, timeline=2)])
+    assert not new.resolved and new.resolution is None
 
 
 def test_a_straggler_and_a_loss_spike_at_the_same_steps_are_different_incidents() -> None:

@@ -112,9 +112,12 @@ class StoreDetection:
         return self.book.describe(incident_id)
 
     def _record(self, changed: list[Finding], now: float | None = None) -> list[Finding]:
-        if changed:
+        """Place the changed findings in incidents (and resolve those a rewind abandoned); store and route them."""
+        left = self.book.went_on(self.runner.run.newest_timeline)
+        incidents = self.book.add(changed) if changed else []
+        incidents += [i for i in left if i.incident_id not in {j.incident_id for j in incidents}]
+        if incidents:
             now = time.time() if now is None else now
-            incidents = self.book.add(changed)
             alerts = self.alerts
             outbox = alerts.route(incidents, {f.finding_id for f in changed}, now) if alerts else None
             if self.persist:

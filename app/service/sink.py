@@ -103,6 +103,7 @@ def _incidents_table(incidents: list[Incident], now: float) -> pa.Table:
                 "findings": len(i.findings),
                 "summary": i.summary,
                 "suggested_action": json.dumps(i.suggested_action.to_json()),
+                "resolution": i.resolution,
                 "now": now,
             }
             for i in incidents
@@ -148,6 +149,7 @@ _INCIDENTS_SCHEMA = pa.schema(
         ("findings", pa.int32()),
         ("summary", pa.string()),
         ("suggested_action", pa.string()),
+        ("resolution", pa.string()),
         ("now", pa.float64()),
     ]
 )

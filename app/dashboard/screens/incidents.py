@@ -103,6 +103,8 @@ if pd.notna(incident["acknowledged_by"]):  # a missing value may read NaN, which
     st.caption(f"Acknowledged by {incident['acknowledged_by']}: {note_text(incident['ack_note'])}")
 if pd.notna(incident["resolved_by"]):
     st.caption(f"Resolved by hand by {incident['resolved_by']}: {note_text(incident['resolve_note'])}")
+elif pd.notna(incident["resolution"]):
+    st.caption(f"Resolved: {incident['resolution']}.")
 
 first = int(incident["start_step"]) - WINDOW_MARGIN
 last = int(incident["end_step"]) + WINDOW_MARGIN

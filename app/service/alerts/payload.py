@@ -88,6 +88,7 @@ def incident_payload(
         "ack_note": ack.note if ack else None,
         "resolved_by": resolution.by if resolution else None,
         "resolve_note": resolution.note if resolution else None,
+        "resolution": "closed by hand" if resolution else incident.resolution,
         "url": incident_url(dashboard_url, run, incident.incident_id),
     }
     return _envelope(message_id, event, run, notifier, now, incident.severity.value, incident=json_safe(body))

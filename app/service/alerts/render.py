@@ -101,6 +101,8 @@ def _body(payload: dict[str, Any]) -> list[str]:
         ):
             if incident.get(who):
                 lines.append(f"{done} by {incident[who]}" + (f": {incident[note]}" if incident.get(note) else ""))
+        if incident.get("resolution") and not incident.get("resolved_by"):
+            lines.append(f"Resolved: {incident['resolution']}")
         return lines
     if digest:
         held = [f"{i['severity']} {i['event']}: {i['title']} ({i['status']})" for i in digest["incidents"]]

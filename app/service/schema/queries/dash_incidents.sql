@@ -8,7 +8,7 @@ WITH onsets AS (
 )
 SELECT incident_id, title, status, severity, cause, timeline, start_step, end_step, kinds, ranks, findings, summary,
        suggested_action, epoch(opened_at) AS opened_at, epoch(updated_at) AS updated_at, o.onset_at,
-       acknowledged_by, ack_note, resolved_by, resolve_note
+       acknowledged_by, ack_note, resolved_by, resolve_note, resolution
 FROM incidents i LEFT JOIN onsets o USING (incident_id)
 ORDER BY status = 'resolved', CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
          coalesce(o.onset_at, epoch(i.opened_at)) DESC, incident_id;
