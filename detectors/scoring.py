@@ -157,7 +157,8 @@ def scorecard(records: pd.DataFrame, findings: pd.DataFrame, margin: int) -> pd.
     ``records``: ``fault_labels`` rows; ``findings``: ``FINDING_COLUMNS`` rows; ``margin``: steps
     either side of each fault's window.
     """
-    matches = match(findings, labels_of(records), Margin(margin, margin))
+    labels = labels_of(records)
+    matches = match(findings, labels, Margin(margin, margin))
     return pd.DataFrame(
         {
             "step": matches["step"].astype("int64"),
@@ -167,8 +168,27 @@ def scorecard(records: pd.DataFrame, findings: pd.DataFrame, margin: int) -> pd.
                 [k if found else None for k, found in zip(matches["kind"], matches["found"])], dtype=object
             ),
             "delay_steps": matches["delay"].astype("Int64"),
+            "why_missed": [
+                "" if found else why_missed(findings, label, margin) for label, found in zip(labels, matches["found"])
+            ],
         }
     )  # whole steps, missing where nothing caught it
+
+
+def why_missed(findings: pd.DataFrame, label: Label, margin: int) -> str:
+    """In words, why no finding caught ``label``: a finding of its kind that blamed other ranks, or that started
+    outside the window, or none of its kind on its timeline at all."""
+    kind, target = label.expected_kind, ", ".join(map(str, label.ranks)) or "any rank"
+    low, high = label.first - margin, label.last + margin
+    near = [_ranks(r) for r in _near(findings, label, {kind}, low, high)["ranks"]]
+    if near:
+        blamed = ", ".join(str(r) for r in sorted({r for named in near for r in named})) or "none"
+        return f"a {kind} finding in steps {low}-{high} named rank(s) {blamed}, not {target}"
+    same = findings[(findings["timeline"] == label.timeline) & (findings["kind"] == kind)]
+    if not same.empty:
+        nearest = int(same["start_step"].iloc[(same["start_step"] - label.first).abs().argmin()])
+        return f"the nearest {kind} finding starts at step {nearest}, outside steps {low}-{high}"
+    return f"no {kind} finding on timeline {label.timeline}: the effect did not stand out from the run's own noise"
 
 
 def _candidates(findings: pd.DataFrame, label: Label, margin: Margin) -> list[dict[str, Any]]:

@@ -20,7 +20,15 @@ from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 from bedside.detectors.faults import SIMULATED_FAULTS, TRAINER_FAULTS, FaultType, Label, Window
 from bedside.detectors.finding import FINDING_KINDS
-from bedside.detectors.scoring import FINDING_COLUMNS, Margin, false_alarms, labels_of, match, precision_recall
+from bedside.detectors.scoring import (
+    FINDING_COLUMNS,
+    Margin,
+    false_alarms,
+    labels_of,
+    match,
+    precision_recall,
+    why_missed,
+)
 
 SAMPLE_RUN = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
 STRAGGLER = Label("straggler", "straggler", Window(100, 140), (3,), "straggler:rank=3,from=100,steps=41", 2.0)
@@ -202,11 +210,25 @@ def test_the_demo_scorecard_scores_the_sample_run(tmp_path: Path) -> None:
         Collector(run, store).ingest_available()
         detect_store(store)
         card = demo_scorecard(store, margin=12)
-    assert list(card.columns) == ["step", "fault", "target_ranks", "found_as", "delay_steps"]
+    assert list(card.columns) == ["step", "fault", "target_ranks", "found_as", "delay_steps", "why_missed"]
     assert card.values.tolist() == [
-        [80, "bad_shard", "[0,1]", "loss_spike", 0],
-        [105, "straggler", "[1]", "straggler", -3],
-        [150, "grad_bitflip", "[1]", "sdc", 0],
-        [170, "param_bitflip", "[0]", "sdc", 0],
-        [185, "nan", "[0]", "nonfinite", 0],
+        [80, "bad_shard", "[0,1]", "loss_spike", 0, ""],
+        [105, "straggler", "[1]", "straggler", -3, ""],
+        [150, "grad_bitflip", "[1]", "sdc", 0, ""],
+        [170, "param_bitflip", "[0]", "sdc", 0, ""],
+        [185, "nan", "[0]", "nonfinite", 0, ""],
     ]
+
+
+@pytest.mark.parametrize(
+    ("rows", "why"),
+    [
+        ([("straggler", 120, (2,))], "a straggler finding in steps 88-152 named rank(s) 2, not 3"),
+        ([("straggler", 400, (3,)), ("straggler", 30, (3,))], "the nearest straggler finding starts at step 30, outside steps 88-152"),
+        ([("loss_spike", 120, ())], "no straggler finding on timeline 0: the effect did not stand out from the run's own noise"),
+    ],
+)  # fmt: skip
+def test_a_missed_fault_says_why_in_words(rows: list, why: str) -> None:
+    # The demo's scorecard printed None for a straggler it missed on a busy machine, and nothing more.
+    assert not match(findings(*rows), [STRAGGLER], Margin(12, 12))["found"].any()
+    assert why_missed(findings(*rows), STRAGGLER, 12) == why
