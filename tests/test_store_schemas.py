@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from bedside.app.service.schema import SCHEMAS, SERVICE
-from bedside.collectors.store import TELEMETRY, Store, StoreError
+from bedside.collectors.store import TELEMETRY, Schema, Store, StoreError
+
+
+class ServiceBeforeNamespaces(Schema):
+    """The service's schema as it stood when namespaces came: its first three migrations."""
+
+    def migrations(self) -> list[tuple[int, str, str]]:
+        return super().migrations()[:3]
 
 
 def versions(store: Store) -> dict[str, list[int]]:
@@ -46,9 +53,9 @@ def test_the_service_adds_its_tables_to_a_store_the_collector_made(tmp_path: Pat
 
 
 def legacy(path: Path) -> None:
-    """Rewrite a store's bookkeeping as bedside wrote it before namespaces: one sequence, the service's
-    migrations numbered 3 to 5 between the telemetry's."""
-    with Store.open(path, schemas=SCHEMAS) as store:
+    """A store as bedside wrote it before namespaces: the service's three migrations of then, numbered 3 to 5
+    between the telemetry's in one sequence."""
+    with Store.open(path, schemas=(ServiceBeforeNamespaces(SERVICE.namespace, SERVICE.package),)) as store:
         con = store.cursor()
         con.execute(
             "CREATE TABLE old AS SELECT CASE WHEN namespace = 'service' THEN version + 2 ELSE version END "
