@@ -4,7 +4,9 @@ in bounded memory, examples with the run's own numbers, and the console still re
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from sql_attacks import ATTACKS
 
 from bedside.app.dashboard import registry
 from bedside.app.dashboard.data import PREVIEW_LIMITS
-from bedside.app.dashboard.exports import EXPORTS, KEEP_S, ROUTE, csv_note
+from bedside.app.dashboard.exports import EXPORTS, KEEP_S, PREFIX, ROUTE, csv_note, sweep
 from bedside.app.simulation import SimulationConfig, simulate_run
 from bedside.collectors.errors import QueryError
 from bedside.collectors.layout import RunLayout
@@ -200,3 +202,24 @@ def test_the_examples_use_the_run_s_own_steps(served: Path, run: str, timeline: 
     app.button(key="run_sql").click().run()
     assert_rendered(app)
     assert len(table(app, "rank", "compute_s")) == ranks  # the run's ranks, the ten slowest of 16
+
+
+def test_export_folders_of_killed_servers_are_swept_and_nothing_else(tmp_path: Path) -> None:
+    # A server stopped by a signal never ran its exit hook: one folder of CSVs left in /tmp per run.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("x")
+    left = tmp_path / f"{PREFIX}{gone.pid}-abc"
+    left.mkdir()
+    (left / "token.csv").write_text("step\n1\n")
+    ours = tmp_path / f"{PREFIX}{os.getpid()}-def"
+    ours.mkdir()
+    link = tmp_path / f"{PREFIX}{gone.pid}-link"
+    link.symlink_to(victim)
+    odd = tmp_path / f"{PREFIX}notapid-x"
+    odd.mkdir()
+    sweep(tmp_path)
+    assert not left.exists() and ours.is_dir() and odd.is_dir()
+    assert link.is_symlink() and (victim / "keep.txt").read_text() == "x"

@@ -3,13 +3,15 @@ that file by the dashboard's own route (``ROUTE``), so neither the server's memo
 millions of rows (Streamlit's download button keeps its data in memory while the session lasts).
 
 A file is named by an unguessable token and kept ``KEEP_S`` seconds, or until its session prepares another; the
-folder is this process's own (mode 0700) and goes with it.
+folder is this process's own (mode 0700, its pid in the name) and goes with it: at exit, or, when the process was
+killed before it could clean up, by the next process that makes one (``sweep``).
 """
 
 from __future__ import annotations
 
 import atexit
 import html
+import os
 import secrets
 import shutil
 import tempfile
@@ -29,6 +31,7 @@ from bedside.collectors.store.console import ConsoleLimits, CsvExport
 
 ROUTE = "/bedside/export"
 KEEP_S = 30 * 60.0
+PREFIX = "bedside-csv-"
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ class Exports:
         """This process's folder of exports, made on first use and removed at exit."""
         with self._lock:
             if self._folder is None:
-                self._folder = Path(tempfile.mkdtemp(prefix="bedside-csv-"))
+                sweep(Path(tempfile.gettempdir()))
+                self._folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
                 atexit.register(shutil.rmtree, self._folder, True)
             return self._folder
 
@@ -103,6 +107,31 @@ class Exports:
 
 
 EXPORTS = Exports()
+
+
+def sweep(temp: Path) -> None:
+    """Remove the export folders in ``temp`` left by processes that are gone (killed before their exit hook ran):
+    only real folders of this user named ``PREFIX<pid>-...`` whose pid no longer runs."""
+    for folder in temp.glob(f"{PREFIX}*-*"):
+        pid = folder.name[len(PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        try:
+            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+            shutil.rmtree(folder)
+        except OSError:
+            continue  # another process swept it first, or it is not ours to remove
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def csv_note(written: CsvExport, limits: ConsoleLimits) -> str:
