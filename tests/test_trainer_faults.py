@@ -427,9 +427,10 @@ def test_a_straggler_slows_its_compute_by_the_factor_and_makes_its_peer_wait(fau
             "WHERE step > 1 GROUP BY ALL",
         )
     )
-    # the delay follows the rank's own recent compute (docs/faults.md): measured against its peer's compute over
-    # the same steps, which shared the machine's load, not against the reference taken before the window
-    assert 2.5 < medians[1, True][0] / medians[0, True][0] < 6
+    # the delay follows the rank's own recent compute (docs/faults.md), so against its peer's compute over the same
+    # steps it reads 1 + 3 = 4x times whatever share of the cores each rank got: on a loaded machine one rank's
+    # compute alone has measured 1.05-2.2x its peer's (docs/detectors.md, straggler), and 6.6x was seen here
+    assert 2.5 < medians[1, True][0] / medians[0, True][0] < 4 * 2.5
     assert medians[0, True][1] - medians[0, False][1] > 0.4 * delay
 
 
