@@ -3,13 +3,13 @@
 A finding joins the incident of its family (training health, performance, learning)
 on its timeline whose step window it touches within ``gap`` steps, unless it began
 later than that and names another slow culprit (ranks or a host that the incident's
-findings of its kind do not name: a second host that slows down later is a second incident);
-otherwise it opens a new incident, named after it. Findings are assigned once and never move, so an incident's id is stable
-while it grows (what alerts and acknowledgements refer to).
-An incident is resolved, with the reason kept, when every finding in it has cleared, or
-when a rewind abandoned its timeline (about the numbers trained only: a slow host stays
-slow on the new timeline), or when an operator closes it by hand; a closed incident takes
-no new findings (they open a new incident).
+findings of its kind do not name: a second host that slows down later is a second
+incident); otherwise it opens a new incident, named after it. Findings are assigned
+once and never move, so an incident's id is stable while it grows (what alerts and
+acknowledgements refer to). An incident is resolved, with the reason kept, when every
+finding in it has cleared, or when a rewind abandoned its timeline (about the numbers
+trained only: a slow host stays slow on the new timeline), or when an operator closes
+it by hand; a closed incident takes no new findings (they open a new incident).
 """
 
 from __future__ import annotations

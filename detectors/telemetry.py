@@ -169,10 +169,9 @@ class RunState:
         """Take the newest timeline, the checkpoints saved or verified, less those found corrupt (by path), and
         the restarts, from ``batch``."""
         ck, ev = batch.checkpoints, batch.events
-        for frame in (batch.steps, batch.rank_steps):
-            if not frame.empty:
-                newest = int(frame["timeline"].max())
-                self.newest_timeline = max(newest, self.newest_timeline or 0)
+        seen = [int(f["timeline"].max()) for f in (batch.steps, batch.rank_steps) if not f.empty]
+        if seen:
+            self.newest_timeline = max(seen + ([] if self.newest_timeline is None else [self.newest_timeline]))
         if not ck.empty:
             for row in ck.itertuples(index=False):
                 if row.event in ("saved", "verified"):
