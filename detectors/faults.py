@@ -94,7 +94,7 @@ def _catalog(*types: FaultType) -> dict[str, FaultType]:
 TRAINER_FAULTS = _catalog(
     FaultType("straggler", "straggler", TIMING, "rank", extra=frozenset({"factor", "delay_ms"})),
     FaultType("hang", "hang", ONE_STEP, "rank"),
-    FaultType("crash", "hang", ONE_STEP, "rank", extra=frozenset({"code"})),
+    FaultType("crash", "hang", ONE_STEP, "rank", choices={"save": ("lost", "kept")}, extra=frozenset({"code"})),
     FaultType("bad_shard", "loss_spike", SPAN, "job", shards=True, extra=frozenset({"seed"})),
     FaultType("repeat_batch", "eval_stall", SPAN, "job"),
     FaultType("shuffle_targets", "eval_stall", SPAN, "job", extra=frozenset({"seed"})),

@@ -103,6 +103,7 @@ BAD_SPECS = [
     ("straggler:rank=1,from=5,factor=2,delay_ms=10", "give factor= or delay_ms=, not both"),
     ("grad_bitflip:rank=0,step=1,bit=32", "bit must be in [0, 31] (a float32's bits), got 32"),
     ("crash:rank=0,step=1,code=0", "code must be in [1, 255], got 0"),
+    ("crash:rank=0,step=1,save=maybe", "save must be one of lost, kept, got 'maybe'"),
     ("bad_shard:from=1", "bad_shard needs shard= or shards= (one of them)"),
 ]
 

@@ -134,7 +134,7 @@ def rewound_across_crashes(tmp_path_factory) -> tuple[Store, str]:
     1. resumed from step 20 (timeline 1): the rewind is applied (timeline 2), and rank 1 crashes at step
        15, before any checkpoint holds the rewind;
     2. resumed from step 20 of timeline 0 again: the rewind's effect was lost, so it is applied again
-       (timelines 3, then 4), saved at step 20, and rank 1 crashes at step 29;
+       (timelines 3, then 4), saved at step 20, and rank 0 crashes at step 29 once that save is published;
     3. the request's file is put back where a crash between applying and archiving it would leave it,
        and the run resumed from step 20 of timeline 4, whose state holds the rewind: it is not applied.
     """
@@ -142,8 +142,8 @@ def rewound_across_crashes(tmp_path_factory) -> tuple[Store, str]:
     layout = RunLayout(run)
     assert train(run, "--inject", f"crash:rank=1,step={CRASH}").returncode != 0
     rewind = request_action(layout, "rewind", {"to_step": EVERY}, operator="tester", reason="before the spike")
-    for crash in (15, 29):
-        assert train(run, "--resume", "--inject", f"crash:rank=1,step={crash}").returncode != 0
+    for crash in ("rank=1,step=15", "rank=0,step=29,save=kept"):
+        assert train(run, "--resume", "--inject", f"crash:{crash}").returncode != 0
     assert (layout.checkpoints / "step-00000020-t4").is_dir()
     os.replace(layout.control_processed / f"{rewind}.json", layout.control_requests / f"{rewind}.json")
     store = resume_to_the_end(run)

@@ -44,18 +44,21 @@ class Checkpointing:
     def finish(self) -> None:
         """Save the final state and wait for every save to be written and reported."""
         self.save_now()
+        self.finish_in_flight()
+        self.manager.close()
+
+    def finish_in_flight(self) -> None:
+        """Wait for the save in flight, if any, and report it."""
         if self._pending is not None:
             self._report(self._pending.wait())
         self._pending = None
-        self.manager.close()
 
     def save_now(self) -> bool:
         """Start a save of the current step (after reporting the one in flight); False when it is saved."""
         trainer = self.trainer
         if self._last_saved == (trainer.timeline, trainer.step):
             return False
-        if self._pending is not None:
-            self._report(self._pending.wait())
+        self.finish_in_flight()
         self._save()
         return True
 

@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any, ClassVar
@@ -187,7 +187,8 @@ class Hang(Fault):
 
 
 class Crash(Fault):
-    """This rank's process exits at once (``os._exit``) with ``code``."""
+    """This rank's process exits at once (``os._exit``) with ``code``; with ``save=kept`` it first lets its
+    checkpoint save in flight finish (on rank 0: published), so the crash loses no checkpoint."""
 
     fault_type = TRAINER_FAULTS["crash"]
 
@@ -196,10 +197,14 @@ class Crash(Fault):
         self.code = spec.get("code", 1)
         if not 1 <= self.code <= 255:
             raise ValueError(f"code must be in [1, 255], got {self.code}")
-        self.settings = {"code": self.code}
+        self.save = spec.get("save", "lost")
+        self.settings = {"code": self.code, "save": self.save}
+        self.finish_saves: Callable[[], object] = lambda: None  # the trainer's, bound by FaultPlan.saves_finished_by
 
     def before_compute(self, step: int) -> None:
         if step == self.window.first:
+            if self.save == "kept":
+                self.finish_saves()
             self.recorder.record(self, step, flush=True)
             os._exit(self.code)
 
@@ -418,6 +423,12 @@ class FaultPlan:
             raise ValueError(f"rank {rank} is out of range for world size {world_size}")
         context = Context(world_size, Recorder(logger, rank), samples_per_shard, vocab_size)
         return cls([parse_fault(text, context) for text in specs], rank=rank)
+
+    def saves_finished_by(self, finish: Callable[[], object]) -> None:
+        """How a ``save=kept`` crash finishes this rank's checkpoint save in flight before it exits."""
+        for fault in self._compute:
+            if isinstance(fault, Crash):
+                fault.finish_saves = finish
 
     def before_compute(self, step: int) -> None:
         """Before forward: stragglers sleep, hangs never return, crashes exit."""

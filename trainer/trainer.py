@@ -99,6 +99,7 @@ class Trainer:
         control requests (rewind, skip, pause, stop...) are applied at step boundaries."""
         checkpointing = Checkpointing(self)
         control = ControlChannel(self, checkpointing)
+        self.faults.saves_finished_by(checkpointing.finish_in_flight)
         if resume:
             if not checkpointing.resume() and self.rank == 0:
                 self.log.log(
