@@ -58,8 +58,10 @@ RANK_STEP_METRICS = (
     "comm_time",
     "optimizer_time",
     "local_grad_norm",
+    "cpu_wait_time",
 )
-"""Canonical per-rank metrics of a ``rank_step`` record (seconds, and the norm before all-reduce)."""
+"""Canonical per-rank metrics of a ``rank_step`` record (seconds, the norm before all-reduce, and the seconds the
+rank's thread waited for a CPU)."""
 
 CHECKPOINT_METRICS = ("duration_s", "bytes")
 """Canonical metrics of a ``checkpoint`` record (seconds the event took, bytes written or read)."""

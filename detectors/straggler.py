@@ -2,7 +2,9 @@
 
 In a synchronous job every rank's wall ``step_time`` is the same (the collectives wait
 for the slowest rank), so the statistic works from the phases: each rank's work is
-``compute_time + data_time`` (``step_time`` only for steps that report neither).
+``compute_time + data_time`` (``step_time`` only for steps that report neither), less
+``cpu_wait_time`` where the rank reports it: the time its thread waited for a CPU that
+other processes of its host held is the host's, not the rank's.
 
 **Peers first.** A rank's peers are the ranks that share its position, the ranks doing
 the same work: the same pipeline stage (and the same TP index when each such slot
@@ -52,15 +54,22 @@ from .limits import COUNT, NON_NEGATIVE, POSITIVE, Range, ranges
 from .robust import Cusum, mad_sigma, row_median, row_quantile
 from .telemetry import TelemetryBatch
 
-METRICS = ("step_time", "data_time", "compute_time", "comm_time")
-OBS = ("resid", "cost", "compute", "data", "wait", "median", "phased", "count", "peer", "level")
+METRICS = ("step_time", "data_time", "compute_time", "comm_time", "cpu_wait_time")
+OBS = ("resid", "cost", "compute", "data", "wait", "median", "phased", "count", "peer", "level", "cpu_wait")
 """What a rank sums over its CUSUM run: log residual; seconds of work, compute and data over the step's
 median, and of the median comm wait over its own (the peers' wait for it); the median work; steps; log of
-its work over the median of its peers' (itself left out); log of the job's median work."""
+its work over the median of its peers' (itself left out); log of the job's median work; seconds it waited
+for a CPU over the step's median wait."""
 IQR_TO_SIGMA = 1 / 1.349
 KNOTS = 257
 """Knots of the normal-score map."""
+SCORE_LIMIT = 4.0
+"""The largest score a residual beyond the reference gets: one step far out cannot raise an alarm alone."""
 MIN_VERDICT_STEPS = 8
+ONSET_WINDOW = 64
+"""Steps of each rank's scores kept to place an episode's onset."""
+RECENT_STEPS = 8
+"""The newest scores of a CUSUM run that estimate the shift it found."""
 FAST_QUANTILE = 0.25
 """The job's level is the work of its fast ranks, this quantile of the ranks' work: a contended machine slows them
 too, while a slow host holding half the job moves the median as far as its own excess but not them."""
@@ -121,8 +130,14 @@ class _Reference:
         return self.middle / (0.4 * math.sqrt(count))
 
     def scores(self, r: np.ndarray) -> np.ndarray:
-        """Normal scores of ``r`` (NaN stays NaN; beyond the reference's range, its extreme scores)."""
-        return np.interp(r, self.knots, self.knot_scores)
+        """Normal scores of ``r`` (NaN stays NaN). Beyond the reference's range a score goes on growing by one per
+        ``sigma`` from its extreme score, up to ``SCORE_LIMIT``: a rank twice as slow as anything the reference
+        holds is not scored as its slowest step was."""
+        inside = np.interp(r, self.knots, self.knot_scores)
+        above = self.knot_scores[-1] + (r - self.knots[-1]) / self.sigma
+        below = self.knot_scores[0] + (r - self.knots[0]) / self.sigma
+        beyond = np.where(r > self.knots[-1], np.minimum(above, SCORE_LIMIT), np.maximum(below, -SCORE_LIMIT))
+        return np.where((r > self.knots[-1]) | (r < self.knots[0]), beyond, inside)
 
     def _sort(self, values: np.ndarray) -> None:
         values = values if len(values) else np.zeros(1)
@@ -233,6 +248,13 @@ class StragglerDetector(CrossRankDetector):
         self._claimed, self._acc = np.zeros(0, bool), np.zeros((len(OBS), 0))  # in an episode; OBS sums
         self._level, self._level_n = 0.0, 0  # running mean of the job's level
         self._cusum = Cusum(0, k=k, h=np.inf, clip=np.inf)  # h is set when the warm-up has counted the ranks
+        self._rise = Cusum(0, k=k, h=np.inf, clip=np.inf)  # a claimed rank's further slowdown, over its episode's level
+        self._slow_sum, self._slow_n = np.zeros(0), np.zeros(0)  # its residuals since the episode's alarm
+        self._rise_start = np.zeros(0, int)  # where its rise CUSUM last left 0
+        self._rise_sum, self._rise_n = np.zeros(0), np.zeros(0)  # its residuals since then
+        self._scores = np.zeros((ONSET_WINDOW, 0))  # a ring of the newest scores (the rise's for a claimed rank)
+        self._scored = np.full((ONSET_WINDOW, 2), -1)  # the (timeline, step) of each of its rows
+        self._row = 0
         self._placed: tuple[tuple[int, int], _Positions] | None = None
         self._z_scale = 1.0
 
@@ -262,10 +284,25 @@ class StragglerDetector(CrossRankDetector):
         pad = size - len(self._b)
         if pad <= 0:
             return
-        for name in ("_b", "_learned", "_run_start", "_run_timeline", "_level_start", "_claimed", "_acc"):
+        for name in (
+            "_b",
+            "_learned",
+            "_run_start",
+            "_run_timeline",
+            "_level_start",
+            "_claimed",
+            "_acc",
+            "_slow_sum",
+            "_slow_n",
+            "_rise_start",
+            "_rise_sum",
+            "_rise_n",
+            "_scores",
+        ):
             values = getattr(self, name)
             setattr(self, name, np.concatenate([values, np.zeros(values.shape[:-1] + (pad,), values.dtype)], axis=-1))
         self._cusum.resize(size)
+        self._rise.resize(size)
 
     def _positions(self) -> _Positions:
         """The positions of ranks ``0..size-1``, placed again when the topology or the rank count changes."""
@@ -286,6 +323,7 @@ class StragglerDetector(CrossRankDetector):
         phases = np.where(np.isnan(both), np.fmax(compute, data), both)  # a phase not reported adds 0
         phased = ~np.isnan(phases).all(axis=1, keepdims=True)
         work = np.where(phased, phases, full["step_time"])
+        work -= np.fmin(np.nan_to_num(full["cpu_wait_time"]), work)  # waiting for a CPU is the host's, not the rank's
         work[~(work > 0)] = np.nan
         log_work = np.log(work)
         d = log_work - row_median(log_work)
@@ -293,7 +331,7 @@ class StragglerDetector(CrossRankDetector):
         fast = row_quantile(work, FAST_QUANTILE)
         excess = {
             name: np.nan_to_num(full[f"{name}_time"] - row_median(full[f"{name}_time"]))
-            for name in ("compute", "data", "comm")
+            for name in ("compute", "data", "comm", "cpu_wait")
         }
         valid = ~np.isnan(d)
         columns = {
@@ -302,6 +340,7 @@ class StragglerDetector(CrossRankDetector):
             "compute": excess["compute"],
             "data": excess["data"],
             "wait": -excess["comm"],
+            "cpu_wait": excess["cpu_wait"],
             "median": np.broadcast_to(median, d.shape),
             "phased": np.broadcast_to(phased, d.shape),
             "count": np.ones_like(d),
@@ -341,6 +380,8 @@ class StragglerDetector(CrossRankDetector):
         )  # a late rank learns its offset first
         was_zero = self._cusum.s == 0
         alarm = self._cusum.update(z)
+        rise = self._rise_scores(r)
+        self._remember(timeline, step, np.where(self._claimed, rise, z))
         s, free = self._cusum.s, ~self._claimed
         started = was_zero & (s > 0)
         self._run_start[started], self._run_timeline[started] = step, timeline
@@ -350,7 +391,8 @@ class StragglerDetector(CrossRankDetector):
         self._acc += np.where((s > 0) | ~free, obs, 0.0)
         self._learn(r, scores, free & (s <= self._cusum.h / 2) & ~np.isnan(r))
         self._follow_level(obs)
-        return self._recover(z, step) + self._open(alarm & free, step)
+        risen = self._rose(rise, r, step, timeline)
+        return self._recover(z, step) + self._open(alarm & free, step) + risen
 
     def _learn(self, r: np.ndarray, z: np.ndarray, calm: np.ndarray) -> None:
         """Offsets follow each calm rank's scores (a running mean, exponential once ``horizon_steps`` long);
@@ -358,6 +400,81 @@ class StragglerDetector(CrossRankDetector):
         self._b[calm] += self._reference.sigma * z[calm] / np.clip(self._learned[calm], 1, self.horizon_steps)
         self._learned[calm] += 1
         self._reference.add(r[calm])
+
+    def _remember(self, timeline: int, step: int, z: np.ndarray) -> None:
+        self._scores[self._row], self._scored[self._row] = z, (timeline, step)
+        self._row = (self._row + 1) % ONSET_WINDOW
+
+    def _onset(self, ranks: np.ndarray, timeline: int, start: int) -> int:
+        """Where the shift a CUSUM run found began: the step from which the ranks' scores, less half the shift
+        (their mean over the run's newest ``RECENT_STEPS``, or ``k`` when that is larger), sum highest. ``start``,
+        where the run left 0, when nothing later does better: a large shift is placed where it began, not where
+        a small drift before it first lifted the sum."""
+        newest = (self._row - 1 - np.arange(ONSET_WINDOW)) % ONSET_WINDOW
+        timelines, steps = self._scored[newest].T
+        inside = np.cumprod((timelines == timeline) & (steps >= start)).astype(bool)
+        if not inside.any():
+            return start
+        with np.errstate(all="ignore"):
+            z = np.nanmean(self._scores[newest[inside]][:, ranks], axis=1)
+        half = max(self.k, float(np.nanmean(z[:RECENT_STEPS])) / 2) if not np.isnan(z[:RECENT_STEPS]).all() else self.k
+        gains = np.cumsum(np.nan_to_num(z - half))
+        best = int(np.argmax(gains))
+        older = best == len(z) - 1 and steps[inside][-1] > start  # the run began before the scores kept
+        return int(steps[inside][best]) if gains[best] > 0 and not older else start
+
+    def _rise_scores(self, r: np.ndarray) -> np.ndarray:
+        """Scores of the claimed ranks' residuals against their level since the episode's alarm (NaN until it is
+        learned from ``MIN_VERDICT_STEPS`` steps, and for every other rank)."""
+        level_known = self._claimed & (self._slow_n >= MIN_VERDICT_STEPS)
+        level = self._slow_sum / np.maximum(self._slow_n, 1)
+        return np.where(level_known, self._reference.scores(r - level) * self._z_scale, np.nan)
+
+    def _rose(self, z: np.ndarray, r: np.ndarray, step: int, timeline: int) -> list[_Episode]:
+        """A rank already in an episode of its own that slows down further, against its level since the episode's
+        alarm (learned from ``MIN_VERDICT_STEPS`` steps on, and while calm), by at least as much again as that
+        level's excess: the episode ends where the rise began and a new one starts there, so that the escalation
+        has its own onset."""
+        level_known = ~np.isnan(z)
+        was_zero = self._rise.s == 0
+        alarm = self._rise.update(z) & level_known
+        self._rise.reset(~level_known)
+        rising = self._rise.s > 0
+        self._rise_start[was_zero & rising] = step
+        self._rise_sum[~rising], self._rise_n[~rising] = 0.0, 0
+        counted = rising & ~np.isnan(r)
+        self._rise_sum[counted] += r[counted]
+        self._rise_n[counted] += 1
+        level = self._slow_sum / np.maximum(self._slow_n, 1)
+        grown = self._rise_sum / np.maximum(self._rise_n, 1) - level >= np.maximum(
+            level, math.log1p(self.structural_min)
+        )
+        alarm &= grown  # an escalation at least doubles the episode's excess: drift within it is not one
+        calm = self._claimed & ~np.isnan(r) & (self._rise.s <= self._cusum.h / 2)
+        self._slow_sum[calm] += r[calm]
+        self._slow_n[calm] += 1
+        changed: list[_Episode] = []
+        for episode in [e for e in self._episodes if e.active and e.scope == "rank" and alarm[e.ranks].all()]:
+            onset = self._onset(episode.ranks, timeline, int(self._rise_start[episode.ranks].min()))
+            episode.end_step = max(onset - 1, episode.start_step)
+            episode.frozen, episode.active = self._evidence(episode), False
+            risen = _Episode(
+                "rank",
+                episode.ranks,
+                episode.timeline,
+                onset,
+                step,
+                step,
+                host=episode.host,
+                level_start=self._level,
+                peers=episode.peers,
+            )
+            self._acc[:, episode.ranks] = 0.0
+            self._slow_sum[episode.ranks], self._slow_n[episode.ranks] = 0.0, 0
+            self._rise.reset(episode.ranks)
+            self._episodes.append(risen)
+            changed += [episode, risen]
+        return changed
 
     def _follow_level(self, obs: np.ndarray) -> None:
         """The job's level (log work of its fast ranks), a running mean like the offsets'."""
@@ -398,6 +515,7 @@ class StragglerDetector(CrossRankDetector):
         self._b = np.nan_to_num(np.where(sick, position, position + self._shrink(dev, places, se)))
         self._learned = (~np.isnan(warm)).sum(axis=0).astype(float)
         self._cusum.h = cusum_threshold(self.k, self.false_alarm_steps * max(int((self._learned > 0).sum()), 1))
+        self._rise.h = self._cusum.h
         self._reference.reset(_valid(warm[:, ~sick] - self._b[~sick]))
         self._level_n = steps
         self._level = float(np.median(levels))
@@ -416,6 +534,8 @@ class StragglerDetector(CrossRankDetector):
             self._claimed[members] = True
             self._acc[:, members] = sums[:, members]
             self._acc[OBS.index("resid"), members] = np.nansum(warm[:, members] - self._b[members], axis=0)
+            self._slow_sum[members] = self._acc[OBS.index("resid"), members]
+            self._slow_n[members] = (~np.isnan(warm[:, members])).sum(axis=0)
             self._episodes.append(episode)
             found.append(episode)
         for episode in found:
@@ -484,11 +604,12 @@ class StragglerDetector(CrossRankDetector):
             if self._claimed[rank]:
                 continue  # taken by a node or stage episode opened this step
             scope, members, host, stage = self._group(int(rank))
+            timeline = int(self._run_timeline[members].min())
             episode = _Episode(
                 scope,
                 members,
-                int(self._run_timeline[members].min()),
-                int(self._run_start[members].min()),
+                timeline,
+                self._onset(members, timeline, int(self._run_start[members].min())),
                 step,
                 step,
                 host=host,
@@ -497,6 +618,7 @@ class StragglerDetector(CrossRankDetector):
                 peers=self._peer_count(members, self._positions()),
             )
             self._claimed[members] = True
+            self._slow_sum[members], self._slow_n[members] = 0.0, 0
             self._episodes.append(episode)
             opened.append(episode)
         return opened
@@ -536,6 +658,7 @@ class StragglerDetector(CrossRankDetector):
                 episode.frozen, episode.active = self._evidence(episode), False
                 self._claimed[episode.ranks] = False
                 self._cusum.reset(episode.ranks)
+                self._rise.reset(episode.ranks)
                 self._acc[:, episode.ranks] = 0.0
                 cleared.append(episode)
         return cleared
@@ -561,6 +684,7 @@ class StragglerDetector(CrossRankDetector):
         verdict = episode.verdict
         spread = 2 * verdict.get("offset_se", 0.0)
         peer = float(mean["peer"].mean())
+        cost, cpu_wait = float(mean["cost"].max()), float(mean["cpu_wait"].max())
         return {
             "scope": episode.scope,
             "host": episode.host,
@@ -578,7 +702,8 @@ class StragglerDetector(CrossRankDetector):
             "job_slowdown": round(job, 4),
             "contended": episode.scope != "pp_stage" and job - 1 >= max(slowdown - 1, self.structural_min),
             "phase": phase,
-            "job_cost_s_per_step": round(float(mean["cost"].max()), 6),
+            "job_cost_s_per_step": round(cost, 6),
+            "cpu_wait_s_per_step": round(cpu_wait, 6),
             "peers_wait_s_per_step": round(float(mean["wait"].max()), 6),
             "baseline_work_s": round(float(np.median(mean["median"])), 6),
             "structural_offset": round(math.exp(float(self._b[episode.ranks].mean())), 4),

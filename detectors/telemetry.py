@@ -23,6 +23,7 @@ RANK_STEP_COLUMNS = (
     "comm_time",
     "optimizer_time",
     "local_grad_norm",
+    "cpu_wait_time",
     "param_checksum",
 )
 EVAL_COLUMNS = ("timeline", "step", "time", "split", "name", "value", "cum_tokens", "cum_flops")

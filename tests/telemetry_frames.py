@@ -141,6 +141,7 @@ def rank_step_frame(
                 for name in ("step_time", "data_time", "compute_time", "comm_time", "optimizer_time")
             },
             "local_grad_norm": 1.0,
+            "cpu_wait_time": np.nan,
             "param_checksum": None,
         }
     )

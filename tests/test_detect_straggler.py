@@ -383,3 +383,43 @@ def test_clean_short_traces_get_no_verdict_against_a_rank(kind: str, ranks: int,
             if stages:
                 compute *= np.repeat([1.0, 1.02, 0.99, 1.03], ranks // 4)
             assert warnings_(detect_trace(compute, rk, topology)) == [], (steps, seed)
+
+
+def waits_for_a_cpu(seed: int, steps: int, ranks: int, base: float) -> np.ndarray:
+    """Each rank's wait for a CPU per step on a shared host: stretches of 20 to 60 steps with none and stretches
+    in which another process takes 30% to 120% of the rank's own work from it (a time-sliced core), drawn apart
+    for each rank."""
+    rng = np.random.default_rng(seed)
+    waits = np.zeros((steps, ranks))
+    for rank in range(ranks):
+        step, busy = 0, bool(rng.integers(2))
+        while step < steps:
+            length = int(rng.integers(20, 61))
+            if busy:
+                waits[step : step + length, rank] = (
+                    base * rng.uniform(0.3, 1.2) * rng.uniform(0.8, 1.2, length)[: steps - step]
+                )
+            step, busy = step + length, not busy
+    return waits
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_wait_for_a_cpu_is_the_hosts_and_a_slow_rank_is_found_through_it(seed: int, ranks: int) -> None:
+    """Ranks sharing their host's CPUs: each one's compute time swings by up to 2.2x as other processes take
+    turns on its core, and ``cpu_wait_time`` says how much. Left out of the work, the swings page nobody and
+    rank 1 doubling its own work from step 200 is found where it began; read as work, they are stragglers."""
+    steps, base = 300, 0.02
+    own = clean(seed, steps, ranks, base=base, scale=0.03)
+    own[199:230, 1] *= 2.0
+    waits = waits_for_a_cpu(seed + 10, steps, ranks, base)
+    frame = tf.rank_step_frame(tf.synchronous(own + waits))
+    frame["cpu_wait_time"] = waits[frame["step"] - 1, frame["rank"]]
+
+    def warnings_from(rank_steps: pd.DataFrame) -> list[tuple[tuple[int, ...], bool]]:
+        batch = TelemetryBatch(rank_steps=rank_steps)
+        found = tf.replay(StragglerDetector(), batch, parts=3, run=RunState(world_size=ranks)).values()
+        return [(f.ranks, abs(f.start_step - 200) <= 2) for f in warnings_(list(found))]
+
+    assert warnings_from(frame) == [((1,), True)]
+    assert warnings_from(frame.assign(cpu_wait_time=np.nan)) != [((1,), True)]

@@ -24,10 +24,10 @@ def test_every_rank_writes_its_step_times_and_the_job_rank_the_steps(hf_run: tup
     store, steps = hf_run
     per_rank = rows(
         store,
-        "SELECT rank, count(*), count(compute_time), count(optimizer_time), bool_and(step_time >= compute_time)"
-        " FROM rank_step_metrics GROUP BY rank ORDER BY rank",
+        "SELECT rank, count(*), count(compute_time), count(optimizer_time), bool_and(step_time >= compute_time),"
+        " bool_and(cpu_wait_time >= 0) FROM rank_step_metrics GROUP BY rank ORDER BY rank",
     )
-    assert per_rank == [(0, steps, steps, steps, True), (1, steps, steps, steps, True)]
+    assert per_rank == [(0, steps, steps, steps, True, True), (1, steps, steps, steps, True, True)]
     assert rows(store, "SELECT count(*), count(loss), count(grad_norm), count(lr), sum(tokens) FROM step_metrics") == [
         (steps, steps, steps, steps, steps * 2 * 4 * 16)
     ]

@@ -22,10 +22,10 @@ def test_every_rank_writes_rank_step_and_one_rank_the_job_step(fitted_run: tuple
     store, steps = fitted_run
     per_rank = rows(
         store,
-        "SELECT rank, count(*), count(compute_time), count(optimizer_time), count(extra['local_loss'])"
-        " FROM rank_step_metrics GROUP BY rank ORDER BY rank",
+        "SELECT rank, count(*), count(compute_time), count(optimizer_time), count(extra['local_loss']),"
+        " count(cpu_wait_time) FROM rank_step_metrics GROUP BY rank ORDER BY rank",
     )
-    assert per_rank == [(0, steps, steps, steps, steps), (1, steps, steps, steps, steps)]
+    assert per_rank == [(0, steps, steps, steps, steps, steps), (1, steps, steps, steps, steps, steps)]
     job = rows(store, "SELECT count(*), count(DISTINCT rank), count(loss), count(grad_norm), min(grad_norm) FROM steps")
     assert job[0][:4] == (steps, 1, steps, steps) and job[0][4] > 0
     assert rows(store, "SELECT status, world_size FROM run") == [("finished", 2)]

@@ -79,6 +79,9 @@ def test_phase_times_are_recorded_and_add_up_to_the_step_time(run: Path) -> None
     assert phases and all(part >= 0 for row in phases for part in row)
     assert all(math.isclose(total, sum(parts), rel_tol=1e-9, abs_tol=1e-9) for total, *parts in phases)
     assert all(compute > 0 and comm > 0 for _, _, compute, comm, _ in phases)
+    waits = query(run, "SELECT cpu_wait_time, data_time + compute_time FROM rank_step_metrics")
+    # Linux counts a wait when it ends: one that began just before the step's first read counts whole (a slice)
+    assert all(0 <= wait <= work + 0.01 for wait, work in waits)
 
 
 def test_the_job_rank_records_tokens_flops_lr_and_the_mean_of_the_ranks_losses(run: Path) -> None:

@@ -119,7 +119,11 @@ class BedsideCallback(TrainerCallback):
         replicas = (
             self._replicas.metrics(state.global_step, self.trainer.model_wrapped) if self.trainer is not None else {}
         )
-        self._open().rank_step(state.global_step, **self._clock.times(self._replicas.local_done), **replicas)
+        self._open().rank_step(
+            state.global_step,
+            **self._clock.times(self._replicas.local_done, self._replicas.waited_at_ready),
+            **replicas,
+        )
         self._control = control  # the handlers set its flags
         if not self._controls().at_step_boundary(state.global_step):
             control.should_training_stop = True

@@ -102,7 +102,9 @@ class BedsideCallback(Callback):
         loss = _loss_of(outputs)
         local: dict[str, Any] = {} if loss is None else {"local_loss": loss}
         replicas = self._replicas.metrics(step, pl_module)
-        logger.rank_step(step, **self._clock.times(self._replicas.local_done), **local, **replicas)
+        logger.rank_step(
+            step, **self._clock.times(self._replicas.local_done, self._replicas.waited_at_ready), **local, **replicas
+        )
         if trainer.is_global_zero:
             metrics: dict[str, Any] = {"lr": trainer.optimizers[0].param_groups[0]["lr"]}
             if loss is not None:

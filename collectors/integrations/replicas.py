@@ -42,6 +42,11 @@ class ReplicaSignals:
         ready = self.grads.last_bucket_ready
         return ready if isinstance(ready, float) else None
 
+    @property
+    def waited_at_ready(self) -> float | None:
+        """The thread's run-queue wait read when the last gradient bucket was ready (None as ``local_done``)."""
+        return self.grads.waited_at_ready if self.local_done is not None else None
+
     def metrics(self, step: int, model: nn.Module) -> dict[str, Any]:
         """The step's ``local_grad_norm`` (when hooked) and, on a checksum step, ``param_checksum`` of ``model``."""
         metrics: dict[str, Any] = {}

@@ -25,7 +25,7 @@ def allreduce_with_local_norm(state: LocalGrads, bucket: dist.GradBucket) -> tor
     """DDP's default all-reduce, after ``state`` has seen the bucket (no sync); the step's loss
     rides with its first small bucket, or else with its last."""
     state.observe(bucket.buffer())
-    state.last_bucket_ready = state.clock.mark()
+    state.last_bucket_ready, state.waited_at_ready = state.clock.mark(), state.run_queue.read()
     loss = state.loss
     if loss is not None and (bucket.buffer().numel() <= RIDE_ALONG_MAX or bucket.is_last()):
         state.loss = None  # it rides once

@@ -44,6 +44,7 @@ class ReduceScatterWithLocalNorm(ReduceScatter):
         state = self.grads
         issued = time.perf_counter()
         state.last_bucket_ready = state.clock.mark_unblocked(state.blocked_s)
+        state.waited_at_ready = state.run_queue.read()
         state.observe(input_tensor)
         work = dist.reduce_scatter_single(
             output=output_tensor, input=input_tensor, op=op, group=group, async_op=async_op

@@ -24,6 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from .runqueue import RunQueueClock
 from .timers import Clock, HostClock
 
 GradientObserver = Callable[[int, torch.Tensor], None]
@@ -51,6 +52,8 @@ class LocalGrads:
         self.step = 0
         self.squared_norm: torch.Tensor | None = None
         self.last_bucket_ready: Any = None
+        self.run_queue = RunQueueClock()
+        self.waited_at_ready: float | None = None  # the run-queue clock read with ``last_bucket_ready``
         self.blocked_s = 0.0
         self.loss: torch.Tensor | None = None
         self.mean_loss: torch.Tensor | None = None
@@ -59,7 +62,7 @@ class LocalGrads:
         """Start a backward pass; ``loss`` rides along with a bucket's all-reduce (DDP)."""
         self.step = step
         self.squared_norm = None
-        self.last_bucket_ready = None
+        self.last_bucket_ready = self.waited_at_ready = None
         self.blocked_s = 0.0
         self.loss, self.mean_loss = loss, None
 

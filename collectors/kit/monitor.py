@@ -113,6 +113,9 @@ class Monitor:
         """Queue the records of a finished step (called when its ``with`` block ends)."""
         times = phase_times(self.grads.clock, scope.marks())
         metrics: dict[str, Any] = {**times, "local_grad_norm": scope.local_grad_norm, "local_loss": scope.loss}
+        cpu_wait = scope.cpu_wait()
+        if cpu_wait is not None:
+            metrics["cpu_wait_time"] = cpu_wait
         if self.scaler is not None:
             metrics.update(self.scaler.after_step())
         metrics.update(scope.rank_metrics)
@@ -180,9 +183,12 @@ class StepScope:
         self._data_end: Any = None
         self._backward_end: Any = None
         self._end: Any = None
+        self._waited: float | None = None
+        self._waited_at_backward_end: float | None = None
 
     def __enter__(self) -> StepScope:
         self.monitor.grads.reset(self.number)
+        self._waited = self.monitor.grads.run_queue.read()
         self._start = self.monitor.grads.clock.mark()
         return self
 
@@ -203,6 +209,7 @@ class StepScope:
         ``loss`` is this rank's loss of the step, if the loop wants it recorded."""
         monitor = self.monitor
         self._backward_end = monitor.grads.clock.mark()
+        self._waited_at_backward_end = monitor.grads.run_queue.read()
         if loss is not None:
             self.loss = loss.detach()
         norm = monitor.grads.local_grad_norm()
@@ -242,7 +249,17 @@ class StepScope:
     ) -> None:
         if exc_type is None:
             self._end = self.monitor.grads.clock.mark()
+            if self._backward_end is None:
+                self._waited_at_backward_end = self.monitor.grads.run_queue.read()
             self.monitor.emit(self)
+
+    def cpu_wait(self) -> float | None:
+        """Seconds this rank's thread waited for a CPU over the data and compute phases (to the last gradient
+        bucket ready where a comm hook saw it, else to the end of backward); None where unknown."""
+        grads = self.monitor.grads
+        hooked = grads.last_bucket_ready is not None and self._backward_end is not None
+        end = grads.waited_at_ready if hooked else self._waited_at_backward_end
+        return None if end is None or self._waited is None else max(0.0, end - self._waited)
 
 
 def _sharded_once(model: nn.Module) -> bool:

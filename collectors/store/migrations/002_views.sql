@@ -27,39 +27,10 @@ SELECT timeline, step, to_timestamp(time) AS ts, time, rank,
 FROM steps
 WINDOW spent AS (ORDER BY time, source_id, line_offset ROWS UNBOUNDED PRECEDING);
 
-CREATE OR REPLACE VIEW rank_step_metrics AS
-SELECT s.timeline, s.step, to_timestamp(s.time) AS ts, s.time, s.rank,
-       r.host, r.local_rank, r.dp, r.tp, r.pp,
-       s.step_time, s.data_time, s.compute_time, s.comm_time, s.optimizer_time,
-       s.local_grad_norm, s.param_checksum, s.extra
-FROM rank_steps s LEFT JOIN ranks r USING (rank);
-
 CREATE OR REPLACE VIEW eval_scores AS
 SELECT timeline, step, to_timestamp(time) AS ts, time, split,
        e.key AS name, e.value AS value, cum_tokens, cum_flops
 FROM evals, unnest(map_entries(scores)) AS u(e);
-
-CREATE OR REPLACE VIEW metrics AS
-WITH job AS (
-    UNPIVOT (SELECT timeline, step, time, rank, loss, grad_norm, lr, tokens, flops FROM steps)
-    ON loss, grad_norm, lr, tokens, flops INTO NAME name VALUE value
-), per_rank AS (
-    UNPIVOT (SELECT timeline, step, time, rank, step_time, data_time, compute_time, comm_time,
-                    optimizer_time, local_grad_norm FROM rank_steps)
-    ON step_time, data_time, compute_time, comm_time, optimizer_time, local_grad_norm
-    INTO NAME name VALUE value
-), user_job AS (
-    SELECT timeline, step, time, rank, e.key AS name, e.value AS value
-    FROM steps, unnest(map_entries(extra)) AS u(e) WHERE extra IS NOT NULL
-), user_rank AS (
-    SELECT timeline, step, time, rank, e.key AS name, e.value AS value
-    FROM rank_steps, unnest(map_entries(extra)) AS u(e) WHERE extra IS NOT NULL
-)
-SELECT 'step' AS kind, timeline, step, time, rank, name, value FROM job
-UNION ALL SELECT 'step', timeline, step, time, rank, name, value FROM user_job
-UNION ALL SELECT 'rank_step', timeline, step, time, rank, name, value FROM per_rank
-UNION ALL SELECT 'rank_step', timeline, step, time, rank, name, value FROM user_rank
-UNION ALL SELECT 'eval', timeline, step, time, NULL, 'eval/' || name, value FROM eval_scores;
 
 CREATE OR REPLACE VIEW checkpoint_events AS
 SELECT timeline, step, to_timestamp(time) AS ts, time, rank, event, path, duration_s, bytes, message

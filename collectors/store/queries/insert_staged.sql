@@ -13,7 +13,8 @@ SELECT source_id, line_offset, rec.time, rec.rank, rec.step, rec.timeline, rec.s
        rec.metrics.optimizer_time, rec.metrics.local_grad_norm,
        rec.param_checksum,
        CASE WHEN cardinality(user_metrics) > 0 THEN user_metrics END,
-       CASE WHEN has_unknown_fields THEN line::JSON END
+       CASE WHEN has_unknown_fields THEN line::JSON END,
+       rec.metrics.cpu_wait_time
 FROM staged WHERE reason IS NULL AND rec.kind = 'rank_step';
 
 INSERT INTO evals

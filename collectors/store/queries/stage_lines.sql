@@ -29,7 +29,8 @@ WITH parsed AS (
                "metrics": {
                    "loss": "DOUBLE", "grad_norm": "DOUBLE", "lr": "DOUBLE", "tokens": "DOUBLE", "flops": "DOUBLE",
                    "step_time": "DOUBLE", "data_time": "DOUBLE", "compute_time": "DOUBLE", "comm_time": "DOUBLE",
-                   "optimizer_time": "DOUBLE", "local_grad_norm": "DOUBLE", "duration_s": "DOUBLE", "bytes": "DOUBLE"}
+                   "optimizer_time": "DOUBLE", "local_grad_norm": "DOUBLE", "cpu_wait_time": "DOUBLE",
+                   "duration_s": "DOUBLE", "bytes": "DOUBLE"}
                }') END AS rec,
            length(line) - length(replace(line, ':', '')) AS colons
     FROM batch_lines
@@ -55,6 +56,7 @@ WITH parsed AS (
                WHEN 'rank_step' THEN (m.step_time IS NOT NULL)::INT + (m.data_time IS NOT NULL)::INT
                                 + (m.compute_time IS NOT NULL)::INT + (m.comm_time IS NOT NULL)::INT
                                 + (m.optimizer_time IS NOT NULL)::INT + (m.local_grad_norm IS NOT NULL)::INT
+                                + (m.cpu_wait_time IS NOT NULL)::INT
            END AS n_canonical
     FROM typed
 ), careful AS (
