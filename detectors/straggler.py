@@ -415,9 +415,11 @@ class StragglerDetector(CrossRankDetector):
         inside = np.cumprod((timelines == timeline) & (steps >= start)).astype(bool)
         if not inside.any():
             return start
-        with np.errstate(all="ignore"):
-            z = np.nanmean(self._scores[newest[inside]][:, ranks], axis=1)
-        half = max(self.k, float(np.nanmean(z[:RECENT_STEPS])) / 2) if not np.isnan(z[:RECENT_STEPS]).all() else self.k
+        block = self._scores[newest[inside]][:, ranks]
+        counts = (~np.isnan(block)).sum(axis=1)
+        z = np.where(counts > 0, np.nansum(block, axis=1) / np.maximum(counts, 1), np.nan)
+        recent = _valid(z[:RECENT_STEPS])
+        half = max(self.k, float(recent.mean()) / 2) if len(recent) else self.k
         gains = np.cumsum(np.nan_to_num(z - half))
         best = int(np.argmax(gains))
         older = best == len(z) - 1 and steps[inside][-1] > start  # the run began before the scores kept
@@ -426,9 +428,10 @@ class StragglerDetector(CrossRankDetector):
     def _rise_scores(self, r: np.ndarray) -> np.ndarray:
         """Scores of the claimed ranks' residuals against their level since the episode's alarm (NaN until it is
         learned from ``MIN_VERDICT_STEPS`` steps, and for every other rank)."""
-        level_known = self._claimed & (self._slow_n >= MIN_VERDICT_STEPS)
-        level = self._slow_sum / np.maximum(self._slow_n, 1)
-        return np.where(level_known, self._reference.scores(r - level) * self._z_scale, np.nan)
+        known = np.flatnonzero(self._claimed & (self._slow_n >= MIN_VERDICT_STEPS))
+        z = np.full(len(r), np.nan)
+        z[known] = self._reference.scores(r[known] - self._slow_sum[known] / self._slow_n[known]) * self._z_scale
+        return z
 
     def _rose(self, z: np.ndarray, r: np.ndarray, step: int, timeline: int) -> list[_Episode]:
         """A rank already in an episode of its own that slows down further, against its level since the episode's

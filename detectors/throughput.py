@@ -11,6 +11,10 @@ of the two medians; the baseline is then frozen until the rate is back within
 ``min_drop / 2`` of it. The first ``warmup_steps`` (compilation, allocator and loader
 warm-up) are not a baseline.
 
+A drop whose extra seconds per step are mostly the ranks' wait for a CPU (``cpu_wait_time``,
+the median rank's, over the window against the baseline) is the environment: other processes
+took the hosts' cores. It is said so, as info, and never pages.
+
 A drop is judged by its practical size too: the wall time it has cost (each step's
 duration less the time the baseline rate would have taken for its work, summed from
 the onset). It pages (warning) once that reaches ``min_lost_s``; until then it is
@@ -37,8 +41,9 @@ from .robust import mad_sigma, row_median
 from .telemetry import TelemetryBatch
 
 Key = tuple[int, int]
-_Rated = tuple[Key, float, str, float, float]
-"""A step's key and log rate, with where its duration came from, the tokens it reported and its seconds."""
+_Rated = tuple[Key, float, str, float, float, float]
+"""A step's key and log rate, with where its duration came from, the tokens it reported, its seconds and the
+median rank's wait for a CPU in it."""
 SCREEN_FROM = 64
 """Rated steps from which a drain screens them with rolling medians rather than judging each."""
 SCREEN_SLACK = 1e-9
@@ -59,6 +64,8 @@ class _Drop:
     lowest: float  # the lowest log rate (median of the window) since the onset
     lowest_step: int  # the step at which it was seen
     lost_s: float = 0.0  # wall time lost against the baseline rate since the onset
+    base_seconds: float = math.nan  # the median step's seconds before the onset
+    base_wait: float = math.nan  # the median rank's wait for a CPU per step before the onset
     evidence: dict[str, Any] = field(default_factory=dict)
     active: bool = True
 
@@ -67,7 +74,7 @@ class ThroughputDetector(CrossRankDetector):
     """Sustained drops of tokens per second against a rolling robust baseline (see the module docstring)."""
 
     name = "throughput_drop"
-    rank_metrics = ("step_time",)
+    rank_metrics = ("step_time", "cpu_wait_time")
     kinds = (
         FindingKind("throughput_drop", Family.PERFORMANCE, tolerance=200, cause="throughput", precedence=90, lead=50),
     )
@@ -96,12 +103,14 @@ class ThroughputDetector(CrossRankDetector):
         self.window, self.baseline_steps, self.min_drop, self.z = window, baseline_steps, min_drop, z
         self.warmup_steps, self.lag, self.min_lost_s = warmup_steps, lag, min_lost_s
         self._durations: dict[Key, float] = {}
+        self._waits: dict[Key, float] = {}  # the median rank's wait for a CPU, by step
         self._released: Key = (-1, -1)
         self._queue: deque[tuple[Key, float, float]] = deque()  # (key, time, tokens) of step records not yet rated
         self._previous: dict[int, tuple[int, float]] = {}  # timeline -> (step, time) of the last step record
         self._tokens = math.nan
         self._seen = 0
         self._history: deque[tuple[Key, float, float]] = deque(maxlen=baseline_steps + window)  # key, log rate, s
+        self._waited: deque[float] = deque(maxlen=baseline_steps + window)  # each one's wait for a CPU
         self._drop: _Drop | None = None
         self._source = "median rank step_time"
 
@@ -126,11 +135,16 @@ class ThroughputDetector(CrossRankDetector):
             return
         times = matrix.values["step_time"]
         medians = row_median(np.where(times > 0, times, np.nan))[:, 0]
-        for timeline, step, median in zip(matrix.timelines.tolist(), matrix.steps.tolist(), medians.tolist()):
+        waits = row_median(matrix.values["cpu_wait_time"])[:, 0]
+        keys = zip(matrix.timelines.tolist(), matrix.steps.tolist())
+        for key, median, wait in zip(keys, medians.tolist(), waits.tolist()):
             if math.isfinite(median):
-                self._durations[(timeline, step)] = median
+                self._durations[key] = median
+                self._waits[key] = wait
         while len(self._durations) > MAX_PENDING:  # rank rows of steps that have no step record
-            self._durations.pop(next(iter(self._durations)))
+            oldest = next(iter(self._durations))
+            self._durations.pop(oldest)
+            self._waits.pop(oldest, None)
         self._released = max(self._released, (int(matrix.timelines[-1]), int(matrix.steps[-1])))
 
     def _drain(self, *, final: bool) -> list[Finding]:
@@ -148,10 +162,11 @@ class ThroughputDetector(CrossRankDetector):
             if not settled:
                 break
             self._queue.popleft()
+            wait = self._waits.pop(key, math.nan)
             timed = self._rate(key, time, tokens)
             if timed is not None:
                 rate, seconds = timed
-                rated.append((key, math.log(rate), self._source, self._tokens, seconds))
+                rated.append((key, math.log(rate), self._source, self._tokens, seconds, wait))
         last = self._source, self._tokens
         changed = {id(drop): drop for drop in self._observe_all(rated)}
         self._source, self._tokens = last  # as the last step rated left them
@@ -198,8 +213,9 @@ class ThroughputDetector(CrossRankDetector):
         older = values.rolling(self.baseline_steps, min_periods=2 * self.window).median()
         baseline = older.shift(self.window).to_numpy()[len(known) :]
         out: list[_Drop] = []
-        for (key, x, source, tokens, seconds), now, base in zip(rated, current.tolist(), baseline.tolist()):
+        for (key, x, source, tokens, seconds, wait), now, base in zip(rated, current.tolist(), baseline.tolist()):
             self._history.append((key, x, seconds))
+            self._waited.append(wait)
             drop = self._drop
             if not math.isfinite(base):
                 continue
@@ -216,13 +232,14 @@ class ThroughputDetector(CrossRankDetector):
                 out.append(found)
         return out
 
-    def _observe(self, key: Key, x: float, source: str, tokens: float, seconds: float) -> _Drop | None:
-        """Add one step's log rate and seconds (its duration's source and the tokens it reported, for the
-        evidence); the drop opened or closed by it."""
+    def _observe(self, key: Key, x: float, source: str, tokens: float, seconds: float, wait: float) -> _Drop | None:
+        """Add one step's log rate, seconds and wait for a CPU (its duration's source and the tokens it reported,
+        for the evidence); the drop opened or closed by it."""
         self._seen += 1
         if self._seen <= self.warmup_steps:
             return None
         self._history.append((key, x, seconds))
+        self._waited.append(wait)
         self._source, self._tokens = source, tokens
         return self._judge(key)
 
@@ -271,7 +288,11 @@ class ThroughputDetector(CrossRankDetector):
         start = since[0][0][1] if since else key[1]
         current = float(np.median(recent))
         lost = sum(lost_seconds(x, seconds, current, baseline) for _, x, seconds in since)
-        return _Drop(key[0], start, key[1], baseline, key[1], current, key[1], lost)
+        before = len(self._history) - self.window
+        seconds = float(np.median([s for _, _, s in list(self._history)[:before]]))
+        return _Drop(
+            key[0], start, key[1], baseline, key[1], current, key[1], lost, seconds, _median(self._waited, 0, before)
+        )
 
     def _close(self, drop: _Drop) -> _Drop:
         drop.evidence, drop.active = self._evidence(drop), False
@@ -279,8 +300,11 @@ class ThroughputDetector(CrossRankDetector):
         return drop
 
     def _evidence(self, drop: _Drop) -> dict[str, Any]:
-        current = float(np.median([v for _, v, _ in list(self._history)[-self.window :]]))
+        recent = list(self._history)[-self.window :]
+        current = float(np.median([v for _, v, _ in recent]))
         unit = "tokens/s" if math.isfinite(self._tokens) else "steps/s"
+        step_rise = float(np.median([s for _, _, s in recent])) - drop.base_seconds
+        wait_rise = _median(self._waited, len(self._waited) - self.window, len(self._waited)) - drop.base_wait
         return {
             "baseline_per_s": round(math.exp(drop.baseline), 6),
             "current_per_s": round(math.exp(current), 6),
@@ -297,19 +321,23 @@ class ThroughputDetector(CrossRankDetector):
             "duration_from": self._source,
             "lost_s": round(drop.lost_s, 3),
             "min_lost_s": self.min_lost_s,
+            "step_rise_s": round(step_rise, 6) if math.isfinite(step_rise) else None,
+            "cpu_wait_rise_s": round(wait_rise, 6) if math.isfinite(wait_rise) else None,
+            "contended": bool(step_rise > 0 and wait_rise >= step_rise / 2),
         }
 
     def _finding(self, drop: _Drop) -> Finding:
         ev = drop.evidence
         summary = _summary(drop.start_step, ev)
-        action = SuggestedAction(
-            "investigate",
-            {},
-            "look for stragglers, a slow data pipeline or network, or a change of the job's configuration",
+        why = (
+            "the ranks waited for CPUs that other processes held: look at what else runs on the job's hosts"
+            if ev["contended"]
+            else "look for stragglers, a slow data pipeline or network, or a change of the job's configuration"
         )
+        pages = drop.lost_s >= self.min_lost_s and not ev["contended"]
         return Finding(
             "throughput_drop",
-            Severity.WARNING if drop.lost_s >= self.min_lost_s else Severity.INFO,
+            Severity.WARNING if pages else Severity.INFO,
             drop.timeline,
             drop.start_step,
             max(drop.end_step, drop.start_step),
@@ -317,7 +345,7 @@ class ThroughputDetector(CrossRankDetector):
             float(ev["largest_drop"]),
             summary,
             ev,
-            action,
+            SuggestedAction("investigate", {}, why),
             drop.active,
             self.name,
         )
@@ -339,13 +367,25 @@ def _summary(start_step: int, ev: dict[str, Any]) -> str:
         f" ({ev['lowest_per_s']:.4g} vs {baseline:.4g} {unit} at step {ev['lowest_step']})"
     )
     cost = f"; {_duration(ev['lost_s'])} of wall time lost"
-    if ev["lost_s"] < ev["min_lost_s"]:
+    if ev["contended"]:
+        cost += (
+            f"; the median rank's wait for a CPU rose {ev['cpu_wait_rise_s'] * 1e3:.3g} ms of the"
+            f" {ev['step_rise_s'] * 1e3:.3g} ms a step: other processes took the cores (the environment, not the job)"
+        )
+    elif ev["lost_s"] < ev["min_lost_s"]:
         cost += f" (it pages from {_duration(ev['min_lost_s'])})"
     if f"{ev['drop'] * 100:.1f}" == f"{ev['largest_drop'] * 100:.1f}":
         return peak + cost
     now = ev["drop"]
     rate = f"now {ev['current_per_s']:.4g} {unit}, {abs(now) * 100:.1f}% {'below' if now >= 0 else 'above'} it"
     return f"{peak}; {rate}{cost}"
+
+
+def _median(values: deque[float], start: int, stop: int) -> float:
+    """The median of the finite ``values[start:stop]`` (NaN when none is)."""
+    chosen = np.array(list(values)[max(start, 0) : stop], dtype=float)
+    chosen = chosen[np.isfinite(chosen)]
+    return float(np.median(chosen)) if len(chosen) else math.nan
 
 
 def _duration(seconds: float) -> str:

@@ -108,6 +108,30 @@ def test_the_same_share_lost_on_long_steps_pages_once_it_has_cost_a_minute() -> 
     assert "min of wall time lost" in found.summary and "pages from" not in found.summary
 
 
+@pytest.mark.parametrize("kind", tf.NOISES)
+def test_a_drop_made_of_the_ranks_wait_for_a_cpu_is_the_environment_and_never_pages(kind: str) -> None:
+    """0.5 s steps 60% slower from step 2000, where other processes took the cores: the median rank's recorded wait
+    for a CPU rose by as much, so the drop is told as the environment (info) however much time it costs; the
+    same drop without that record pages, and a drop of the job's own beside a small wait still pages."""
+    timing = job(kind, drop=(2000, STEPS, 1.6))
+    frame = tf.rank_step_frame(timing)
+    waits = np.zeros_like(timing["compute_time"])
+    waits[1999:] = timing["compute_time"][1999:] * (0.6 / 1.6)
+    steps = tf.steps_frame(timing["end"], tokens=524_288.0)
+
+    def found_with(wait: np.ndarray | None) -> Finding:
+        rank_steps = frame if wait is None else frame.assign(cpu_wait_time=wait[frame["step"] - 1, frame["rank"]])
+        [found] = detect(TelemetryBatch(steps=steps, rank_steps=rank_steps))
+        return found
+
+    told = found_with(waits)
+    assert told.severity.value == "info" and told.evidence["contended"] and told.evidence["lost_s"] > 60
+    assert "other processes took the cores (the environment, not the job)" in told.summary
+    assert "what else runs on the job's hosts" in told.suggested_action.why
+    assert found_with(None).severity.value == "warning"
+    assert found_with(waits / 10).severity.value == "warning"
+
+
 def test_a_small_drop_is_not_a_finding() -> None:
     assert detect(batch_of(job(drop=(1500, 2500, 1.06)))) == []
 
