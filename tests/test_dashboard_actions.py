@@ -229,7 +229,7 @@ def test_a_rewind_at_or_after_the_onset_of_a_related_incident_is_warned(operator
     assert [n.value for n in operator.number_input] == [100] and not operator.warning
     labelled(operator.number_input, "to_step").set_value(150).run()
     assert [w.value for w in operator.warning] == [
-        "to_step 150 is at or after step 102, where the related incident straggler@0:102/r1 began: the run would "
+        "to_step 150 is at or after step 105, where the related incident straggler@0:105/r1 began: the run would "
         "train through the same fault again."
     ]
 

@@ -31,6 +31,7 @@ from dashboard_app import (
 from bedside.app.dashboard import registry
 from bedside.app.dashboard.common import age, linked_run
 from bedside.app.dashboard.figures import FADED, RANK_LINES
+from bedside.app.dashboard.summaries import incident_name
 
 OVERVIEW_TILES = [
     "Status",
@@ -145,14 +146,16 @@ def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(ser
 def test_the_incidents_page_lists_the_incidents_the_detectors_found(served: Path) -> None:
     app = open_page("incidents", run=FAULTS)
     assert_rendered(app)
-    found = from_store(served / FAULTS, "SELECT incident_id, severity, status, title, kinds FROM incidents")
+    found = from_store(served / FAULTS, "SELECT incident_id, severity, status, title, kinds, ranks FROM incidents")
     assert {kind for kinds in found["kinds"] for kind in kinds} >= {"loss_spike", "straggler", "nonfinite"}
     listed = table(app, "severity", "status", "title", "steps", "id")
     assert sorted(zip(listed["id"], listed["severity"], listed["status"], listed["title"])) == sorted(
         zip(found["incident_id"], found["severity"], found["status"], found["title"])
     )
     assert list(listed["status"]).index("open") == 0  # open first
-    assert app.selectbox(key="incident").options == [f"{i}: {t}" for i, t in zip(listed["id"], listed["title"])]
+    ranks = dict(zip(found["incident_id"], found["ranks"]))  # an incident's ranks as ranges: all it names, not its id's
+    named = [f"{incident_name(i, ranks[i])}: {t}" for i, t in zip(listed["id"], listed["title"])]
+    assert app.selectbox(key="incident").options == named
 
 
 def test_each_incident_opens_to_its_evidence_and_findings(served: Path) -> None:

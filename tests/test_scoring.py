@@ -213,7 +213,7 @@ def test_the_demo_scorecard_scores_the_sample_run(tmp_path: Path) -> None:
     assert list(card.columns) == ["step", "fault", "target_ranks", "found_as", "delay_steps", "why_missed"]
     assert card.values.tolist() == [
         [80, "bad_shard", "[0,1]", "loss_spike", 0, ""],
-        [105, "straggler", "[1]", "straggler", -3, ""],
+        [105, "straggler", "[1]", "straggler", 0, ""],
         [150, "grad_bitflip", "[1]", "sdc", 0, ""],
         [170, "param_bitflip", "[0]", "sdc", 0, ""],
         [185, "nan", "[0]", "nonfinite", 0, ""],

@@ -145,6 +145,7 @@ def _rank_steps(run: SimulatedRun, lines: _Lines) -> pd.DataFrame:
                 name: by_step[name]
                 for name in ("data_time", "compute_time", "comm_time", "optimizer_time", "local_grad_norm")
             },
+            "cpu_wait_time": np.nan,  # a simulated rank has a CPU of its own
             "param_checksum": _text(by_step["param_checksum"]),
         }
     )
