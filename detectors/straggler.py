@@ -389,7 +389,11 @@ class StragglerDetector(CrossRankDetector):
         obs[OBS.index("resid")] = np.where(np.isnan(r), 0.0, r)
         self._acc[:, (s == 0) & free] = 0.0
         self._acc += np.where((s > 0) | ~free, obs, 0.0)
-        self._learn(r, scores, free & (s <= self._cusum.h / 2) & ~np.isnan(r))
+        seen = ~np.isnan(r)
+        calm = free & (s <= self._cusum.h / 2) & seen
+        if 2 * np.count_nonzero(self._claimed & seen) >= np.count_nonzero(seen):
+            calm[:] = False  # half the ranks or more are slow: the median moved with them, and so did every d
+        self._learn(r, scores, calm)
         self._follow_level(obs)
         risen = self._rose(rise, r, step, timeline)
         return self._recover(z, step) + self._open(alarm & free, step) + risen
