@@ -73,9 +73,9 @@ class BedsideCallback(TrainerCallback):
         self.trainer = trainer
         self.logger: RunLogger | None = None
         self.client: ControlClient | None = None
-        self._clock = StepClock()
         self._checkpoints = SavedCheckpoints(r"checkpoint-(\d+)")
         self._replicas = ReplicaSignals(checksum_every)
+        self._clock = StepClock(self._replicas.grads.run_queue)  # one clock: the hook reads the loop's thread
         self._tokens_seen = 0
         self._control = TrainerControl()
         self._saving: list[Action] = []

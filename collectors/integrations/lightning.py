@@ -53,9 +53,9 @@ class BedsideCallback(Callback):
         self.name = name
         self.logger: RunLogger | None = None
         self.client: ControlClient | None = None
-        self._clock = StepClock()
         self._checkpoints = SavedCheckpoints(CHECKPOINT_NAME)
         self._replicas = ReplicaSignals(checksum_every)
+        self._clock = StepClock(self._replicas.grads.run_queue)  # one clock: the hook reads the loop's thread
         self._grad_norm: torch.Tensor | None = None
         self._trainer: Trainer | None = None
 

@@ -19,11 +19,13 @@ class StepClock:
     CPU over the same span as ``compute_time`` (kit.md). A phase whose marks are missing is left out. Reading
     the clock costs no device sync."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_queue: RunQueueClock | None = None) -> None:
+        """``run_queue``: the clock the comm hook reads too, so that both read the loop's thread (a hook that
+        runs on another thread then reads nothing, and no wait is recorded rather than one of two threads')."""
         self._start: float | None = None
         self._backward_done: float | None = None
         self._optimizer_done: float | None = None
-        self._run_queue = RunQueueClock()
+        self._run_queue = run_queue or RunQueueClock()
         self._waited: float | None = None
         self._waited_at_backward: float | None = None
 
