@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bedside.collectors.kit.runqueue import RunQueueClock
+from bedside.collectors.kit.runqueue import RunQueueClock, waited_between
 
 
 class StepClock:
@@ -55,7 +55,7 @@ class StepClock:
                 waited = waited_at_ready
             if self._optimizer_done is not None:
                 times["optimizer_time"] = self._optimizer_done - self._backward_done
-            if waited is not None and self._waited is not None:
-                times["cpu_wait_time"] = max(0.0, waited - self._waited)
+            if (cpu_wait := waited_between(self._waited, waited)) is not None:
+                times["cpu_wait_time"] = cpu_wait
         self._start = None
         return times

@@ -40,6 +40,7 @@ from bedside.collectors.writer import RunLogger
 from .checksum import param_checksum
 from .flops import ModelShape, flops_per_token
 from .grads import GradientObserver, LocalGrads, local, total_grad_norm, watch_gradients
+from .runqueue import waited_between
 from .scaler import ScalerState
 from .timers import clock_for, phase_times
 
@@ -259,7 +260,7 @@ class StepScope:
         grads = self.monitor.grads
         hooked = grads.last_bucket_ready is not None and self._backward_end is not None
         end = grads.waited_at_ready if hooked else self._waited_at_backward_end
-        return None if end is None or self._waited is None else max(0.0, end - self._waited)
+        return waited_between(self._waited, end)
 
 
 def _sharded_once(model: nn.Module) -> bool:

@@ -15,6 +15,11 @@ import os
 import threading
 
 
+def waited_between(start: float | None, end: float | None) -> float | None:
+    """Seconds waited between two ``read()`` s of one clock (None when either said nothing)."""
+    return None if start is None or end is None else max(0.0, end - start)
+
+
 class RunQueueClock:
     """Cumulative seconds one thread, the first that reads it, has spent runnable but waiting for a CPU."""
 
