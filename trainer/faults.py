@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from bedside.collectors.kit.grads import local
+from bedside.collectors.kit.runqueue import RunQueueClock, waited_between
 from bedside.collectors.writer import RunLogger
 from bedside.detectors.faults import (
     TRAINER_FAULTS,
@@ -143,8 +144,10 @@ class Straggler(Fault):
         self.reference_s: float | None = None
         self.settings = {"factor": self.factor, "delay_ms": delay_ms}
         self._computes: deque[float] = deque(maxlen=CALIBRATION_STEPS)
+        self._run_queue = RunQueueClock()
         self._started: float | None = None
         self._ready = 0.0
+        self._waits: tuple[float | None, float | None] = (None, None)
 
     def before_compute(self, step: int) -> None:
         if self.factor is not None:
@@ -155,18 +158,21 @@ class Straggler(Fault):
         last = self.window.last
         if self.factor is not None and self.window.first - CALIBRATION_STEPS <= step and (last is None or step < last):
             self._started = time.perf_counter()  # after the sleep: the compute of this step alone
+            self._waits = (self._run_queue.read(), None)
 
     def bucket_ready(self) -> None:
         if self._started is not None:
             self._ready = time.perf_counter()
+            self._waits = (self._waits[0], self._run_queue.read())
 
     def _calibrate(self, step: int) -> None:
-        """The delay for ``step``: ``factor - 1`` times the median compute (start of forward, after any delay,
-        to the last gradient bucket) of the rank's recent steps, the last ``TRACKED_STEPS`` once slowed, so the
-        rank computes ``factor`` times what it would under whatever load the machine has now."""
+        """The delay for ``step``: ``factor - 1`` times the median own work (start of forward, after any delay,
+        to the last gradient bucket, less the wait for a CPU in between) of the rank's recent steps, the last
+        ``TRACKED_STEPS`` once slowed, so the rank works ``factor`` times what it would now, however many of
+        the host's cores other processes take."""
         assert self.factor is not None
         if self._started is not None and self._ready > self._started:
-            self._computes.append(self._ready - self._started)
+            self._computes.append(self._ready - self._started - (waited_between(*self._waits) or 0.0))
         self._started = None
         if step >= self.window.first and len(self._computes) >= MIN_CALIBRATION:
             recent = list(self._computes)[-TRACKED_STEPS:] if self.delay_s is not None else list(self._computes)
