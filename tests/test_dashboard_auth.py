@@ -88,6 +88,15 @@ def test_the_lockout_doubles_up_to_its_cap_and_a_right_token_clears_it() -> None
     assert lockout.wait_s() == 0 and lockout.failures == 0
 
 
+def test_the_lockout_stays_at_its_cap_after_thousands_of_wrong_tokens() -> None:
+    """Past 1,027 failures ``30 * 2**n`` no longer fits a float: the wait must still be set, at the cap."""
+    lockout = Lockout()
+    for _ in range(2000):
+        lockout.failed()
+    assert lockout.failures == 2000
+    assert MAX_WAIT_S - 1 < lockout.wait_s() <= MAX_WAIT_S
+
+
 @pytest.mark.parametrize(
     ("name", "error"),
     [

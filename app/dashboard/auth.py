@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import threading
 import time
@@ -26,6 +27,8 @@ FREE_TRIES = 3
 """Wrong tokens allowed before each further try waits."""
 FIRST_WAIT_S = 30.0
 MAX_WAIT_S = 300.0
+_MAX_DOUBLINGS = math.ceil(math.log2(MAX_WAIT_S / FIRST_WAIT_S))
+"""Doublings past which the wait is ``MAX_WAIT_S`` anyway: the exponent stops there, so no failure count overflows."""
 
 
 class TokenFormatError(BedsideError):
@@ -85,7 +88,8 @@ class Lockout:
         with self._lock:
             self.failures += 1
             if self.failures >= FREE_TRIES:
-                wait = min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** (self.failures - FREE_TRIES))
+                doublings = min(self.failures - FREE_TRIES, _MAX_DOUBLINGS)
+                wait = min(MAX_WAIT_S, FIRST_WAIT_S * 2**doublings)
                 self.until = time.monotonic() + wait
 
     def succeeded(self) -> None:
