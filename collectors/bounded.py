@@ -40,14 +40,16 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
     """The JSON value in ``text`` (UTF-8 when bytes), read in linear time; BoundedInputError naming
     ``where`` and the problem for bad UTF-8, bad JSON, nesting past ``max_depth``, a number that is
     not finite, has more than ``MAX_NUMBER_CHARS`` characters or a magnitude past ``MAX_ABS_NUMBER``,
-    or NaN/Infinity."""
+    NaN/Infinity, or an object that gives a key twice (which of the two counts is anyone's guess)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as error:
             raise BoundedInputError(f"{where}: not UTF-8 (byte {error.start})") from None
     try:
-        value = json.loads(text, parse_int=_integer, parse_float=_float, parse_constant=_constant)
+        value = json.loads(
+            text, parse_int=_integer, parse_float=_float, parse_constant=_constant, object_pairs_hook=_object
+        )
     except RecursionError:
         raise BoundedInputError(f"{where}: JSON nested deeper than {max_depth} levels") from None
     except BoundedInputError as error:
@@ -128,6 +130,15 @@ def _float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or abs(value) > MAX_ABS_NUMBER:
         raise BoundedInputError(f"the number {text} is out of range")
+    return value
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for name, item in pairs:
+        if name in value:
+            raise BoundedInputError(f"key {short(name)} is given twice")
+        value[name] = item
     return value
 
 

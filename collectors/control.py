@@ -30,14 +30,25 @@ ACTION_ARGS: dict[str, tuple[str, ...]] = {
     "stop": (),
 }
 ACTIONS = tuple(ACTION_ARGS)
+MAX_LIFETIME_S = 7 * 86400.0
+"""The longest a signed request may stay valid (``expires_at - requested_at``); rank 0 refuses longer."""
+REQUEST_LIFETIME_S = 3600.0
+"""How long a request stays valid by default: a loop that takes it later refuses it as expired (an hour-old
+rewind aims at a run that has moved on)."""
 
 
 def request_action(
-    layout: RunLayout, action: str, args: Mapping[str, Any] | None = None, *, operator: str, reason: str
+    layout: RunLayout,
+    action: str,
+    args: Mapping[str, Any] | None = None,
+    *,
+    operator: str,
+    reason: str,
+    lifetime_s: float = REQUEST_LIFETIME_S,
 ) -> str:
-    """File one signed request for the run at ``layout``; its request id. ValueError on a bad request,
-    ControlKeyError (nothing filed) without access to the run's control key or its run.json."""
-    request = build_request(action, args or {}, operator=operator, reason=reason)
+    """File one signed request for the run at ``layout``, valid for ``lifetime_s``; its request id. ValueError
+    on a bad request, ControlKeyError (nothing filed) without access to the run's control key or its run.json."""
+    request = build_request(action, args or {}, operator=operator, reason=reason, lifetime_s=lifetime_s)
     key = read_control_key(layout)
     request[RUN_ID] = run_identity(layout)
     request[SIGNATURE] = sign_request(request, key)
@@ -45,20 +56,27 @@ def request_action(
     return request["request_id"]
 
 
-def build_request(action: str, args: Mapping[str, Any], *, operator: str, reason: str) -> dict[str, Any]:
-    """A checked request with a new id (unique: the time in nanoseconds and 32 random bits), not yet bound to a run."""
+def build_request(
+    action: str, args: Mapping[str, Any], *, operator: str, reason: str, lifetime_s: float = REQUEST_LIFETIME_S
+) -> dict[str, Any]:
+    """A checked request with a new id (unique: the time in nanoseconds and 32 random bits), valid for
+    ``lifetime_s`` from now, not yet bound to a run."""
     checked = check_args(action, args)
+    if not 0 < lifetime_s <= MAX_LIFETIME_S:
+        raise ValueError(f"a request's lifetime must be within (0, {MAX_LIFETIME_S:.0f}] s, got {lifetime_s}")
     if not str(reason or "").strip():
         raise ValueError("a request needs a reason")
     if not str(operator or "").strip():
         raise ValueError("a request needs an operator")
+    now = time.time()
     return {
         "request_id": new_request_id(),
         "action": action,
         "args": checked,
         "operator": str(operator),
         "reason": str(reason),
-        "requested_at": time.time(),
+        "requested_at": now,
+        "expires_at": now + lifetime_s,
     }
 
 

@@ -20,13 +20,15 @@ was lost with the restart), otherwise rejected with the reason. Torch-free: the 
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .bounded import MAX_NAME_CHARS, BoundedInputError, file_name_part, finite_number, parse_json, short
+from .control import MAX_LIFETIME_S
 from .controlkey import ControlKeyError, ensure_control_key, request_signature_problem, run_identity
 from .layout import RunLayout
 from .safefile import read_small_file
@@ -35,6 +37,8 @@ _SETTLE_NS = 50_000_000  # a folder changed this recently may change again withi
 _DUPLICATE = ".duplicate-"  # processed/<id>.duplicate-<ns>.json: a request filed again under a taken id
 _REFUSED = ".refused-"  # processed/<id>.refused-<ns>.json: not a readable, signed request (never retaken)
 MAX_REQUEST_BYTES = 64 << 10
+CLOCK_SKEW_S = 300.0  # a request filed this far ahead of rank 0's clock is refused: its times cannot be trusted
+_REQUEST_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
 # Actions whose effect is loop state, lost when a restart restores a checkpoint saved before them: applied
 # again. checkpoint and stop act on the process that received them, at that moment: not repeated.
 REPEATABLE_ACTIONS = frozenset({"rewind", "skip", "quarantine", "pause", "resume"})
@@ -125,12 +129,29 @@ class RequestInbox:
         if mtime == self._seen_mtime:
             return []
         self._seen_mtime = mtime if time.time_ns() - mtime > _SETTLE_NS else None
-        files = [p for p in self.requests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
-        return [request for path in files if (request := self._take(path, handled)) is not None]
+        try:
+            files = [p for p in self.requests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
+        except OSError as error:
+            self._seen_mtime = None
+            return [Request("requests", problem=f"{self.requests.name}/ cannot be listed: {error.strerror}")]
+        return [request for path in files if (request := self._take_safely(path, handled)) is not None]
+
+    def _take_safely(self, path: Path, handled: set[str]) -> Request | None:
+        """``_take``, which no request can make raise: whatever goes wrong is that request's problem, so
+        nothing a writer of ``requests/`` drops there can leave the loop's step boundary."""
+        try:
+            return self._take(path, handled)
+        except Exception as error:  # any failure refuses this request, never the run
+            return Request(
+                _id_of(path), problem=f"could not be handled: {type(error).__name__}: {short(str(error), 200)}"
+            )
 
     def _take(self, path: Path, handled: set[str]) -> Request | None:
         """Move a request into ``processed/`` and read it there; None when its author withdrew it meanwhile."""
-        request_id, target = path.stem, self.processed / path.name
+        request_id = _id_of(path)
+        if request_id != path.stem:
+            return self._set_aside(path, request_id, f"a request file name must be a request id, got {path.name!r}")
+        target = self.processed / path.name
         taken = os.path.lexists(target)
         duplicate = request_id in handled or taken
         if taken:
@@ -144,17 +165,27 @@ class RequestInbox:
             return Request(request_id, problem=f"cannot be taken from {path.parent.name}/: {error.strerror}")
         if duplicate:
             return Request(request_id, problem=f"duplicate: request {request_id} was already received")
-        request = _read(target, self.key, self.run_id)
+        request = _read(target, self.key, self.run_id, now=time.time())
         if request.problem is not None:
             os.replace(target, self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json")
         return request
 
+    def _set_aside(self, path: Path, request_id: str, problem: str) -> Request | None:
+        """Refuse the entry at ``path`` unread, moved to ``processed/`` under a safe, bounded name."""
+        self.processed.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(path, self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json")
+        except FileNotFoundError:
+            return None
+        return Request(request_id, problem=problem)
 
-def _read(path: Path, key: bytes | str, run_id: str) -> Request:
-    """The request in ``path``, or one carrying the problem that makes it unreadable, unsigned or another run's."""
+
+def _read(path: Path, key: bytes | str, run_id: str, now: float | None = None) -> Request:
+    """The request in ``path``, or one carrying the problem that makes it unreadable, unsigned, another run's,
+    or (checked when ``now`` is given: a first take, not a retake after a restart) expired or from the future."""
     request_id = path.stem
     try:
-        body = json.loads(read_small_file(path, MAX_REQUEST_BYTES).decode("utf-8"), object_pairs_hook=_no_twice)
+        body = parse_json(read_small_file(path, MAX_REQUEST_BYTES), path.name)
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
@@ -162,12 +193,14 @@ def _read(path: Path, key: bytes | str, run_id: str) -> Request:
     if problem := key if isinstance(key, str) else request_signature_problem(body, key, run_id):
         return Request(request_id, problem=f"refused: {problem}")
     if body.get("request_id") != request_id:
-        return Request(request_id, problem=f"request_id {body.get('request_id')!r} does not match its file name")
+        return Request(request_id, problem=f"request_id {short(body.get('request_id'))} does not match its file name")
     args = body.get("args") or {}
     try:
-        requested_at = float(body.get("requested_at") or 0.0)
-    except (TypeError, ValueError):
-        return Request(request_id, problem=f"requested_at must be unix seconds, got {body.get('requested_at')!r}")
+        requested_at = finite_number(body.get("requested_at"), "requested_at")
+        if now is not None:
+            _check_times(requested_at, body.get("expires_at"), now)
+    except BoundedInputError as error:
+        return Request(request_id, problem=f"refused: {error}")
     return Request(
         request_id,
         action=str(body.get("action", "")),
@@ -178,14 +211,23 @@ def _read(path: Path, key: bytes | str, run_id: str) -> Request:
     )
 
 
-def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are each given once (ValueError naming the one given twice)."""
-    body: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in body:
-            raise ValueError(f"key {name!r} is given twice")
-        body[name] = value
-    return body
+def _check_times(requested_at: float, expires_at: Any, now: float) -> None:
+    """BoundedInputError unless the request was filed no later than ``now`` (within ``CLOCK_SKEW_S``), carries an
+    expiry within ``MAX_LIFETIME_S`` of its filing, and has not expired."""
+    if requested_at > now + CLOCK_SKEW_S:
+        raise BoundedInputError(f"requested_at is {requested_at - now:.0f} s ahead of this host's clock")
+    if expires_at is None:
+        raise BoundedInputError("it carries no expires_at: a signed request must say until when it is valid")
+    expires = finite_number(expires_at, "expires_at")
+    if not requested_at < expires <= requested_at + MAX_LIFETIME_S:
+        raise BoundedInputError(f"expires_at must be after requested_at and within {MAX_LIFETIME_S:.0f} s of it")
+    if now > expires:
+        raise BoundedInputError(f"expired {now - expires:.0f} s ago (valid for {expires - requested_at:.0f} s)")
+
+
+def _id_of(path: Path) -> str:
+    """The request id a file name stands for, or (a name no request id has) a safe, bounded stand-in."""
+    return path.stem if _REQUEST_ID.fullmatch(path.stem) else file_name_part(f"bad-name-{path.stem}")
 
 
 def _text(value: Any) -> str | None:

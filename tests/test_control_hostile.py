@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +180,7 @@ def test_a_request_signed_with_the_runs_key_is_taken(layout: RunLayout) -> None:
         ),
         (
             lambda layout: '{"request_id": "req-x", "action": "pause", "action": "stop"}',
-            "unreadable request: key 'action' is given twice",
+            "unreadable request: req-x.json: key 'action' is given twice",
         ),
     ],
     ids=["unsigned", "altered", "other-key", "signature-not-text", "rebound-to-another-run", "duplicate-key"],
@@ -228,6 +229,94 @@ def test_a_replayed_request_id_is_a_duplicate(layout: RunLayout) -> None:
     assert poll(inbox)["req-once"].problem is None
     plant(layout, "req-once", body)  # the same signed bytes again
     assert poll(inbox, {"req-once"})["req-once"].problem == "duplicate: request req-once was already received"
+
+
+# -- no request can raise out of the inbox ----------------------------------------------------------------------
+
+LONG_NAME = "r" * 250
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "problem"),
+    [
+        ("req-deep", "[" * 5000, "unreadable request: req-deep.json: JSON nested deeper than 64 levels"),
+        (
+            "req-digits",
+            '{"request_id": "req-digits", "requested_at": ' + "9" * 401 + "}",
+            "unreadable request: req-digits.json: a number of 401 digits, more than 64",
+        ),
+        ("req-nan", '{"request_id": "req-nan", "requested_at": NaN}', "NaN is not a number JSON allows"),
+        ("req-binary", b"\xff\xfe{}", "unreadable request: req-binary.json: not UTF-8 (byte 0)"),
+        (LONG_NAME, "{}", f"a request file name must be a request id, got '{LONG_NAME}.json'"),
+        ("req x;$(id)", "{}", "a request file name must be a request id, got 'req x;$(id).json'"),
+    ],
+    ids=["nested-5000-deep", "401-digits", "nan", "not-utf8", "name-of-250", "name-with-spaces"],
+)
+def test_a_request_the_parser_or_the_file_system_chokes_on_is_refused_and_set_aside(
+    layout: RunLayout, name: str, body: str | bytes, problem: str
+) -> None:
+    """Before, 5,000 ``[`` raised RecursionError out of the inbox (rank 0 died, and again on resume), and a name of
+    250 characters made the rename to ``.refused-<ns>.json`` fail with ENAMETOOLONG."""
+    path = layout.control_requests / f"{name}.json"
+    path.write_bytes(body if isinstance(body, bytes) else body.encode())
+    inbox = inbox_of(layout)
+    [request] = poll(inbox).values()
+    assert problem in request.problem
+    assert list(layout.control_requests.iterdir()) == []
+    [kept] = layout.control_processed.iterdir()
+    assert ".refused-" in kept.name and len(kept.name) < 180
+    inbox.retake(set())  # a restart reads processed/ again: nothing there is handed over, nothing raises
+    assert poll(inbox) == {}
+
+
+def test_a_processed_folder_that_cannot_be_made_refuses_the_request_and_the_poll_returns(layout: RunLayout) -> None:
+    layout.control_processed.write_text("a file where the folder should be")
+    plant(layout, "req-good", signed(layout, "req-good"))
+    [request] = poll(inbox_of(layout)).values()
+    assert request.problem.startswith("could not be handled: FileExistsError")
+
+
+def signed_at(layout: RunLayout, request_id: str, **times: object) -> dict:
+    """A request signed with the run's key whose times are ``times`` (a field set to None is left out)."""
+    body = {**signed(layout, request_id), **times}
+    body = {k: v for k, v in body.items() if k != "signature" and v is not None}
+    return {**body, "signature": sign_request(body, ensure_control_key(layout))}
+
+
+@pytest.mark.parametrize(
+    ("times", "problem"),
+    [
+        ({"requested_at": time.time() - 7200, "expires_at": time.time() - 3600}, "refused: expired 3600 s ago"),
+        ({"expires_at": None}, "refused: it carries no expires_at"),
+        (
+            {"requested_at": time.time() + 3600, "expires_at": time.time() + 7200},
+            "refused: requested_at is 3600 s ahead",
+        ),
+        (
+            {"expires_at": time.time() + 30 * 86400},
+            "refused: expires_at must be after requested_at and within 604800 s",
+        ),
+        ({"requested_at": "yesterday"}, "refused: requested_at must be a number, got 'yesterday'"),
+    ],
+    ids=["expired", "no-expiry", "from-the-future", "valid-for-a-month", "time-not-a-number"],
+)
+def test_a_signed_request_out_of_its_time_is_refused(layout: RunLayout, times: dict, problem: str) -> None:
+    """Before, requested_at was never checked and a request stayed valid forever: a rewind filed for a run that
+    was down applied whenever the run came back."""
+    plant(layout, "req-t", signed_at(layout, "req-t", **times))
+    assert poll(inbox_of(layout))["req-t"].problem.startswith(problem)
+
+
+def test_a_request_taken_before_a_restart_is_handed_over_again_after_it_expired(layout: RunLayout) -> None:
+    """Its expiry is checked when it is first taken; a restart that lost its effect applies it again."""
+    body = signed_at(layout, "req-old", requested_at=time.time() - 5, expires_at=time.time() + 1)
+    plant(layout, "req-old", body)
+    inbox = inbox_of(layout)
+    assert poll(inbox)["req-old"].problem is None
+    os.utime(layout.control_processed / "req-old.json")
+    time.sleep(1.1)
+    inbox.retake(set())
+    assert poll(inbox)["req-old"].problem is None
 
 
 # -- the key ----------------------------------------------------------------------------------------------------
@@ -337,6 +426,10 @@ def plant_everything(layout: RunLayout, other_run: Path) -> tuple[str, str]:
     key_path(other).chmod(0o600)
     request_id = request_action(other, "stop", operator="ana", reason="meant for the other run")
     copy_in(other.control_requests / f"{request_id}.json", layout)
+    (requests / "req-deep.json").write_text("[" * 5000)  # killed rank 0, and again on resume
+    (requests / f"{LONG_NAME}.json").write_text("{}")  # its refused name was too long to rename to
+    expired = signed_at(layout, "req-expired", requested_at=time.time() - 7200, expires_at=time.time() - 3600)
+    (requests / "req-expired.json").write_text(json.dumps(expired))  # a rewind to step 3, an hour out of date
     return request_id, run_identity(other)
 
 
@@ -371,7 +464,7 @@ def planted_run(tmp_path_factory) -> Iterator[PlantedRun]:
             trainer.kill()
     store = Store.open(layout.store)
     Collector(run, store).ingest_available()
-    yield PlantedRun(store, out.getvalue().strip(), other_request, other_run)
+    yield PlantedRun(store, out.getvalue().split()[0], other_request, other_run)
     store.close()
 
 
@@ -381,12 +474,17 @@ def test_a_run_with_a_fifo_a_link_to_dev_zero_and_forged_stops_trains_to_its_end
     answers = cursor.execute(
         "SELECT request_id, message FROM action_events WHERE status = 'rejected' ORDER BY request_id"
     ).fetchall()
+    expired = [message for request_id, message in answers if request_id == "req-expired"]
+    assert len(expired) == 1 and expired[0].startswith("refused: expired ")
+    answers = [answer for answer in answers if answer[0] != "req-expired"]
     [(this_run,)] = cursor.execute("SELECT run_id FROM run_info").fetchall()
     assert answers == sorted(
         [
             ("req-fifo", "unreadable request: a FIFO, not a regular file: refused unread"),
             ("req-forged", "refused: unsigned: a request must carry the signature made with the run's control key"),
             ("req-zero", "unreadable request: a symbolic link, not a regular file: refused unread"),
+            ("req-deep", "unreadable request: req-deep.json: JSON nested deeper than 64 levels"),
+            (f"bad-name-{LONG_NAME}"[:128], f"a request file name must be a request id, got '{LONG_NAME}.json'"),
             (
                 planted_run.other_request,
                 f"refused: filed for run {planted_run.other_run!r}, not for this run "
