@@ -19,7 +19,7 @@ import pytest
 from bedside.app.cli import build_parser
 from bedside.app.cli import main as bedside
 from bedside.app.train import torchrun_command
-from bedside.collectors.control import ACTIONS, build_request, check_args, request_action
+from bedside.collectors.control import ACTIONS, REQUEST_LIFETIME_S, build_request, check_args, request_action
 from bedside.collectors.control_inbox import RETAKEN_NOTE
 from bedside.collectors.controlkey import (
     ensure_control_key,
@@ -44,7 +44,7 @@ def action(run: Path, *args: str) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert bedside(["action", str(run), *args, "--operator", "tester"]) == 0
-    return out.getvalue().strip()
+    return out.getvalue().splitlines()[0]
 
 
 def wait_for(condition, what: str, timeout: float = 90.0) -> None:
@@ -155,7 +155,7 @@ def test_each_request_is_acknowledged_as_requested_then_applied_or_rejected_with
     status, *_, message = by_id["forward"][-1]
     assert status == "rejected" and message.startswith("cannot rewind forward: to_step 500 is after the current step")
     assert by_id["bad_time"][-1][0] == "rejected"
-    assert by_id["bad_time"][-1][3] == "requested_at must be unix seconds, got 'now'"
+    assert by_id["bad_time"][-1][3] == "refused: requested_at must be a number, got 'now'"
     assert [status for status, *_ in by_id["rewind"]][:2] == ["requested", "applied"]
     assert "timeline 1" in by_id["rewind"][1][3]
 
@@ -212,7 +212,18 @@ def test_a_request_is_one_signed_json_file_with_a_unique_id(tmp_path) -> None:
     ids = {request_action(layout, "rewind", {"to_step": 5}, operator="ana", reason="spike") for _ in range(20)}
     assert len(ids) == 20 and sorted(p.stem for p in layout.control_requests.iterdir()) == sorted(ids)
     body = json.loads((layout.control_requests / f"{min(ids)}.json").read_text())
-    assert body.keys() == {"request_id", "run_id", "action", "args", "operator", "reason", "requested_at", "signature"}
+    assert body.keys() == {
+        "request_id",
+        "run_id",
+        "action",
+        "args",
+        "operator",
+        "reason",
+        "requested_at",
+        "expires_at",
+        "signature",
+    }
+    assert body["expires_at"] - body["requested_at"] == pytest.approx(REQUEST_LIFETIME_S)
     assert body["run_id"] == run_identity(layout)
     assert request_signature_problem(body, key, run_identity(layout)) is None
     assert (body["action"], body["args"], body["operator"], body["reason"]) == (
