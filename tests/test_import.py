@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from bedside.collectors import format as fmt
-from bedside.collectors.errors import ImportFormatError
+from bedside.collectors.errors import BedsideError, ImportFormatError
 from bedside.collectors.importers import import_csv, import_jsonl, read_topology
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
@@ -324,7 +324,7 @@ BAD_TOPOLOGY = [
 def test_bad_topology_is_refused(tmp_path, text, message):
     topology = tmp_path / "topology.json"
     topology.write_text(text)
-    with pytest.raises(ImportFormatError, match=re.escape(message)):
+    with pytest.raises(BedsideError, match=re.escape(message)):  # ImportFormatError, or bad JSON's BoundedInputError
         import_csv(SAMPLES / "wide.csv", tmp_path / "run", topology=topology)
     assert not (tmp_path / "run").exists()
 

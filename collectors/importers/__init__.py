@@ -3,14 +3,16 @@
 The accepted shapes are specified in ``docs/import.md``. An import reads and
 checks the whole input first and writes nothing when any row is wrong; it
 writes ``run.json`` and one ``telemetry/rank-NNNNN.jsonl`` per rank (format v1)
-and leaves ingestion to the collector. Bedside records copied from JSONL are
+into a new folder beside the destination, moved into place only when every run
+is complete (``staging.py``: a failed import leaves nothing), and leaves
+ingestion to the collector. Every source is opened as a regular file only and
+read within the limits of ``collectors/bounded.py`` (``source.py``). Bedside records copied from JSONL are
 checked here only in their envelope: the collector checks the rest, and may
 reject them.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..appendfile import AppendFile
+from ..bounded import parse_json
 from ..errors import ImportFormatError
 from ..format import Kind, encode_number
 from ..layout import RunLayout
@@ -28,6 +31,8 @@ from .csv_import import read_csv
 from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
 from .megatron_import import read_megatron
 from .names import DEFAULT_NAMES, NameMap
+from .source import read_source
+from .staging import staged
 from .tensorboard_import import find_tensorboard_runs, read_tensorboard_run
 from .wandb_import import read_wandb
 
@@ -47,6 +52,8 @@ UNKNOWN_HOST = "unknown"
 """The host of a rank the topology does not place (``rank_info`` requires one); the detectors read it as
 no placement and name the rank alone."""
 PLACEMENT_NUMBERS = ("rank", "local_rank", "dp", "tp", "pp")
+MAX_TOPOLOGY_BYTES = 64 << 20
+"""The largest topology file read (64 MiB: a placement is under 100 bytes, so a million ranks fit)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,9 @@ def _import(
 ) -> ImportSummary:
     _check_free(out)
     placements = read_topology(topology) if topology else ()
-    return _write_run(path, out, read(path), (topology, placements), name)
+    parsed = read(path)
+    with staged([out]) as folders:
+        return _write_run(path, (out, folders[out]), parsed, (topology, placements), name)
 
 
 def _import_runs(
@@ -153,10 +162,17 @@ def _import_runs(
     for target in targets.values():
         _check_free(target)
     placements = read_topology(topology) if topology else ()
-    return [
-        _write_run(path, targets[w], runs[w], (topology, placements), name or runs[w].run_name or named[w])
-        for w in runs
-    ]
+    with staged(list(targets.values())) as folders:
+        return [
+            _write_run(
+                path,
+                (targets[w], folders[targets[w]]),
+                runs[w],
+                (topology, placements),
+                name or runs[w].run_name or named[w],
+            )
+            for w in runs
+        ]
 
 
 def _folder(name: str) -> Path:
@@ -166,6 +182,8 @@ def _folder(name: str) -> Path:
 
 
 def _check_free(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ImportFormatError(f"{out}: not a directory; import into a new directory")
     layout = RunLayout(out)
     if layout.run_info.exists() or layout.source_files():
         raise ImportFormatError(f"{out}: already holds a run (run.json or telemetry); import into a new directory")
@@ -173,14 +191,16 @@ def _check_free(out: Path) -> None:
 
 def _write_run(
     path: Path,
-    out: Path,
+    folders: tuple[Path, Path],
     parsed: Parsed,
     placed: tuple[Path | None, tuple[RankPlacement, ...]],
     name: str | None,
 ) -> ImportSummary:
-    """Write the run ``parsed`` from ``path`` into ``out``, its ranks placed by the topology (file, placements)."""
+    """Write the run ``parsed`` from ``path`` for the folder ``out`` into its staging folder (``folders``: both),
+    its ranks placed by the topology (file, placements)."""
+    out, staging = folders
     topology, placements = placed
-    layout = RunLayout(out)
+    layout = RunLayout(staging)
     records = _data_records(parsed.rows) + parsed.records
     ranks = sorted({0, *(r.rank for r in records), *(p.rank for p in placements)})
     world_size = 1 + ranks[-1]
@@ -365,12 +385,8 @@ def _span(ranks: list[int]) -> str:
 
 # -- topology -----------------------------------------------------------------
 def _load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ImportFormatError(f"{path}: cannot read ({exc.strerror})") from exc
-    except json.JSONDecodeError as exc:
-        raise ImportFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    """The JSON of a topology file (a regular file, at most ``MAX_TOPOLOGY_BYTES``, bounded as ``parse_json``)."""
+    return parse_json(read_source(path, MAX_TOPOLOGY_BYTES), str(path))
 
 
 def _placement(entry: Any, where: str) -> RankPlacement:

@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 from ..errors import ImportFormatError
-from .jsonl_import import ROW_FIELDS, Parsed, Row, make_row
+from .jsonl_import import ROW_FIELDS, Parsed, Row, cell_text, make_row
 from .restarts import split_restarts
+from .source import open_source, text_lines
 
 LONG_COLUMNS = ("step", "rank", "name", "value")
 
 
 def read_csv(path: Path) -> Parsed:
     """Every data row of ``path``; rows with only empty cells are counted as skipped."""
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh)
-        header = _header(next(reader, None), path)
+    with open_source(path) as fh:
+        reader = csv.reader(text_lines(fh, path, bom=True))
+        header = _header(csv_cells(reader, path), path)
         long = _is_long(header)
         parsed = Parsed("csv-long" if long else "csv-wide")
-        for cells in reader:
+        while (cells := csv_cells(reader, path)) is not None:
             where = f"{path}, line {reader.line_num}"
             if not any(cell.strip() for cell in cells):
                 parsed.skipped += 1
@@ -37,6 +39,18 @@ def read_csv(path: Path) -> Parsed:
     if "timeline" not in header:
         split_restarts(parsed)
     return parsed
+
+
+def csv_cells(reader: Any, path: Path) -> list[str] | None:
+    """The next row of a CSV ``reader`` (None at the end), each cell at most ``MAX_CELL_CHARS`` characters;
+    the csv module's own errors (a cell past its field limit, a stray NUL) named with the line."""
+    try:
+        cells = next(reader, None)
+    except csv.Error as exc:
+        raise ImportFormatError(f"{path}, line {reader.line_num}: not CSV ({exc})") from None
+    for column, cell in enumerate(cells or (), start=1):
+        cell_text(cell, f"{path}, line {reader.line_num}, column {column}", "a cell")
+    return cells
 
 
 def _is_long(columns: list[str]) -> bool:

@@ -14,16 +14,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..bounded import (
+    MAX_ABS_NUMBER,
+    MAX_CELL_CHARS,
+    MAX_JSON_DEPTH,
+    MAX_NUMBER_CHARS,
+    BoundedInputError,
+    json_depth,
+    short,
+)
 from ..errors import ImportFormatError
-from ..format import ENVELOPE_FIELDS, RANK_STEP_METRICS, STEP_METRICS
+from ..format import ENVELOPE_FIELDS, MAX_EXACT_INTEGER, MAX_RANK, RANK_STEP_METRICS, STEP_METRICS
 from ..records import Record, build_record
 from .restarts import split_restarts
+from .source import open_source, text_lines
 
 ROW_FIELDS = ("step", "rank", "time", "timeline")
 """Fields that place a row; every other field of a wide row is a metric."""
 JOB_ONLY = (*STEP_METRICS, "shard")
 RANK_ONLY = (*RANK_STEP_METRICS, "param_checksum")
 EVAL_PREFIX = "eval/"
+NON_FINITE = frozenset(f"{sign}{word}" for sign in ("", "+", "-") for word in ("nan", "inf", "infinity"))
+"""Text of the numbers that are not finite, in lower case: a value, never a time or a place."""
 
 Number = int | float
 
@@ -57,8 +69,8 @@ def read_jsonl(path: Path) -> Parsed:
     """Every line of ``path`` as a row or a bedside record; blank lines are counted as skipped."""
     parsed = Parsed("jsonl")
     placed = False  # whether any row gives its timeline
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
+    with open_source(path) as fh:
+        for number, line in enumerate(text_lines(fh, path), start=1):
             where = f"{path}, line {number}"
             if not line.strip():
                 parsed.skipped += 1
@@ -77,13 +89,36 @@ def read_jsonl(path: Path) -> Parsed:
 
 def json_object(line: str, where: str) -> dict[str, Any]:
     """The JSON object of one line; an error naming ``where`` when it is not one."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ImportFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    obj = json_value(line, where)
     if not isinstance(obj, dict):
         raise ImportFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def json_value(text: str, where: str) -> Any:
+    """The JSON value of ``text`` (``NaN`` and ``Infinity`` allowed), read in linear time: nesting past
+    ``MAX_JSON_DEPTH`` or a number of more than ``MAX_NUMBER_CHARS`` characters is a BoundedInputError."""
+    try:
+        value = json.loads(text, parse_int=_json_number, parse_float=_json_number)
+    except RecursionError:
+        raise BoundedInputError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except BoundedInputError as exc:
+        raise BoundedInputError(f"{where}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ImportFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if (depth := json_depth(value)) > MAX_JSON_DEPTH:
+        raise BoundedInputError(f"{where}: JSON nested {depth} levels deep, more than {MAX_JSON_DEPTH}")
+    return value
+
+
+def _json_number(text: str) -> Number:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise BoundedInputError(f"a number of {len(text)} characters, more than {MAX_NUMBER_CHARS}")
+    if text.lstrip("-").isdigit():
+        return int(text)
+    if not math.isfinite(value := float(text)):
+        raise BoundedInputError(f"the number {text} is out of range")
+    return value
 
 
 def _bedside_record(obj: dict[str, Any], where: str) -> Record:
@@ -104,17 +139,24 @@ def _bedside_record(obj: dict[str, Any], where: str) -> Record:
 
 def make_row(fields: dict[str, Any], values: dict[str, Any], where: str) -> Row:
     """A row from its placing ``fields`` and raw metric ``values`` (text or JSON values)."""
-    rank = None if blank(fields.get("rank")) else integer(fields["rank"], where, "rank", minimum=-1)
+    rank = None if blank(fields.get("rank")) else integer(fields["rank"], where, "rank", minimum=-1, maximum=MAX_RANK)
     rank = None if rank == -1 else rank
-    timeline = 0 if blank(fields.get("timeline")) else integer(fields["timeline"], where, "timeline")
+    timeline = 0 if blank(fields.get("timeline")) else integer(fields["timeline"], where, "timeline", maximum=MAX_RANK)
     return Row(
         where=where,
         step=integer(fields.get("step"), where, "step"),
         rank=rank,
         time=time_value(fields.get("time"), where),
         timeline=timeline,
-        values={name: _metric(name, value, rank is None, where) for name, value in values.items()},
+        values={cell_text(name, where): _metric(name, value, rank is None, where) for name, value in values.items()},
     )
+
+
+def cell_text(text: str, where: str, what: str = "a metric name") -> str:
+    """Text from outside kept as text (a name, a checksum): at most ``MAX_CELL_CHARS`` characters."""
+    if len(text) > MAX_CELL_CHARS:
+        raise BoundedInputError(f"{where}: {what} of {len(text)} characters, more than {MAX_CELL_CHARS}")
+    return text
 
 
 def _metric(name: str, raw: Any, job_level: bool, where: str) -> Any:
@@ -126,30 +168,51 @@ def _metric(name: str, raw: Any, job_level: bool, where: str) -> Any:
     if name == EVAL_PREFIX:
         raise ImportFormatError(f"{where}: eval/ needs a score name after the slash")
     if name == "param_checksum":
-        return str(raw)
+        return cell_text(str(raw), where, "param_checksum")
     return integer(raw, where, name) if name == "shard" else number(raw, where, name)
 
 
 def number(raw: Any, where: str, name: str) -> Number:
-    """A JSON number, or text holding one (``NaN``, ``Infinity`` and ``-Infinity`` included)."""
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return raw
+    """A JSON number, or text holding one (``NaN``, ``Infinity`` and ``-Infinity`` included): text of at most
+    ``MAX_NUMBER_CHARS`` characters, a finite value within ``MAX_ABS_NUMBER`` (else a BoundedInputError)."""
     if isinstance(raw, str):
-        for parse in (int, float):
-            try:
-                return parse(raw)
-            except ValueError:
-                pass
-    raise ImportFormatError(f"{where}: {name} must be a number, got {raw!r}")
+        text = raw.strip()
+        if text.lower() in NON_FINITE:
+            return float(text)
+        if len(text) > MAX_NUMBER_CHARS:
+            raise BoundedInputError(
+                f"{where}: {name} has {len(text)} characters, more than a number's {MAX_NUMBER_CHARS}"
+            )
+        value = _spelled(text)
+    else:
+        value = raw if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+    if value is None:
+        raise ImportFormatError(f"{where}: {name} must be a number, got {short(raw)}")
+    spelled_infinity = isinstance(raw, float) and math.isinf(raw)  # JSON's Infinity, a binary format's inf
+    if abs(value) > MAX_ABS_NUMBER and not spelled_infinity:
+        raise BoundedInputError(f"{where}: {name} is out of range (beyond {MAX_ABS_NUMBER:g}): {short(raw)}")
+    return value
 
 
-def integer(raw: Any, where: str, name: str, minimum: int = 0) -> int:
-    """A required whole number >= ``minimum`` (``3`` and ``3.0`` both read as 3)."""
+def _spelled(text: str) -> Number | None:
+    """The number ``text`` spells (an integer when it is one); None when it spells none."""
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return None
+
+
+def integer(raw: Any, where: str, name: str, minimum: int = 0, maximum: int = MAX_EXACT_INTEGER - 1) -> int:
+    """A required whole number from ``minimum`` to ``maximum`` (``3`` and ``3.0`` both read as 3)."""
     if blank(raw):
         raise ImportFormatError(f"{where}: {name} is missing")
     value = number(raw, where, name)
     if not math.isfinite(value) or value != int(value) or value < minimum:
-        raise ImportFormatError(f"{where}: {name} must be an integer >= {minimum}, got {raw!r}")
+        raise ImportFormatError(f"{where}: {name} must be an integer >= {minimum}, got {short(raw)}")
+    if value > maximum:
+        raise BoundedInputError(f"{where}: {name} must be at most {maximum}, got {short(raw)}")
     return int(value)
 
 
@@ -161,7 +224,7 @@ def time_value(raw: Any, where: str, required: bool = False) -> float | None:
         return None
     value = float(number(raw, where, "time"))
     if not math.isfinite(value):
-        raise ImportFormatError(f"{where}: time must be a finite number of unix seconds, got {raw!r}")
+        raise ImportFormatError(f"{where}: time must be a finite number of unix seconds, got {short(raw)}")
     return value
 
 

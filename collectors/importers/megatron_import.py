@@ -19,10 +19,10 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import ImportFormatError
-from ..safefile import UnsafeFileError, read_small_file
-from .jsonl_import import EVAL_PREFIX, Parsed, make_row, number
+from .jsonl_import import EVAL_PREFIX, Parsed, cell_text, make_row, number
 from .names import DEFAULT_NAMES
 from .restarts import split_restarts
+from .source import read_source
 
 MAX_LOG_BYTES = 1 << 30
 """The largest log read (1 GiB)."""
@@ -30,11 +30,19 @@ MAX_LOG_BYTES = 1 << 30
 MEGATRON_STEP_TIME = "elapsed time per iteration (ms)"
 """Megatron's step time field, recorded as rank 0's ``step_time`` in seconds."""
 
-_ITERATION = re.compile(r"^\s*(?:\[(?P<time>[^\]]*)\]\s*)?iteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|(?P<rest>.*)$")
-_VALIDATION = re.compile(
-    r"^\s*validation loss at iteration\s+(?P<step>\d+)(?:\s+on\s+(?P<split>\w+)\s+set)?[^|]*\|(?P<rest>.*)$"
+# Every pattern runs in time linear in the line: each quantifier is possessive (``*+``, ``++``: it never gives back
+# what it took) or bounded, so no digit run or long word can be retried at every length. The iteration's digits
+# are read as a whole run (at most ``_DIGITS``); a longer run does not match and the line is named as unparsed.
+_DIGITS = 18
+_ITERATION = re.compile(
+    rf"\s*+(?:\[(?P<time>[^\]]{{0,64}})\]\s*+)?iteration\s++(?P<step>\d{{1,{_DIGITS}}})(?!\d)\s*+/\s*+\d++\s*+"
+    r"\|(?P<rest>.*)"
 )
-_LOOKS_LIKE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?(?:iteration\s+\d|validation loss at iteration)")
+_VALIDATION = re.compile(
+    rf"\s*+validation loss at iteration\s++(?P<step>\d{{1,{_DIGITS}}})(?!\d)"
+    r"(?:\s++on\s++(?P<split>\w{1,32}+)\s++set)?[^|]*+\|(?P<rest>.*)"
+)
+_LOOKS_LIKE = re.compile(r"\s*+(?:\[[^\]]*+\]\s*+)?(?:iteration\s++\d|validation loss at iteration)")
 
 
 def read_megatron(path: Path) -> Parsed:
@@ -74,10 +82,7 @@ def _evaluated_at(parsed: Parsed, step: int) -> bool:
 
 
 def _text(path: Path) -> str:
-    try:
-        return read_small_file(path, MAX_LOG_BYTES).decode("utf-8", "replace")
-    except UnsafeFileError as exc:
-        raise ImportFormatError(f"{path}: {exc}") from exc
+    return read_source(path, MAX_LOG_BYTES).decode("utf-8", "replace")  # a log may hold any bytes between its lines
 
 
 def _add_iteration(parsed: Parsed, match: re.Match[str], where: str) -> None:
@@ -101,7 +106,8 @@ def _fields(rest: str, where: str) -> dict[str, float]:
         name, colon, value = part.rpartition(":")
         if not colon or not name.strip():
             raise ImportFormatError(f"{where}: field {part!r} is not 'name: value'")
-        fields[name.strip()] = float(number(value.strip(), where, name.strip()))
+        field = cell_text(name.strip(), where, "a field name")
+        fields[field] = float(number(value, where, field))
     return fields
 
 

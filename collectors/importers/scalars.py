@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..bounded import short
 from ..errors import ImportFormatError
-from .jsonl_import import EVAL_PREFIX, JOB_ONLY, RANK_ONLY, Parsed, make_row
+from .jsonl_import import EVAL_PREFIX, JOB_ONLY, RANK_ONLY, Parsed, cell_text, make_row
 from .names import NameMap
 
 LOCAL_PREFIX = "local_"
@@ -61,7 +62,7 @@ def add_rows(parsed: Parsed, sources: list[Source], names: NameMap) -> None:
     again = 0
     for source in sources:
         for scalar in source.scalars:
-            target = names.target(scalar.name)
+            target = names.target(cell_text(scalar.name, scalar.where))
             if target is None:
                 left_out.add(scalar.name)
                 continue
@@ -112,16 +113,20 @@ def _checked(scalar: Scalar) -> Any:
     value = scalar.value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    if isinstance(value, str):
-        try:
-            float(value)
-            return value
-        except ValueError:
-            pass
+    if isinstance(value, str) and _spells_number(value):
+        return value
     raise ImportFormatError(
-        f"{scalar.where}: {scalar.name} at step {scalar.step} is {value!r}, not a number; "
+        f"{scalar.where}: {scalar.name} at step {scalar.step} is {short(value, 100)}, not a number; "
         f"leave it out with --map '{scalar.name}='"
     )
+
+
+def _spells_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _order(rank: int | None) -> int:

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import ImportFormatError, MissingExtraError
 from .jsonl_import import Parsed
 from .names import NameMap
+from .scalar_tensor import NotANumber, shortest, tensor_number
 from .scalars import Scalar, Source, add_rows
 from .tfrecord import read_records
 
@@ -112,7 +113,7 @@ class _Reader:
                     source.scalars.append(Scalar(tag, step, value, where, time, timeline))
         return source
 
-    def _scalars(self, data: bytes, path: Path, number: int) -> list[tuple[str, int, float, float]]:
+    def _scalars(self, data: bytes, path: Path, number: int) -> list[tuple[str, int, float | NotANumber, float]]:
         try:
             event = self.event_from(data)
         except Exception as exc:  # protobuf's DecodeError: an intact record that is no event
@@ -126,24 +127,18 @@ class _Reader:
                 found.append((value.tag, event.step, scalar, event.wall_time))
         return found
 
-    def _number(self, value: Any) -> float | None:
-        """The number a summary value holds; None when it is no scalar."""
+    def _number(self, value: Any) -> float | NotANumber | None:
+        """The number a summary value holds (or what it holds instead, ``scalar_tensor.py``); None when it is no
+        scalar."""
         if value.WhichOneof("value") == "simple_value":  # what torch's and TF 1's add_scalar write: a float32
-            return _shortest(np.float32(value.simple_value))
-        migrated = self.migrate(value)  # TensorBoard's data_compat: older summaries into their plugin's form
+            return shortest(np.float32(value.simple_value))
+        try:
+            migrated = self.migrate(value)  # TensorBoard's data_compat: older summaries into their plugin's form
+        except Exception as exc:  # a summary too damaged to migrate: what it was said, not a traceback
+            return NotANumber(f"a summary TensorBoard cannot read ({type(exc).__name__})")
         if migrated.metadata.plugin_data.plugin_name != SCALARS_PLUGIN or migrated.tensor.tensor_shape.dim:
             return None
-        from tensorboard.util import tensor_util
-
-        return _shortest(tensor_util.make_ndarray(migrated.tensor).reshape(())[()])
-
-
-def _shortest(value: np.generic) -> float:
-    """A number as a float; a float32 or float16 as the shortest decimal that gives it back (``0.001``, not
-    ``0.0010000000474974513``: the decimal that was logged)."""
-    if isinstance(value, np.floating) and value.dtype.itemsize <= 4:
-        return float(str(value))
-    return float(value)
+        return tensor_number(migrated.tensor)
 
 
 def _library() -> tuple[Any, Callable[[Any], Any], Callable[[bytes], int]]:

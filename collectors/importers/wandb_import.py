@@ -10,28 +10,35 @@
 
 Nested values are named by their keys joined with ``.``, as W&B shows them; media, histograms and tables
 (objects with ``_type``) and lists are counted and left out; an empty value is "not logged". Each W&B run is one
-writer for the whole job (``scalars.py``). Every file is opened as a regular file only, at most ``MAX_BYTES``.
+writer for the whole job (``scalars.py``). Every file is opened as a regular file only; a run file is read up to ``MAX_BYTES``, a Parquet history up to
+``MAX_PARQUET_ROWS`` rows and ``MAX_PARQUET_BYTES`` decompressed (checked in its metadata before any data is read,
+and again as its rows are read).
 """
 
 from __future__ import annotations
 
 import csv
-import io
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..bounded import MAX_JSON_DEPTH, BoundedInputError
 from ..errors import ImportFormatError, MissingExtraError
-from ..safefile import UnsafeFileError, read_small_file
-from .jsonl_import import Parsed, blank, integer, json_object, time_value
+from .csv_import import csv_cells
+from .jsonl_import import Parsed, blank, integer, json_object, json_value, time_value
 from .names import NameMap
 from .scalars import Scalar, Source, add_rows
+from .source import open_source, read_source, text_lines
 from .wandb_records import read_wandb_records
 
 MAX_BYTES = 4 << 30
-"""The largest W&B file read (4 GiB)."""
+"""The largest W&B run file read (4 GiB)."""
+MAX_PARQUET_ROWS = 1_000_000
+"""The most rows of a Parquet history read: a few kilobytes of Parquet can decompress to millions of rows."""
+MAX_PARQUET_BYTES = 512 << 20
+"""The most bytes a Parquet history may decompress to (its row groups' uncompressed size, 512 MiB)."""
+PARQUET_BATCH_ROWS = 65_536
 CSV_STEP = "Step"
 CSV_RUN_SEPARATOR = " - "
 CSV_BANDS = ("__MIN", "__MAX")
@@ -142,15 +149,19 @@ def _run_file(folder: Path) -> Path | None:
 def _offline(path: Path, names: NameMap) -> Parsed:
     """The history of one ``run-ID.wandb`` file."""
     record_type = _record_type()
-    framed = read_wandb_records(_bytes(path), str(path))
+    framed = read_wandb_records(read_source(path, MAX_BYTES), str(path))
     if isinstance(framed, str):
         raise ImportFormatError(f"{path}: {framed}")
     rows = _Rows("wandb-offline")
     for number, data in enumerate(framed.records):
-        record = record_type.FromString(data)
+        where = f"{path}, record {number}"
+        try:
+            record = record_type.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError: a chunk that passed its checksum but is no record
+            raise ImportFormatError(f"{where}: not a W&B record ({type(exc).__name__})") from None
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            rows.add(_history_row(record.history, f"{path}, record {number}"), f"{path}, record {number}")
+            rows.add(_history_row(record.history, where), where)
         elif kind == "run" and record.run.display_name:
             rows.parsed.run_name = record.run.display_name
     if framed.lost:
@@ -166,13 +177,16 @@ def _history_row(history: Any, where: str) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for item in history.item:
         keys = list(item.nested_key) or [item.key]
-        try:
-            value = json.loads(item.value_json)
-        except json.JSONDecodeError as exc:
-            raise ImportFormatError(f"{where}: {'.'.join(keys)} holds no JSON value ({exc.msg})") from exc
+        if len(keys) > MAX_JSON_DEPTH:
+            raise BoundedInputError(f"{where}: a key nested {len(keys)} deep, more than {MAX_JSON_DEPTH}")
+        value = json_value(item.value_json, f"{where}, {'.'.join(keys)[:80]}")
         here = row
-        for key in keys[:-1]:
+        for depth, key in enumerate(keys[:-1], start=1):
             here = here.setdefault(key, {})
+            if not isinstance(here, dict):
+                raise ImportFormatError(
+                    f"{where}: {'.'.join(keys)[:80]} is nested under {'.'.join(keys[:depth])[:80]}, a value"
+                )
         here[keys[-1]] = value
     row.setdefault("_step", history.step.num)  # wandb writes _step as an item too; the record's own step else
     return row
@@ -180,8 +194,12 @@ def _history_row(history: Any, where: str) -> dict[str, Any]:
 
 def _csv(path: Path, names: NameMap) -> dict[str, Parsed]:
     """The runs of a W&B CSV export, by run name."""
-    reader = csv.reader(io.StringIO(_bytes(path).decode("utf-8-sig", "replace")))
-    header = [c.strip() for c in next(reader, [])]
+    with open_source(path) as fh:
+        return _csv_runs(path, csv.reader(text_lines(fh, path, bom=True)), names)
+
+
+def _csv_runs(path: Path, reader: Any, names: NameMap) -> dict[str, Parsed]:
+    header = [c.strip() for c in csv_cells(reader, path) or []]
     if CSV_STEP not in header:
         raise ImportFormatError(
             f"{path}, line 1: no {CSV_STEP} column (export a chart's data from W&B; its CSV has one)"
@@ -191,7 +209,7 @@ def _csv(path: Path, names: NameMap) -> dict[str, Parsed]:
     if len(bare) < len(columns):  # columns name their runs: a bare one is another axis (time), not a metric
         columns = {i: column for i, column in columns.items() if column[0] != "."}
     runs = {run: _Rows("wandb-csv") for run, _ in columns.values()}
-    for cells in reader:
+    while (cells := csv_cells(reader, path)) is not None:
         where = f"{path}, line {reader.line_num}"
         if len(cells) != len(header):
             raise ImportFormatError(f"{where}: {len(cells)} cells, but the header has {len(header)} columns")
@@ -215,27 +233,55 @@ def _csv_column(column: str) -> tuple[str, str]:
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    for number, line in enumerate(_bytes(path).decode("utf-8", "replace").splitlines(), start=1):
-        if line.strip():
-            yield json_object(line, f"{path}, line {number}")
+    with open_source(path) as fh:
+        for number, line in enumerate(text_lines(fh, path), start=1):
+            if line.strip():
+                yield json_object(line, f"{path}, line {number}")
 
 
 def _parquet(path: Path) -> Iterator[dict[str, Any]]:
-    import pyarrow as pa
+    """The rows of a Parquet history, its size checked in its metadata first and counted as it is read."""
     import pyarrow.parquet as pq
 
-    try:
-        table = pq.read_table(pa.BufferReader(_bytes(path)))
-    except pa.ArrowException as exc:
-        raise ImportFormatError(f"{path}: not a Parquet file ({exc})") from exc
-    yield from table.to_pylist()
+    with open_source(path) as fh:
+        try:
+            history = pq.ParquetFile(fh)
+        except Exception as exc:  # pyarrow's ArrowInvalid, OSError, ...: bytes that are no Parquet file
+            raise ImportFormatError(f"{path}: not a Parquet file ({_first_line(exc)})") from None
+        _check_parquet_size(path, history.metadata)
+        read = 0
+        for rows in _parquet_batches(path, history):
+            read += len(rows)
+            if read > MAX_PARQUET_ROWS:
+                raise BoundedInputError(f"{path}: more than {MAX_PARQUET_ROWS} rows (the limit): refused")
+            yield from rows
 
 
-def _bytes(path: Path) -> bytes:
-    try:
-        return read_small_file(path, MAX_BYTES)
-    except UnsafeFileError as exc:
-        raise ImportFormatError(f"{path}: {exc}") from exc
+def _check_parquet_size(path: Path, metadata: Any) -> None:
+    """Refuse a Parquet file whose metadata declares more rows or decompressed bytes than the limits."""
+    if metadata.num_rows > MAX_PARQUET_ROWS:
+        raise BoundedInputError(f"{path}: {metadata.num_rows} rows, more than {MAX_PARQUET_ROWS}: refused unread")
+    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    if size > MAX_PARQUET_BYTES:
+        raise BoundedInputError(f"{path}: decompresses to {size} bytes, more than {MAX_PARQUET_BYTES}: refused unread")
+
+
+def _parquet_batches(path: Path, history: Any) -> Iterator[list[dict[str, Any]]]:
+    """The rows of ``history`` a batch at a time; pyarrow's error on a damaged page, a wrong length, ... named."""
+    batches = history.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+    while True:
+        try:
+            batch = next(batches, None)
+            rows = None if batch is None else batch.to_pylist()
+        except Exception as exc:
+            raise ImportFormatError(f"{path}: a damaged Parquet file ({_first_line(exc)})") from None
+        if rows is None:
+            return
+        yield rows
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
 
 
 def _record_type() -> Any:

@@ -5,6 +5,7 @@ each ``crc32 (4) | length (2) | type (1) | data``, the CRC-32 over the type byte
 ``wandb_internal_pb2.Record``) is one FULL chunk or a FIRST, MIDDLE..., LAST run of chunks; fewer than 7 bytes
 left in a block are padding. A chunk that fails its CRC is skipped with the record it belongs to, and counted;
 a truncated end (a process killed mid-write) ends the reading, and what was lost is said in ``Framed.lost``.
+A record's chunks are joined once, at its end, so reading is linear in the file's size.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def read_wandb_records(data: bytes, where: str) -> Framed | str:
     """The intact records of a ``.wandb`` file's bytes, or what is wrong with its header."""
     if len(data) < HEADER.size or HEADER.unpack_from(data) != MAGIC:
         return "not a W&B run file (no ':W&B' header)"
-    framed, pending, pos = Framed(), None, HEADER.size
+    framed, pos = Framed(), HEADER.size
+    pending: list[bytes] | None = None  # the chunks of the record being read, joined once at its end (linear)
     while pos < len(data):
         left = BLOCK_BYTES - pos % BLOCK_BYTES
         if left < CHUNK.size or data[pos : pos + CHUNK.size] == bytes(CHUNK.size):
@@ -41,13 +43,13 @@ def read_wandb_records(data: bytes, where: str) -> Framed | str:
             framed.damaged, pending = framed.damaged + 1, None
         elif kind in (FULL, FIRST):
             framed.damaged += pending is not None  # a record whose end was never written
-            pending = chunk
+            pending = [chunk]
         elif pending is not None:
-            pending += chunk
+            pending.append(chunk)
         else:
             framed.damaged += 1  # the rest of a record whose start failed its check
         if kind in (FULL, LAST) and pending is not None:
-            framed.records.append(pending)
+            framed.records.append(b"".join(pending))
             pending = None
     if pending is not None and not framed.lost:
         framed.lost = "the last record is incomplete (the writer stopped inside it)"
