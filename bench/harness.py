@@ -65,8 +65,8 @@ STAGES = (
         "1,024 ranks for {BEDSIDE_SOAK_SECONDS} s",
     ),
     Stage(
-        "hostile lines, file names and run.json refused with a reason",
-        ("tests/test_fuzz_ingest.py",),
+        "hostile lines, file names, run.json and control requests refused with a reason",
+        ("tests/test_fuzz_ingest.py", "tests/test_fuzz_control.py"),
         {"BEDSIDE_FUZZ_EXAMPLES": 0},
         {"BEDSIDE_FUZZ_EXAMPLES": 5000},
         "hypothesis examples per property: {BEDSIDE_FUZZ_EXAMPLES} (0: the tests' own default)",
