@@ -44,8 +44,9 @@ def _default_operator() -> str:
 
 
 def cmd_action(args: argparse.Namespace) -> int:
-    """Write the request, record it in the run's audit trail, and print its id; warn on stderr when the
-    run has ended or no control reader polls it (filed all the same)."""
+    """Write the request, record it in the run's audit trail, and print its id and the trail's new head (a copy
+    to keep off the machine: ``bedside audit verify --head``); warn on stderr when the run has ended or no control
+    reader polls it (filed all the same)."""
     from bedside.collectors import audit
     from bedside.collectors.control_reader import run_reader_warning
 
@@ -56,13 +57,14 @@ def cmd_action(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise BedsideError(f"--operator: {error}") from None
     try:
-        request_id = audit.file_request(layout, args.action, given, operator=operator, reason=args.reason)
+        request_id, head = audit.file_request(layout, args.action, given, operator=operator, reason=args.reason)
     except ValueError as error:
         message = str(error)
         for name, option in _OPTIONS.items():
             message = message.replace(name, option)
         raise BedsideError(message) from None
     print(request_id)
+    print(f"audit head {head}")
     if warning := run_reader_warning(layout):
         print(f"bedside: warning: {warning}", file=sys.stderr)
     return 0

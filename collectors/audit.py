@@ -5,15 +5,21 @@ number), ``prev`` (the hash of the entry before it, ``GENESIS`` for the first) a
 of the entry's canonical JSON without ``hash`` (keys sorted, no spaces, ASCII, no NaN). Rewriting an entry,
 inserting one or deleting one breaks a link that ``verify`` names. The owner of the run's store also records
 each head it has checked (``keep_head``), so a trail cut short, or rewritten consistently from some entry on,
-no longer matches the store. What that does and does not prove: docs/security.md.
+no longer matches the store; copies of the head leave the machine with each alert and each action filed, and
+``verify`` checks a copy it is given too. The trail is read as bytes from outside: a regular file only, opened
+without blocking (``safefile``), at most ``MAX_TRAIL_BYTES``, each line parsed by ``bounded.parse_json``. What
+this does and does not prove: docs/security.md.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
+import stat
 import time
 import unicodedata
 from collections.abc import Mapping
@@ -24,8 +30,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from .bounded import BoundedInputError, parse_json
 from .control import request_action
 from .layout import RunLayout
+from .safefile import UnsafeFileError, file_type, read_small_file
 from .store import Store
 
 AUDIT_NAME = "audit.jsonl"
@@ -34,6 +42,13 @@ GENESIS = "0" * 64
 FIELDS = ("seq", "time", "operator", "what", "incident_id", "request_id", "args", "reason", "prev", "hash")
 _TAIL_BYTES = 1 << 16
 MAX_OPERATOR_CHARS = 64
+MAX_ENTRY_BYTES = 256 << 10
+"""One entry's line: four times the largest control request (``control.MAX_REQUEST_BYTES``) it may record."""
+MAX_TRAIL_BYTES = 64 << 20
+"""The whole trail: about 200,000 entries of a few hundred bytes; a larger file is refused unread."""
+TRAIL_WHERE = f"control/{AUDIT_NAME}"
+_JSON_PLACE = re.compile(r"line 1 column \d+ \(char (\d+)\)")
+"""Where the JSON parser places an error within a line, said without its "line 1" (the trail's lines count)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,23 @@ class AuditHead:
 
     seq: int
     hash: str
+
+    def __str__(self) -> str:
+        """``SEQ:HASH``, as alerts and ``bedside action`` show it and ``bedside audit verify --head`` takes it."""
+        return f"{self.seq}:{self.hash}"
+
+    @classmethod
+    def parse(cls, text: str) -> AuditHead:
+        """A head written ``SEQ:HASH`` (the full 64 hex digits); ValueError saying what is wrong."""
+        seq, _, digest = text.strip().partition(":")
+        digest = digest.strip().lower()
+        if not seq.strip().isdigit() or len(seq.strip()) > 18:
+            raise ValueError(f"a head reads SEQ:HASH with SEQ an entry number, got {text.strip()[:80]!r}")
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(
+                f"a head's HASH is 64 hex digits (the whole of it, as alerts carry it), got {digest[:80]!r}"
+            )
+        return cls(int(seq), digest)
 
 
 @dataclass(frozen=True)
@@ -96,10 +128,9 @@ def record(
     request_id: str | None = None,
     args: Mapping[str, Any] | None = None,
 ) -> AuditHead:
-    """Append one entry chained to the last (under an exclusive lock, so concurrent writers chain in turn)."""
-    path = audit_path(layout)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    """Append one entry chained to the last (under an exclusive lock, so concurrent writers chain in turn); its
+    head. UnsafeFileError when the trail is no regular file, ValueError for an entry over ``MAX_ENTRY_BYTES``."""
+    descriptor = _open_trail(layout)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         seq, prev = _next_link(descriptor)
@@ -115,11 +146,45 @@ def record(
             "prev": prev,
         }
         entry["hash"] = entry_hash(entry)
-        os.write(descriptor, canonical_line(entry))
+        line = canonical_line(entry)
+        if len(line) > MAX_ENTRY_BYTES:
+            raise ValueError(f"the entry is {len(line)} bytes, more than {MAX_ENTRY_BYTES}: shorten the reason")
+        os.write(descriptor, line)
         os.fsync(descriptor)
         return AuditHead(seq, entry["hash"])
     finally:
         os.close(descriptor)  # releases the lock
+
+
+def _open_trail(layout: RunLayout) -> int:
+    """The trail opened for appending: created if absent, never through a link, never blocking on a FIFO, and
+    refused (UnsafeFileError) unless it is a regular file."""
+    path = audit_path(layout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as error:
+        kind = {errno.ELOOP: "a symbolic link", errno.EISDIR: "a directory", errno.ENXIO: "a socket"}.get(
+            error.errno or 0
+        )
+        why = f"{kind}, not a regular file" if kind else error.strerror
+        raise UnsafeFileError(f"{TRAIL_WHERE}: {why}: nothing recorded") from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        raise UnsafeFileError(f"{TRAIL_WHERE}: {file_type(mode)}, not a regular file: nothing recorded")
+    return descriptor
+
+
+def _check_trail(layout: RunLayout) -> None:
+    """UnsafeFileError when the trail exists and is no regular file (it could take no entry)."""
+    try:
+        mode = audit_path(layout).lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise UnsafeFileError(f"{TRAIL_WHERE}: {file_type(mode)}, not a regular file: nothing filed or recorded")
 
 
 def file_request(
@@ -130,15 +195,17 @@ def file_request(
     operator: str,
     reason: str,
     incident_id: str | None = None,
-) -> str:
+) -> tuple[str, AuditHead]:
     """File a signed control request for the run (``control.request_action``) and record it in the audit trail,
     the one way ``bedside action`` and the dashboard's actions ask a run to act; its request id. ValueError on a
-    bad request, ControlKeyError without the run's key or run.json: then nothing is filed or recorded."""
+    bad request, ControlKeyError without the run's key or run.json, UnsafeFileError when the trail is no
+    regular file: then nothing is filed or recorded. The request id and the trail's new head."""
+    _check_trail(layout)  # a trail that cannot take the entry refuses the request before it is filed
     request_id = request_action(layout, action, args, operator=operator, reason=reason)
-    record(
+    head = record(
         layout, operator=operator, what=action, reason=reason, incident_id=incident_id, request_id=request_id, args=args
     )
-    return request_id
+    return request_id, head
 
 
 def canonical_line(entry: Mapping[str, Any]) -> bytes:
@@ -148,24 +215,38 @@ def canonical_line(entry: Mapping[str, Any]) -> bytes:
     )
 
 
-def verify(layout: RunLayout, recorded: list[AuditHead] | None = None) -> ChainReport:
-    """Check every link of the trail, then the heads the store recorded; the first break in words."""
-    path = audit_path(layout)
-    lines = path.read_bytes().split(b"\n") if path.exists() else []
-    if lines and lines[-1] == b"":
-        lines.pop()
+def verify(
+    layout: RunLayout, recorded: list[AuditHead] | None = None, given: list[AuditHead] | None = None
+) -> ChainReport:
+    """Check every link of the trail, then the heads the store recorded and the heads ``given`` (copies kept
+    elsewhere); the first break in words. A trail that is no regular file or too large is refused unread."""
+    try:
+        lines = _trail_lines(layout)
+    except UnsafeFileError as error:
+        return ChainReport([], f"{TRAIL_WHERE}: {error}", None)
     entries: list[dict[str, Any]] = []
     broken: str | None = None
     for number, line in enumerate(lines, start=1):
-        entry = _parsed(line)
-        problem = _link_problem(number, entry, entries) if broken is None else None
+        entry, unread = _parsed_line(number, line)
+        problem = (unread or _link_problem(number, entry, entries)) if broken is None else None
         broken = broken or problem
         if entry is not None:
             entries.append(entry)
     head = AuditHead(entries[-1]["seq"], entries[-1]["hash"]) if broken is None and entries else None
     if broken is None:
-        broken = _head_problem(entries, recorded or [])
+        broken = _head_problem(entries, recorded or [], _RECORDED) or _head_problem(entries, given or [], _GIVEN)
     return ChainReport(entries, broken, head if broken is None else None)
+
+
+def _trail_lines(layout: RunLayout) -> list[bytes]:
+    """The trail's lines (none when it does not exist); UnsafeFileError when it is refused unread."""
+    path = audit_path(layout)
+    if not os.path.lexists(path):
+        return []
+    lines = read_small_file(path, MAX_TRAIL_BYTES).split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
 
 
 def read_heads(store: Store) -> list[AuditHead]:
@@ -186,7 +267,7 @@ class AuditKeeper:
         """Verify the trail against the recorded heads if it changed since last time; record its new head
         (True when it did). ``broken`` keeps the first broken link found."""
         try:
-            info = audit_path(self.layout).stat()
+            info = audit_path(self.layout).lstat()
             seen = (info.st_size, info.st_mtime_ns)
         except FileNotFoundError:
             seen = (0, 0)  # gone: still checked against the recorded heads
@@ -240,16 +321,30 @@ def _count_lines(descriptor: int) -> int:
 
 def _parsed(line: bytes) -> dict[str, Any] | None:
     try:
-        entry = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        entry = parse_json(line, "an audit entry")
+    except BoundedInputError:
         return None
     return entry if isinstance(entry, dict) else None
 
 
+def _parsed_line(number: int, line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """Line ``number`` as an entry, or None and why it cannot be one."""
+    if len(line) > MAX_ENTRY_BYTES:
+        return None, f"line {number} is {len(line)} bytes, more than an entry may hold ({MAX_ENTRY_BYTES}): refused"
+    where = f"line {number}"
+    try:
+        entry = parse_json(line, where)
+    except BoundedInputError as error:
+        why = _JSON_PLACE.sub(r"character \1", str(error).removeprefix(f"{where}: "))
+        return None, f"line {number} is not a JSON entry ({why}): a torn write, or altered by hand"
+    if not isinstance(entry, dict):
+        return None, f"line {number} is not a JSON entry (a JSON {type(entry).__name__}): altered by hand"
+    return entry, None
+
+
 def _link_problem(number: int, entry: dict[str, Any] | None, before: list[dict[str, Any]]) -> str | None:
-    """What is wrong with line ``number`` given the entries before it (None: it chains)."""
-    if entry is None:
-        return f"line {number} is not a JSON entry (a torn write, or altered by hand)"
+    """What is wrong with line ``number``, read as ``entry``, given the entries before it (None: it chains)."""
+    assert entry is not None
     seq, prev, digest = entry.get("seq"), entry.get("prev"), entry.get("hash")
     if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(prev, str) or not isinstance(digest, str):
         return f"line {number} carries no chain (seq, prev, hash): written by hand, or before the trail was chained"
@@ -268,15 +363,18 @@ def _link_problem(number: int, entry: dict[str, Any] | None, before: list[dict[s
     return f"line {number} (entry {seq}) does not chain to line {number - 1}: inserted, or forged"
 
 
-def _head_problem(entries: list[dict[str, Any]], recorded: list[AuditHead]) -> str | None:
-    """Whether the trail still holds every head the store recorded."""
-    for head in recorded:
+_RECORDED = ("the store recorded entry {seq} as a head", "what the store recorded")
+_GIVEN = ("the head given is entry {seq}", "the head given")
+"""How a problem names the copy of a head it found wrong: (when the trail is shorter, when the entry differs)."""
+
+
+def _head_problem(entries: list[dict[str, Any]], heads: list[AuditHead], words: tuple[str, str]) -> str | None:
+    """Whether the trail still holds every one of ``heads`` (a copy ``words`` names)."""
+    for head in heads:
         if head.seq >= len(entries):
             ends = f"ends at entry {len(entries) - 1}" if entries else "is empty"
-            return f"the store recorded entry {head.seq} as a head, but the trail {ends}: entries were deleted from its end"
+            claim = words[0].format(seq=head.seq)
+            return f"{claim}, but the trail {ends}: entries were deleted from its end"
         if entries[head.seq]["hash"] != head.hash:
-            return (
-                f"line {head.seq + 1} (entry {head.seq}) differs from what the store recorded: "
-                f"the trail was rewritten from there"
-            )
+            return f"line {head.seq + 1} (entry {head.seq}) differs from {words[1]}: the trail was rewritten from there"
     return None

@@ -31,10 +31,15 @@ def layout(tmp_path: Path, monkeypatch) -> RunLayout:
 
 def action(layout: RunLayout, *args: str) -> str:
     """``bedside action RUN ...`` in this process; the request id it prints."""
+    return action_lines(layout, *args)[0]
+
+
+def action_lines(layout: RunLayout, *args: str) -> list[str]:
+    """``bedside action RUN ...`` in this process; the lines it prints (the request id, the audit trail's head)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert bedside_here(["action", str(layout.root), *args]) == 0
-    return out.getvalue().strip()
+    return out.getvalue().splitlines()
 
 
 def entries(layout: RunLayout) -> list[dict]:
@@ -62,13 +67,16 @@ def test_each_filed_request_is_one_chained_entry_of_the_audit_trail(layout: RunL
 
 
 def test_audit_verify_in_a_new_process_accepts_the_trail_bedside_action_wrote(layout: RunLayout, bedside) -> None:
-    action(
+    _, printed = action_lines(
         layout, "skip", "--first-batch", "180", "--last-batch", "199", "--reason", "bad batches", "--operator", "ana"
     )
-    done = bedside("audit", "verify", layout.root)
-    assert done.returncode == 0, done.stderr
     head = entries(layout)[-1]["hash"]
-    assert f"1 entries, chain intact, head entry 0 {head[:16]}" in done.stdout
+    assert printed == f"audit head 0:{head}"
+    done = bedside("audit", "verify", layout.root, "--head", printed.removeprefix("audit head "))
+    assert done.returncode == 0, done.stderr
+    assert f"1 entries, chain intact, head entry 0 {head[:16]} (checked against the head given (entry 0); " in (
+        done.stdout
+    )
 
 
 def test_a_refused_request_files_nothing_and_leaves_no_entry(layout: RunLayout, capsys) -> None:

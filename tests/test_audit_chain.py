@@ -119,7 +119,10 @@ def test_a_deleted_entry_is_named(layout: RunLayout) -> None:
 def test_a_torn_tail_is_named(layout: RunLayout) -> None:
     path = audit.audit_path(layout)
     path.write_bytes(path.read_bytes()[:-20])
-    assert audit.verify(layout).broken == f"line {ENTRIES} is not a JSON entry (a torn write, or altered by hand)"
+    assert re.fullmatch(
+        rf"line {ENTRIES} is not a JSON entry \(not valid JSON: .*: character \d+\): a torn write, or altered by hand",
+        audit.verify(layout).broken,
+    )
 
 
 def test_a_tail_cut_at_an_entry_boundary_is_caught_by_the_head_the_store_recorded(layout: RunLayout) -> None:
@@ -167,7 +170,10 @@ def test_an_entry_after_a_torn_line_chains_on_and_the_torn_line_is_reported(layo
         trail.write(b'{"seq":5,"ti')  # a writer killed mid-line
     audit.record(layout, operator="bob", what="acknowledge", reason="after the tear")
     assert lines_text(path)[-1].startswith('{"args":{}')
-    assert audit.verify(layout).broken == "line 6 is not a JSON entry (a torn write, or altered by hand)"
+    assert audit.verify(layout).broken == (
+        "line 6 is not a JSON entry (not valid JSON: Unterminated string starting at: character 9): a torn write, "
+        "or altered by hand"
+    )
 
 
 def lines_text(path: Path) -> list[str]:
@@ -250,10 +256,16 @@ def test_audit_verify_names_the_first_broken_link_and_exits_1(layout: RunLayout,
     assert done.stdout.startswith(f"audit trail of {layout.root} is broken: {expected[damage]}"), done.stdout
 
 
-def test_audit_verify_without_a_store_checks_the_chain_alone(layout: RunLayout, bedside) -> None:
+def test_audit_verify_without_a_store_checks_the_chain_alone_only_when_told(layout: RunLayout, bedside) -> None:
     done = bedside("audit", "verify", layout.root)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.startswith(
+        f"audit trail of {layout.root}: {ENTRIES} entries, chain intact, but not checked: no head to check against "
+        f"(no store)"
+    )
+    done = bedside("audit", "verify", layout.root, "--no-head")
     assert done.returncode == 0, done.stderr
-    assert "(no store: the chain alone was checked, which cannot tell a trail cut short)" in done.stdout
+    assert "(checked against no head: no store; the chain alone was checked (--no-head)" in done.stdout
 
 
 def test_bedside_action_is_audited(tiny_faults: Path, bedside) -> None:
@@ -264,7 +276,7 @@ def test_bedside_action_is_audited(tiny_faults: Path, bedside) -> None:
         "seq": 0,
         "operator": "carol",
         "what": "rewind",
-        "request_id": done.stdout.strip(),
+        "request_id": done.stdout.splitlines()[0],
         "args": {"to_step": 100},
         "reason": "spike",
         "prev": audit.GENESIS,

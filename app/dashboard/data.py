@@ -141,18 +141,21 @@ class RunData:
         last = reader["last_beat"].dropna()
         return reader_warning(status, float(last.iloc[0]) if not last.empty else None, time.time())
 
-    def request(self, action: str, args: dict[str, Any], *, operator: str, reason: str, incident_id: str | None) -> str:
-        """File a control request for the trainer and record it in the audit trail; its request id."""
+    def request(
+        self, action: str, args: dict[str, Any], *, operator: str, reason: str, incident_id: str | None
+    ) -> tuple[str, audit.AuditHead]:
+        """File a control request for the trainer and record it in the audit trail; its request id and the
+        trail's new head."""
         if refusal := self.action_refusal(incident_id):
             raise BedsideError(f"not filed: {refusal}")
         try:
-            request_id = audit.file_request(
+            request_id, head = audit.file_request(
                 self.layout, action, args, operator=operator, reason=reason, incident_id=incident_id
             )
         except ValueError as exc:
             raise BedsideError(str(exc)) from exc
         self._keep_audit_head()
-        return request_id
+        return request_id, head
 
     def acknowledge(self, incident_id: str, *, operator: str, note: str) -> None:
         """Take an incident on: stored, announced to the notifiers, and in the audit trail."""

@@ -289,6 +289,7 @@ class RunOwner:
 
     def _on_pass(self, result: PassResult) -> None:
         with self._lock:
+            self._keep_audit_head()  # first: the messages this pass routes carry the trail's newest head
             if self.live is not None:
                 self.live.update(result)
             self.version += 1
@@ -298,7 +299,10 @@ class RunOwner:
     def _keep_audit_head(self) -> bool:
         """Check the audit trail if it changed and record its head; whether what the pages show may have changed."""
         before = self.audit.broken
-        return self.audit.keep_head(self.store) or self.audit.broken != before
+        recorded = self.audit.keep_head(self.store)
+        if self.audit.broken and self.audit.broken != before:
+            self.warn(f"{self.layout.root.name}: the audit trail is broken: {self.audit.broken}")
+        return recorded or self.audit.broken != before
 
     def _on_idle(self) -> None:
         """A quiet wake-up: let time pass for the detectors, and settle the run once it has ended."""

@@ -223,6 +223,10 @@ else:
     filed = st.session_state.get("filed")
     if filed and filed["where"] == here:  # kept through live refreshes until the next review
         st.success(filed["text"])
+        st.caption(
+            f"Audit head {filed['head']}: keep a copy off this machine (the incident's channel); "
+            f"`bedside audit verify --head` checks the trail against it."
+        )
     if st.button("Review request", key="review", disabled=bool(refusal) or action is None):
         if not reason.strip():
             st.error("A reason is required.")
@@ -247,13 +251,13 @@ else:
         confirm, cancel = st.columns(2)
         if confirm.button(f"Confirm {pending['action']}", type="primary", key="confirm", disabled=bool(refusal)):
             try:
-                request_id = data.request(
+                request_id, head = data.request(
                     pending["action"], pending["args"], operator=operator, reason=pending["reason"], incident_id=chosen
                 )
             except BedsideError as exc:
                 st.error(str(exc))
             else:
-                st.session_state["filed"] = {"where": here, "text": f"Request {request_id} filed."}
+                st.session_state["filed"] = {"where": here, "text": f"Request {request_id} filed.", "head": str(head)}
                 del st.session_state["confirming"]
                 st.rerun()
         if cancel.button("Cancel", key="cancel"):
