@@ -1,8 +1,9 @@
 """The fault harness at full size: kills, fuzzing and attacks, with the figures docs/reliability.md reports.
 
 The same tests CI runs (``tests/test_crash.py``, ``tests/test_kill_harness.py``, ``tests/test_soak.py``,
-``tests/test_fuzz_ingest.py``, ``tests/test_console.py``, the SQL page in a browser), sized up through their
-environment variables, each run as its own pytest (one process, no xdist) and timed:
+``tests/test_fuzz_ingest.py``, ``tests/test_import_hostile.py``, ``tests/test_console.py``, the SQL page in a
+browser), sized up through their environment variables, each run as its own pytest (one process, no xdist) and
+timed:
 
     python bench/harness.py            # CI's size, as a check that the harness itself runs
     python bench/harness.py --long     # the full figures (about an hour on 2 cores)
@@ -70,6 +71,14 @@ STAGES = (
         {"BEDSIDE_FUZZ_EXAMPLES": 0},
         {"BEDSIDE_FUZZ_EXAMPLES": 5000},
         "hypothesis examples per property: {BEDSIDE_FUZZ_EXAMPLES} (0: the tests' own default)",
+    ),
+    Stage(
+        "hostile imports refused with a reason, nothing written",
+        ("tests/test_import_hostile.py", "-k", "mutated"),
+        {"BEDSIDE_FUZZ_EXAMPLES": 0},
+        {"BEDSIDE_FUZZ_EXAMPLES": 2000},
+        "mutations of a real file per importer (7 readers, W&B records reframed too): "
+        "{BEDSIDE_FUZZ_EXAMPLES} (0: the tests' own default)",
     ),
     Stage(
         "SQL attacks refused, the store unchanged",
