@@ -25,6 +25,11 @@ class StoreCorruptError(StoreError):
     """The store file is truncated or fails a block checksum: rebuild it from the telemetry."""
 
 
+class StoreTamperedError(StoreCorruptError):
+    """The store holds code bedside did not write (a view or macro of ours changed, a macro or type of someone
+    else's): it is not read; rebuild it from the telemetry."""
+
+
 class QueryError(StoreError):
     """A user query is not valid SQL, not read-only, or failed."""
 

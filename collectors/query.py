@@ -18,21 +18,25 @@ Every block of the copy is then read once (``Store.verify``) to check its checks
 from __future__ import annotations
 
 import contextlib
-import shutil
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import StoreCorruptError, StoreError, StoreLockedError
+from .errors import StoreCorruptError, StoreError, StoreLockedError, StoreTamperedError
 from .ingest import Collector
 from .layout import RunLayout, require_run_dir
+from .safefile import UnsafeFileError, open_regular_file
 from .store import Schema, Store
 from .store.console import ConsoleLimits, ConsoleResult, run_console_query
 
 HEADER_BYTES = 3 * 4096
 """DuckDB's file header and its two alternating database headers: a completed checkpoint rewrites one."""
 SNAPSHOT_TRIES = 6
+MAX_WAL_BYTES = 1 << 30
+"""A snapshot copies a write-ahead log of at most the store file's size or this, whichever is larger."""
+COPY_CHUNK = 1 << 20
 
 
 @dataclass
@@ -60,6 +64,8 @@ def open_for_reading(run_dir: Path, *, verify: bool = False, schemas: Sequence[S
             return ReadView(store, "store")
         except StoreLockedError:
             note = "the store is held by another process"
+        except StoreTamperedError as exc:
+            note = str(exc)
         except StoreCorruptError:
             note = "the store is damaged"
     return rebuild_from_telemetry(layout, note, schemas=schemas)
@@ -101,6 +107,8 @@ def snapshot_store(path: Path, into: Path, *, schemas: Sequence[Schema] = (), tr
             store = Store.open(copy, read_only=True, schemas=schemas)
             store.verify()
             return store
+        except StoreTamperedError:  # what the owner committed: another copy holds the same
+            raise
         except StoreError as exc:  # a copy torn in a way the headers did not show: take it again
             failure = exc
     assert failure is not None
@@ -108,16 +116,50 @@ def snapshot_store(path: Path, into: Path, *, schemas: Sequence[Schema] = (), tr
 
 
 def _copy_between_checkpoints(path: Path, copy: Path) -> bool:
-    """Copy the log, then the file, to ``copy``; False when a checkpoint completed meanwhile."""
+    """Copy the log, then the file, to ``copy``; False when a checkpoint completed meanwhile. Only regular files
+    are copied (a link to ``/dev/zero`` or a FIFO in their place is refused unread: StoreError), and the log at
+    most as large as the file or ``MAX_WAL_BYTES``, whichever is larger."""
     wal, copied_wal = (p.with_name(p.name + ".wal") for p in (path, copy))
     before = _headers(path)
     copied_wal.unlink(missing_ok=True)
-    with contextlib.suppress(FileNotFoundError):  # no log: everything is checkpointed
-        shutil.copyfile(wal, copied_wal)
-    shutil.copyfile(path, copy)
+    with _regular(path) as store:
+        limit = max(os.fstat(store).st_size, MAX_WAL_BYTES)
+        with contextlib.suppress(FileNotFoundError), _regular(wal) as log:  # no log: everything is checkpointed
+            _copy_descriptor(log, copied_wal, limit, wal)
+        _copy_descriptor(store, copy, None, path)
     return _headers(path) == before
 
 
+@contextlib.contextmanager
+def _regular(path: Path) -> Iterator[int]:
+    """A read-only descriptor of the regular file ``path`` (FileNotFoundError passes); StoreError naming anything
+    else (a link, a FIFO, a device), unread."""
+    try:
+        descriptor = open_regular_file(path)
+    except UnsafeFileError as exc:
+        raise StoreError(f"{path}: {exc}") from None
+    try:
+        yield descriptor
+    finally:
+        os.close(descriptor)
+
+
+def _copy_descriptor(source: int, target: Path, limit: int | None, name: Path) -> None:
+    """Copy the ``fstat`` size of ``source`` to a new ``target`` (what it gains meanwhile is left: a later copy
+    takes it); StoreError when that is over ``limit``."""
+    size = os.fstat(source).st_size
+    if limit is not None and size > limit:
+        raise StoreError(f"{name}: {size:,} bytes, over the limit of {limit:,} (the store's size or MAX_WAL_BYTES)")
+    with target.open("wb") as out:
+        left = size
+        while left > 0:
+            chunk = os.read(source, min(left, COPY_CHUNK))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+
+
 def _headers(path: Path) -> bytes:
-    with path.open("rb") as handle:
-        return handle.read(HEADER_BYTES)
+    with _regular(path) as descriptor:
+        return os.read(descriptor, HEADER_BYTES)

@@ -58,6 +58,12 @@ def test_every_command_says_the_store_is_damaged_in_one_line(
 ) -> None:
     before = RunLayout(damaged).store.read_bytes()
     done = bedside(command[0], damaged, *command[1:])
+    if command[0] == "query" and done.returncode == 0:  # damage met while checking the store's code at open: the
+        # reader falls back to the raw telemetry and says why
+        assert (
+            done.stderr.startswith("bedside: warning: the store is damaged; read ") and "Traceback" not in done.stderr
+        )
+        return
     assert done.returncode == 2, done.stderr
     [line] = [line for line in done.stderr.splitlines() if not line.startswith("bedside: warning:")]
     assert line.startswith("bedside: error: ") and "Traceback" not in done.stderr

@@ -27,17 +27,20 @@ import pyarrow as pa
 from .. import failpoints
 from ..errors import StoreCorruptError, StoreError, StoreLockedError
 
-SANDBOX_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # a database for users' SQL: no files,
-    # network, extensions or Python objects; its configuration locked
+STORE_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # every connection, a store's included: no
+    # file but its own database, no network, extensions or Python objects; its configuration locked
     "enable_external_access": False,
     "python_enable_replacements": False,
     "autoload_known_extensions": False,
     "autoinstall_known_extensions": False,
     "allow_community_extensions": False,
+    "lock_configuration": True,
+}
+SANDBOX_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # a database for users' SQL, in memory
+    **STORE_CONFIG,
     "temp_directory": "",
     "memory_limit": "2GB",
     "threads": 2,
-    "lock_configuration": True,
 }
 
 
@@ -103,6 +106,7 @@ class Store:
         self.read_only = read_only
         self.schemas = (TELEMETRY, *(s for s in schemas if s != TELEMETRY))
         self._lock = threading.Lock()
+        self._versions: tuple[tuple[str, str, int], ...] | None = None
 
     @classmethod
     def open(cls, path: Path | None = None, *, read_only: bool = False, schemas: Sequence[Schema] = ()) -> Store:
@@ -112,17 +116,60 @@ class Store:
             raise StoreError(f"no store at {path}")
         existed = path is not None and path.exists()
         try:
-            con = duckdb.connect(str(path) if path else ":memory:", read_only=read_only)
+            con = duckdb.connect(str(path) if path else ":memory:", read_only=read_only, config=STORE_CONFIG)
         except duckdb.Error as exc:
             if isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower():
                 raise StoreLockedError(f"{path} is held by another process ({exc})") from exc
             raise _damaged(path, exc) if _is_damage(exc) else StoreError(f"cannot open {path}: {exc}") from exc
         store = cls(con, path, read_only, schemas)
-        if not read_only:
-            if existed:
+        if existed:
+            if not read_only:
                 store.verify()  # never append to a damaged store: the damage would spread to new rows
+            store.trust_code()
+        if not read_only:
             store.migrate()
         return store
+
+    def trust_code(self) -> None:
+        """Make sure the store's views and macros are our migrations' (``catalog``): the owner puts ours back, and
+        anything else not ours closes the store with a StoreTamperedError naming it."""
+        from . import catalog
+
+        assert self.path is not None
+        try:
+            self._versions = self._read_versions()
+            if not self.read_only:
+                with self.transaction() as con:
+                    catalog.restore(con, self._versions, catalog.read_catalog(con))
+            catalog.check_catalog(self._con, self._versions, self.path)
+        except duckdb.Error as exc:
+            self._con.close()
+            raise (
+                _damaged(self.path, exc) if _is_damage(exc) else StoreError(f"cannot read {self.path}: {exc}")
+            ) from exc
+        except BaseException:
+            self._con.close()
+            raise
+
+    def versions(self) -> tuple[tuple[str, str, int], ...]:
+        """(package, namespace, newest migration applied) of each of this store's schemas, as read at open."""
+        if self._versions is None:
+            self._versions = self._read_versions()
+        return self._versions
+
+    def _read_versions(self) -> tuple[tuple[str, str, int], ...]:
+        recorded: dict[str, int] = {}
+        if self._has_table("schema_migrations"):
+            namespaced = self._has_column("schema_migrations", "namespace")
+            query = sql("schema_versions" if namespaced else "schema_versions_legacy")
+            recorded = dict(self._con.execute(query).fetchall())
+        return tuple((schema.package, schema.namespace, recorded.get(schema.namespace, 0)) for schema in self.schemas)
+
+    def view_names(self) -> list[str]:
+        """The views of this store's schemas (ours, each documented in docs/schema.md), sorted."""
+        from . import catalog
+
+        return sorted(catalog.expected_catalog(self.versions()).views)
 
     def verify(self) -> None:
         """Read every block of every table, so DuckDB checks each block's checksum; StoreCorruptError if one
@@ -187,6 +234,7 @@ class Store:
                         con.execute(
                             sql("record_migration"), {"namespace": schema.namespace, "version": version, "name": name}
                         )
+        self._versions = self._read_versions()
 
     def _has_column(self, table: str, column: str) -> bool:
         rows = self._con.execute(sql("has_column"), {"table": table, "column": column}).fetchall()
