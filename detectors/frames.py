@@ -20,9 +20,11 @@ from .incidents import Incident, IncidentBook
 from .registry import build_detectors
 from .runner import DetectorRunner
 from .telemetry import (
+    ACTION_COLUMNS,
     CHECKPOINT_COLUMNS,
     EVAL_COLUMNS,
     EVENT_COLUMNS,
+    FILED_COLUMNS,
     RANK_STEP_COLUMNS,
     STEP_COLUMNS,
     TOPOLOGY_COLUMNS,
@@ -37,6 +39,8 @@ FRAMES = {
     "evals": EVAL_COLUMNS,
     "checkpoints": CHECKPOINT_COLUMNS,
     "events": EVENT_COLUMNS,
+    "actions": ACTION_COLUMNS,
+    "filed": FILED_COLUMNS,
 }
 REQUIRED = {
     "steps": ("step",),
@@ -44,10 +48,26 @@ REQUIRED = {
     "evals": ("step", "name", "value"),
     "checkpoints": ("step", "event"),
     "events": ("step", "kind"),
+    "actions": ("step", "request_id", "status"),
+    "filed": ("time", "request_id"),
 }
 """The columns a frame cannot do without; every other column may be left out."""
 INTEGER_COLUMNS = ("timeline", "step", "rank", "seq")
-TEXT_COLUMNS = ("shards", "param_checksum", "split", "name", "event", "path", "message", "kind", "host")
+TEXT_COLUMNS = (
+    "shards",
+    "param_checksum",
+    "split",
+    "name",
+    "event",
+    "path",
+    "message",
+    "kind",
+    "host",
+    "request_id",
+    "action",
+    "status",
+    "operator",
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,8 @@ def detect(
     evals: pd.DataFrame | None = None,
     checkpoints: pd.DataFrame | None = None,
     events: pd.DataFrame | None = None,
+    actions: pd.DataFrame | None = None,
+    filed: pd.DataFrame | None = None,
     topology: pd.DataFrame | None = None,
     world_size: int | None = None,
     settings: dict[str, dict[str, Any]] | None = None,
@@ -80,7 +102,15 @@ def detect(
     run = RunState(world_size=world_size, topology=_topology(topology))
     runner = DetectorRunner(build_detectors(settings, only), run)
     book = IncidentBook()
-    batch = telemetry_batch(steps=steps, rank_steps=rank_steps, evals=evals, checkpoints=checkpoints, events=events)
+    batch = telemetry_batch(
+        steps=steps,
+        rank_steps=rank_steps,
+        evals=evals,
+        checkpoints=checkpoints,
+        events=events,
+        actions=actions,
+        filed=filed,
+    )
     book.add(runner.update(batch))
     book.add(runner.finish())
     book.went_on(run.newest_timeline)

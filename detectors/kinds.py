@@ -8,12 +8,14 @@ from enum import StrEnum
 
 
 class Family(StrEnum):
-    """Findings that can share a cause: numerics and data, speed, learning itself, and the way back."""
+    """Findings that can share a cause: numerics and data, speed, learning itself, the way back, and the
+    operators' requests to the run."""
 
     TRAINING = "training"
     PERFORMANCE = "performance"
     LEARNING = "learning"
     CHECKPOINTS = "checkpoints"
+    CONTROL = "control"
 
     @property
     def heading(self) -> str:
@@ -23,6 +25,7 @@ class Family(StrEnum):
             "performance": "Slow or stuck ranks",
             "learning": "Not learning",
             "checkpoints": "Checkpoints lost",
+            "control": "Control requests not applied",
         }[self.value]
 
 

@@ -29,8 +29,10 @@ RANK_STEP_COLUMNS = (
 EVAL_COLUMNS = ("timeline", "step", "time", "split", "name", "value", "cum_tokens", "cum_flops")
 CHECKPOINT_COLUMNS = ("timeline", "step", "time", "rank", "event", "duration_s", "path", "message")
 EVENT_COLUMNS = ("timeline", "step", "time", "rank", "kind")
+ACTION_COLUMNS = ("timeline", "step", "time", "rank", "request_id", "action", "status")
+FILED_COLUMNS = ("time", "request_id", "action", "operator")
 TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
-FrameName = Literal["steps", "rank_steps", "evals", "checkpoints", "events"]
+FrameName = Literal["steps", "rank_steps", "evals", "checkpoints", "events", "actions", "filed"]
 
 
 class Place(TypedDict, total=False):
@@ -77,8 +79,11 @@ class TelemetryBatch:
 
     ``steps``: job-level step records; ``rank_steps``: per-rank timings, local gradient
     norms and parameter checksums; ``evals``: one row per (eval, score name);
-    ``checkpoints``: checkpoint events; ``events``: heartbeats, run_end and other kinds.
-    Missing metrics are NaN; a run from another trainer may have any frame empty.
+    ``checkpoints``: checkpoint events; ``events``: heartbeats, run_end and other kinds;
+    ``actions``: the loop's answers to control requests (``requested``, ``applied``,
+    ``rejected``); ``filed``: control requests filed through bedside (the audit trail), at
+    the time they were filed. Missing metrics are NaN; a run from another trainer may have
+    any frame empty.
     """
 
     steps: pd.DataFrame = field(default_factory=lambda: empty_frame(STEP_COLUMNS))
@@ -86,6 +91,8 @@ class TelemetryBatch:
     evals: pd.DataFrame = field(default_factory=lambda: empty_frame(EVAL_COLUMNS))
     checkpoints: pd.DataFrame = field(default_factory=lambda: empty_frame(CHECKPOINT_COLUMNS))
     events: pd.DataFrame = field(default_factory=lambda: empty_frame(EVENT_COLUMNS))
+    actions: pd.DataFrame = field(default_factory=lambda: empty_frame(ACTION_COLUMNS))
+    filed: pd.DataFrame = field(default_factory=lambda: empty_frame(FILED_COLUMNS))
     _arrays: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def floats(self, frame: FrameName, name: str) -> np.ndarray:
@@ -107,10 +114,11 @@ class TelemetryBatch:
         return self._arrays[key]
 
     def __len__(self) -> int:
-        return sum(len(f) for f in (self.steps, self.rank_steps, self.evals, self.checkpoints, self.events))
+        return sum(len(f) for f in self.frames())
 
     def frames(self) -> tuple[pd.DataFrame, ...]:
-        return self.steps, self.rank_steps, self.evals, self.checkpoints, self.events
+        """Every frame, in the order of the fields."""
+        return self.steps, self.rank_steps, self.evals, self.checkpoints, self.events, self.actions, self.filed
 
     def split_by_time(self, parts: int) -> list[TelemetryBatch]:
         """This batch cut at the same ``parts - 1`` times in every frame, as a live feed reads all files up to now."""

@@ -23,9 +23,11 @@ from bedside.detectors.datasets.traces import compose_timing
 from bedside.detectors.detector import Detector
 from bedside.detectors.finding import Finding
 from bedside.detectors.telemetry import (
+    ACTION_COLUMNS,
     CHECKPOINT_COLUMNS,
     EVAL_COLUMNS,
     EVENT_COLUMNS,
+    FILED_COLUMNS,
     RANK_STEP_COLUMNS,
     STEP_COLUMNS,
     RunState,
@@ -268,14 +270,16 @@ def faulty_run(*, seed: int = 3, rewind_at: int | None = None, faults: bool = Tr
     if rewind_at is None:
         return first
     back = rewind_at - rewind_at % 100
-    keep = TelemetryBatch(*(f[(f["step"] <= rewind_at)] for f in first.frames()))
-    restart = float(keep.steps["time"].max()) + 30.0
+    cut = float(first.steps.loc[first.steps["step"] <= rewind_at, "time"].max())
+    keep = TelemetryBatch(*(f[(f["step"] <= rewind_at) if "step" in f else (f["time"] <= cut)] for f in first.frames()))
+    restart = cut + 30.0
     loaded = checkpoint_frame([(0, restart, back, "loaded")], timeline=1)
     second = _faulty_segment(rng, np.arange(back + 1, back + 301), timeline=1, t0=restart, faults=faults)
-    steps, rank_steps, evals, checkpoints, events = (
+    steps, rank_steps, evals, checkpoints, events, actions, filed = (
         in_time_order(pd.concat(pair, ignore_index=True)) for pair in zip(keep.frames(), second.frames())
     )
-    return TelemetryBatch(steps, rank_steps, evals, in_time_order(pd.concat([checkpoints, loaded])), events)
+    checkpoints = in_time_order(pd.concat([checkpoints, loaded]))
+    return TelemetryBatch(steps, rank_steps, evals, checkpoints, events, actions, filed)
 
 
 def _faulty_segment(
@@ -297,6 +301,7 @@ def _faulty_segment(
         rank_steps=ranks,
         evals=_faulty_evals(rng, steps, end, timeline, faults),
         checkpoints=_faulty_checkpoints(steps, end, timeline, faults),
+        **_faulty_requests(steps, end, timeline, faults),
     )
 
 
@@ -322,6 +327,26 @@ def _faulty_evals(
     value = 2.0 + 40.0 * (np.minimum(every, 750) if faults else every) ** -0.5
     evals = eval_frame([(float(end[steps == s][0]), int(s)) for s in every], timeline=timeline)
     return evals.assign(value=value * np.exp(0.002 * rng.standard_normal(len(every))), cum_flops=every * 1e15)
+
+
+def _faulty_requests(steps: np.ndarray, end: np.ndarray, timeline: int, faults: bool) -> dict[str, pd.DataFrame]:
+    """Two control requests filed on the timeline's 150th step: one answered at once, one (with ``faults``) never."""
+    filed_at = float(end[min(150, len(end) - 1)]) + 0.25
+    ids = [f"req-t{timeline}-answered", *([f"req-t{timeline}-lost"] if faults else [])]
+    filed = pd.DataFrame({"time": filed_at, "request_id": ids, "action": "pause", "operator": "ana"})
+    at = min(151, len(end) - 1)
+    actions = pd.DataFrame(
+        {
+            "timeline": timeline,
+            "step": int(steps[at]),
+            "time": float(end[at]) + np.array([0.1, 0.2]),
+            "rank": 0,
+            "request_id": ids[0],
+            "action": "pause",
+            "status": ["requested", "applied"],
+        }
+    )
+    return {"filed": filed[list(FILED_COLUMNS)], "actions": actions[list(ACTION_COLUMNS)]}
 
 
 def _faulty_checkpoints(steps: np.ndarray, end: np.ndarray, timeline: int, faults: bool) -> pd.DataFrame:

@@ -67,7 +67,7 @@ def test_the_documented_dataset_example_scores_the_detectors_against_the_labels(
 def test_detect_gives_what_the_runner_and_the_incident_book_give() -> None:
     batch = tf.faulty_run()
     found = detect(
-        **{name: getattr(batch, name) for name in ("steps", "rank_steps", "evals", "checkpoints")},
+        **{name: getattr(batch, name) for name in ("steps", "rank_steps", "evals", "checkpoints", "actions", "filed")},
         world_size=tf.FAULTY_RANKS,
     )
     runner = DetectorRunner(build_detectors(), RunState(world_size=tf.FAULTY_RANKS))

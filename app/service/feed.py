@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import duckdb
 import pandas as pd
 import pyarrow as pa
 
 from bedside.collectors.store import Store
-from bedside.detectors.telemetry import TelemetryBatch
+from bedside.detectors.telemetry import FILED_COLUMNS, TelemetryBatch, empty_frame
 
 _WINDOW_SCHEMA = pa.schema([("source_id", pa.int32()), ("from_offset", pa.int64()), ("to_offset", pa.int64())])
 DETECT_SLICE_BYTES = 256 << 20
@@ -21,6 +22,7 @@ class StoreFeed:
         self.store = store
         self.batch_bytes = batch_bytes
         self._read_to: dict[int, int] = {}
+        self._filed_to = 0  # filed requests are copied from the audit trail, not ingested: read by copy order
         self.behind = False
 
     def next_batch(self) -> TelemetryBatch:
@@ -38,17 +40,29 @@ class StoreFeed:
         share = max(MIN_SOURCE_BYTES, self.batch_bytes // max(len(pending), 1))
         window = [(s, start, min(end, start + share)) for s, start, end in pending]
         self.behind = any(cut < end for (_, _, cut), (_, _, end) in zip(window, pending))
+        filed = self._filed()
         if not window:
-            return TelemetryBatch()
+            return TelemetryBatch(filed=filed)
         table = pa.Table.from_pylist(
             [dict(zip(("source_id", "from_offset", "to_offset"), w)) for w in window], schema=_WINDOW_SCHEMA
         )
         frames = {
             name: _plain(self.store.fetch_named(f"detect_{name}", tables={"detect_window": table}))
-            for name in ("steps", "rank_steps", "evals", "checkpoints", "events")
+            for name in ("steps", "rank_steps", "evals", "checkpoints", "events", "actions")
         }
         self._read_to.update({source_id: to for source_id, _, to in window})
-        return TelemetryBatch(**frames)
+        return TelemetryBatch(**frames, filed=filed)
+
+    def _filed(self) -> pd.DataFrame:
+        """The control requests recorded as filed since the last call (a store from before they were kept has
+        none)."""
+        try:
+            filed = _plain(self.store.fetch_named("detect_filed", {"after": self._filed_to}))
+        except duckdb.CatalogException:  # a store read as it is, made before migration 011
+            return empty_frame(FILED_COLUMNS)
+        if len(filed):
+            self._filed_to = int(filed["recorded"].max())
+        return filed.drop(columns="recorded")
 
     def world_size(self) -> int | None:
         value = self.store.fetch_named("detect_run")["world_size"].iloc[0]
