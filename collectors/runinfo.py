@@ -1,8 +1,9 @@
 """``run.json``: who the run is, how big, where each rank sits, and its config snapshot.
 
 A run.json read from disk is checked field by field: a value of the wrong type or out of range (a
-``world_size`` of 3e9 or ``true``, a topology ``dp`` of 3e9) is left out and named in ``problems``, so the
-telemetry is still ingested; only a file that is not a JSON object is refused whole.
+``world_size`` of 3e9 or ``true``, a topology ``dp`` of 3e9, a name or host holding a lone surrogate such as
+``"\ud800"``, which no UTF-8 store or terminal can take) is left out and named in ``problems``, so the telemetry is
+still ingested; only a file that is not a JSON object is refused whole.
 """
 
 from __future__ import annotations
@@ -94,6 +95,19 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
+NOT_UNICODE = "holds a lone surrogate (an escape such as \\ud800 that is no character): it cannot be stored or shown"
+"""Why text that JSON can escape but UTF-8 cannot encode is left out (an importer's non-UTF-8 folder name, say)."""
+
+
+def _encodable(value: Any) -> bool:
+    """Whether every string of a JSON value, keys included, encodes as UTF-8 (JSON's ``\\ud800`` escapes do not)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _integer(value: Any, low: int) -> int | None:
     """``value`` as an int when it is an integral JSON number from ``low`` to MAX_RANK (not a boolean)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -108,8 +122,10 @@ def _checked_fields(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     fields: dict[str, Any] = {}
     problems = [] if "world_size" in data else ["world_size is required: ranks are not checked against it"]
     for name in ("run_id", "name"):
-        if name in data and isinstance(data[name], str) and data[name]:
+        if name in data and isinstance(data[name], str) and data[name] and _encodable(data[name]):
             fields[name] = data[name]
+        elif name in data and isinstance(data[name], str) and data[name]:
+            problems.append(f"{name} {NOT_UNICODE}, got {_shown(data[name])}: ignored")
         elif name in data:
             problems.append(f"{name} must be a non-empty string, got {_shown(data[name])}: ignored")
     for name, low in (("world_size", 1), ("schema_version", 1)):
@@ -122,8 +138,10 @@ def _checked_fields(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         fields["created"] = float(created)
     elif "created" in data:
         problems.append(f"created must be a number of unix seconds, got {_shown(created)}: ignored")
-    if isinstance(data.get("config", {}), dict):
+    if isinstance(data.get("config", {}), dict) and _encodable(data.get("config", {})):
         fields["config"] = data.get("config", {})
+    elif isinstance(data["config"], dict):
+        problems.append(f"config {NOT_UNICODE} in a key or a value: ignored")
     else:
         problems.append(f"config must be an object, got {_shown(data['config'])}: ignored")
     return fields, problems
@@ -156,6 +174,8 @@ def _placement_problem(entry: Any, world_size: int | None, placed: set[int]) -> 
         return f" must be an object, got {_shown(entry)}"
     if not isinstance(entry.get("host"), str):
         return f".host must be a string, got {_shown(entry.get('host'))}"
+    if not _encodable(entry["host"]):
+        return f".host {NOT_UNICODE}, got {_shown(entry['host'])}"
     for name in ("rank", "local_rank", "dp", "tp", "pp"):
         if (name == "rank" or name in entry) and _integer(entry.get(name), 0) is None:
             return f".{name} must be an integer from 0 to {MAX_RANK}, got {_shown(entry.get(name))}"
@@ -183,6 +203,8 @@ def read_run_info(layout: RunLayout) -> RunInfo | None:
         text = layout.run_info.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as exc:
+        raise RunInfoError(f"{layout.run_info}: not UTF-8 (byte {exc.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -192,10 +214,15 @@ def read_run_info(layout: RunLayout) -> RunInfo | None:
     return RunInfo.from_json(data, _defaults(layout, text))
 
 
+def _readable(name: str) -> str:
+    """A file name that is not UTF-8 (its bytes escaped as surrogates) with each such byte as U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _defaults(layout: RunLayout, text: str) -> dict[str, Any]:
     """Stable values for the optional fields a hand-written run.json leaves out."""
     return {
         "run_id": hashlib.sha1(text.encode("utf-8")).hexdigest()[:12],
-        "name": layout.root.name,
+        "name": layout.root.name if _encodable(layout.root.name) else _readable(layout.root.name),
         "created": layout.run_info.stat().st_mtime,
     }
