@@ -10,11 +10,14 @@ import json
 import time
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from bedside.detectors.finding import Finding, json_safe
 from bedside.detectors.incidents import Incident, worst_of
+
+if TYPE_CHECKING:
+    from bedside.collectors.audit import AuditHead
 
 PAYLOAD_SCHEMA = "bedside.alert/1"
 EVENT_WORDS = {
@@ -63,10 +66,12 @@ def incident_payload(
     dashboard_url: str,
     now: float,
     resolution: Acknowledgement | None = None,
+    audit_head: AuditHead | None = None,
 ) -> dict[str, Any]:
     """An incident's message: what happened, where, the key evidence and what to do.
 
-    ``resolution``: who closed the incident by hand, and why.
+    ``resolution``: who closed the incident by hand, and why; ``audit_head``: the audit trail's head the store
+    recorded last, a copy that leaves the machine with the message.
     """
     status = "resolved" if incident.resolved or resolution else "acknowledged" if ack else "open"
     body = {
@@ -91,7 +96,8 @@ def incident_payload(
         "resolution": "closed by hand" if resolution else incident.resolution,
         "url": incident_url(dashboard_url, run, incident.incident_id),
     }
-    return _envelope(message_id, event, run, notifier, now, incident.severity.value, incident=json_safe(body))
+    envelope = _envelope(message_id, event, run, notifier, now, incident.severity.value, incident=json_safe(body))
+    return envelope | {"audit_head": head_json(audit_head)}
 
 
 def digest_payload(
@@ -106,8 +112,10 @@ def digest_payload(
     dashboard_url: str,
     now: float,
     listed: int = 10,
+    audit_head: AuditHead | None = None,
 ) -> dict[str, Any]:
-    """What a flood held back: how many findings since ``since``, and the incidents whose messages waited."""
+    """What a flood held back: how many findings since ``since``, and the incidents whose messages waited (and,
+    as every routed message, the audit trail's last recorded head)."""
     digest = {
         "findings": findings,
         "since": _iso(since),
@@ -117,7 +125,8 @@ def digest_payload(
         "more_incidents": max(0, len(held) - listed),
         "url": incident_url(dashboard_url, run, None),
     }
-    return _envelope(message_id, "digest", run, notifier, now, severity, digest=digest)
+    envelope = _envelope(message_id, "digest", run, notifier, now, severity, digest=digest)
+    return envelope | {"audit_head": head_json(audit_head)}
 
 
 def probe_payload(message_id: str, run: RunRef, *, notifier: str, now: float) -> dict[str, Any]:
@@ -198,6 +207,11 @@ def headline(event: str, run: RunRef, severity: str, incident: dict | None, dige
             f" ({digest['held_messages']} message{'' if digest['held_messages'] == 1 else 's'} held back)"
         )
     return f"[TEST] {run.name}: bedside can reach this notifier"
+
+
+def head_json(head: AuditHead | None) -> dict[str, Any] | None:
+    """An audit trail head as the payload carries it."""
+    return {"seq": head.seq, "hash": head.hash} if head else None
 
 
 def incident_url(dashboard_url: str, run: RunRef, incident_id: str | None) -> str | None:

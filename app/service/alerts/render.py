@@ -25,6 +25,8 @@ def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
     evidence = _evidence_line(payload)
     if evidence:
         blocks.append({"type": "context", "elements": [_mrkdwn(_escape(evidence))]})
+    if head := _head_line(payload):
+        blocks.append({"type": "context", "elements": [_mrkdwn(head)]})
     url = _url(payload)
     if url:
         blocks.append(
@@ -53,7 +55,7 @@ def discord_message(payload: dict[str, Any]) -> dict[str, Any]:
             {"name": name, "value": _clip(value, DISCORD_FIELD_MAX), "inline": len(value) < 40}
             for name, value in _facts(payload)
         ],
-        "footer": {"text": f"bedside · {payload['id']}"},
+        "footer": {"text": " · ".join(filter(None, ("bedside", payload["id"], _head_line(payload))))},
         "timestamp": payload["created_at"],
     }
     evidence = _evidence_line(payload)
@@ -133,6 +135,12 @@ def _evidence_line(payload: dict[str, Any]) -> str:
     if not incident or not incident["evidence"]:
         return ""
     return " · ".join(f"{name}={value}" for name, value in incident["evidence"].items())
+
+
+def _head_line(payload: dict[str, Any]) -> str:
+    """The audit trail's head the message carries, as ``bedside audit verify --head`` takes it ("" without one)."""
+    head = payload.get("audit_head")
+    return f"audit head {head['seq']}:{head['hash']}" if head else ""
 
 
 def _url(payload: dict[str, Any]) -> str | None:

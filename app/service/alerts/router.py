@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from bedside.collectors.audit import AuditHead, read_heads
 from bedside.collectors.store import Store
 from bedside.detectors.finding import Severity
 from bedside.detectors.incidents import Incident
@@ -290,6 +291,7 @@ class AlertRouter:
             dashboard_url=self.settings.dashboard_url,
             now=now,
             resolution=resolution,
+            audit_head=self._audit_head(),
         )
         message = OutboxMessage(
             message_id,
@@ -339,6 +341,7 @@ class AlertRouter:
             held=held,
             dashboard_url=self.settings.dashboard_url,
             now=now,
+            audit_head=self._audit_head(),
         )
         message = OutboxMessage(digest_id, notifier.name, None, "digest", severity, None, payload, now, "pending")
         return OutboxWrite([message], [(m.message_id, digest_id) for m in window.held])
@@ -354,6 +357,11 @@ class AlertRouter:
 
     def _told_of(self, notifier: NotifierConfig, incident: Incident) -> _Told:
         return self._told.setdefault((notifier.name, incident.incident_id), _Told())
+
+    def _audit_head(self) -> AuditHead | None:
+        """The audit trail's newest head the store recorded (checked by its owner), None before the first."""
+        heads = read_heads(self.store)
+        return heads[-1] if heads else None
 
     def _run(self) -> RunRef:
         rows = self.store.fetch_named("alert_run")
