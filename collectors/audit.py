@@ -280,11 +280,37 @@ class AuditKeeper:
             self.broken = f"the trail cannot be read: {exc}"
             return False
         self._seen, self.broken = seen, report.broken
-        if report.head is not None and (not recorded or report.head.seq > recorded[-1].seq):
+        writes = [("insert_filed_requests", {"filed": filed_table(report.entries)})] if report.intact else []
+        grew = report.head is not None and (not recorded or report.head.seq > recorded[-1].seq)
+        if grew and report.head is not None:
             table = pa.table({"seq": [report.head.seq], "hash": [report.head.hash], "recorded_at": [time.time()]})
-            store.write_named([("insert_audit_head", {"head": table})])
-            return True
-        return False
+            writes.append(("insert_audit_head", {"head": table}))
+        if writes:
+            store.write_named(writes)
+        return grew
+
+
+def filed_table(entries: list[dict[str, Any]]) -> pa.Table:
+    """The entries of an intact trail that filed a control request, as the store's ``insert_filed_requests``
+    reads them (the ``unanswered_request`` detector holds them against the loop's answers)."""
+    filed = [
+        e
+        for e in entries
+        if isinstance(e.get("request_id"), str)
+        and isinstance(e.get("time"), (int, float))
+        and isinstance(e.get("seq"), int)
+    ]
+    return pa.table(
+        {
+            "request_id": pa.array([e["request_id"] for e in filed], pa.string()),
+            "filed_at": pa.array([float(e["time"]) for e in filed], pa.float64()),
+            "action": pa.array([str(e.get("what") or "") for e in filed], pa.string()),
+            "operator": pa.array([e.get("operator") for e in filed], pa.string()),
+            "reason": pa.array([e.get("reason") for e in filed], pa.string()),
+            "args": pa.array([json.dumps(e.get("args") or {}) for e in filed], pa.string()),
+            "audit_seq": pa.array([int(e["seq"]) for e in filed], pa.int64()),
+        }
+    )
 
 
 def entries_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:

@@ -683,6 +683,15 @@ def test_request_status_follows_the_request_from_filing_to_the_trainers_answer(t
         request_status("req-1", answered("rejected", "no checkpoint at step 40"), layout)
         == "rejected by the trainer: no checkpoint at step 40"
     )
+    lost = pd.DataFrame(
+        {
+            "request_id": ["req-2"],
+            "summary": ["control request req-2 (rewind by ana, filed ...) was not applied: 20 steps and 31 s later"],
+        }
+    )
+    filed = pd.concat([none, pd.DataFrame({"request_id": ["req-2"], "status": ["not answered"]})])
+    assert request_status("req-2", filed, layout) == WAITING
+    assert request_status("req-2", filed, layout, unanswered=lost) == "not applied: 20 steps and 31 s later"
 
 
 def with_control_heartbeat(run: Path) -> Path:

@@ -128,10 +128,22 @@ def _known_int(value: Any) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
-def request_status(request_id: str, actions: pd.DataFrame, layout: RunLayout, *, ended: bool = False) -> str:
-    """Where a filed request stands: waiting, taken, applied at step S on timeline T, or rejected and why
-    (``ended``: the run has ended, so a request not yet taken never will be)."""
-    rows = actions[actions["request_id"] == request_id]
+def request_status(
+    request_id: str,
+    actions: pd.DataFrame,
+    layout: RunLayout,
+    *,
+    ended: bool = False,
+    unanswered: pd.DataFrame | None = None,
+) -> str:
+    """Where a filed request stands: waiting, taken, applied at step S on timeline T, rejected and why, or not
+    applied because the run went on without answering it (``unanswered``: the open ``unanswered_request``
+    findings, ``request_id`` and ``summary``); ``ended``: the run has ended, so a request not yet taken never
+    will be."""
+    lost = unanswered[unanswered["request_id"] == request_id] if unanswered is not None else pd.DataFrame()
+    if not lost.empty:
+        return f"not applied: {lost['summary'].iloc[0].split(' was not applied: ', 1)[-1]}"
+    rows = actions[(actions["request_id"] == request_id) & (actions["status"] != "not answered")]
     if not rows.empty:
         row = rows.iloc[0]
         if row["status"] == "applied":

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from bedside.collectors.audit import AuditKeeper
 from bedside.collectors.errors import BedsideError, StoreLockedError
 from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout
@@ -133,8 +134,9 @@ class StoreDetection:
 
 
 def detect_run(run_dir: Path) -> list[Finding]:
-    """Batch detection (``bedside detect``): ingest what the run holds, run every detector over it, keep the
-    findings and incidents in its store (unless another process holds the store); every finding."""
+    """Batch detection (``bedside detect``): ingest what the run holds and the audit trail's filings, run every
+    detector over it, keep the findings and incidents in its store (unless another process holds the store);
+    every finding."""
     layout = RunLayout(run_dir)
     try:
         store = Store.open(layout.store, schemas=SCHEMAS)
@@ -144,6 +146,7 @@ def detect_run(run_dir: Path) -> list[Finding]:
             return detect_store(memory, persist=False)
     with store:
         Collector(layout.root, store, warn=warn).ingest_available()
+        AuditKeeper(layout).keep_head(store)  # the trail's head, and the requests it says were filed
         return detect_store(store)
 
 

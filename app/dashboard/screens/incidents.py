@@ -271,13 +271,13 @@ def requests_and_audit_trail() -> None:
     filed = trail[trail["request_id"].notna() & (trail["incident_id"] == chosen)]
     if not filed.empty:
         st.subheader("Requests for this incident")
-        statuses = data.frame("actions")
+        statuses, lost = data.frame("actions"), data.frame("unanswered")
         run = data.frame("run")
         ended = not run.empty and run["status"].iloc[0] in RUN_END_STATUSES
         for entry in filed.itertuples():
             st.markdown(
                 f"`{entry.request_id}` **{entry.what}** by {entry.operator}: "
-                f"{request_status(entry.request_id, statuses, data.layout, ended=ended)}"
+                f"{request_status(entry.request_id, statuses, data.layout, ended=ended, unanswered=lost)}"
             )
     st.subheader("Audit trail")
     if chain.broken:
