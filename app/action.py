@@ -12,7 +12,7 @@ from bedside.collectors.control import ACTIONS
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout, require_run_dir
 
-from .options import integer_in
+from .options import integer_in, positive_seconds
 
 _OPTIONS = {"to_step": "--to-step", "first_batch": "--first-batch", "last_batch": "--last-batch", "shard": "--shard"}
 
@@ -33,6 +33,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--shard", type=integer_in(0), metavar="S", help="quarantine: the data shard to stop reading")
     p.add_argument("--reason", required=True, help="why (kept with the request and its acknowledgement)")
     p.add_argument("--operator", default=_default_operator(), help="who asks (default: $USER)")
+    p.add_argument(
+        "--wait",
+        type=positive_seconds,
+        metavar="S",
+        help="wait up to S seconds for the run's answer and print it; exit 1 if rejected, 4 if not answered",
+    )
     p.set_defaults(handler=cmd_action)
 
 
@@ -67,4 +73,28 @@ def cmd_action(args: argparse.Namespace) -> int:
     print(f"audit head {head}")
     if warning := run_reader_warning(layout):
         print(f"bedside: warning: {warning}", file=sys.stderr)
-    return 0
+    return _answer(layout, request_id, args.wait) if args.wait else 0
+
+
+NOT_ANSWERED = 4
+"""``bedside action --wait``'s exit status when no answer came in time (1: rejected)."""
+
+
+def _answer(layout: RunLayout, request_id: str, wait_s: float) -> int:
+    """Wait for the run's answer to ``request_id``, print it, and the exit status it calls for."""
+    from bedside.collectors.control_reader import await_answer
+
+    answer = await_answer(layout, request_id, wait_s)
+    if answer is None:
+        print(
+            f"not applied: no answer within {wait_s:g} s: the loop has not taken it (it may yet), its file was "
+            "removed or hidden from control/requests/, or the loop reads no requests"
+        )
+        return NOT_ANSWERED
+    where = f"at step {answer.get('step')} on timeline {answer.get('timeline')}"
+    if answer["status"] == "requested":
+        print(f"taken {where}, not yet applied after {wait_s:g} s")
+        return NOT_ANSWERED
+    message = answer.get("message") or answer["status"]
+    print(f"{answer['status']} {where}: {message}")
+    return 0 if answer["status"] == "applied" else 1

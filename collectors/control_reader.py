@@ -58,3 +58,29 @@ def run_reader_warning(layout: RunLayout, now: float | None = None) -> str | Non
     now = time.time() if now is None else now
     status = summarize_run(layout.root, now).status
     return reader_warning(status, last_control_beat(layout.rank_file(0)), now)
+
+
+ANSWERS = ("applied", "rejected")
+"""The statuses that end a request: rank 0 writes one of them once."""
+
+
+def request_answer(layout: RunLayout, request_id: str) -> dict | None:
+    """Rank 0's newest ``action`` record of ``request_id`` in the end of its telemetry (``requested``, then
+    ``applied`` or ``rejected``), or None when it has written none."""
+    answers = [
+        r
+        for r in tail_records(layout.rank_file(0), TAIL_BYTES)
+        if r.get("kind") == Kind.ACTION and r.get("request_id") == request_id and isinstance(r.get("status"), str)
+    ]
+    return max(answers, key=lambda r: r.get("seq", 0) if isinstance(r.get("seq"), int) else 0, default=None)
+
+
+def await_answer(layout: RunLayout, request_id: str, wait_s: float, poll_s: float = 0.25) -> dict | None:
+    """Rank 0's answer to ``request_id`` (``applied`` or ``rejected``) as soon as it is written, within ``wait_s``;
+    its newest record (``requested``: taken, not yet answered) or None when the time ran out first."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        answer = request_answer(layout, request_id)
+        if (answer is not None and answer["status"] in ANSWERS) or time.monotonic() >= deadline:
+            return answer
+        time.sleep(poll_s)

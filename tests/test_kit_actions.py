@@ -7,7 +7,9 @@ action the loop leaves unanswered is rejected at the next boundary, and an actio
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -137,7 +139,7 @@ def file_with_the_cli(run: Path, capsys) -> tuple[int, str, str]:
     capsys.readouterr()
     status = bedside(["action", str(run), "pause", "--reason", "test", "--operator", "tester"])
     out, err = capsys.readouterr()
-    return status, out.strip(), err
+    return status, out.split()[0], err
 
 
 def test_bedside_action_warns_when_the_run_has_ended_and_files_the_request_all_the_same(loop_run, capsys) -> None:
@@ -164,6 +166,41 @@ def test_bedside_action_warns_when_no_control_reader_polls_or_the_last_is_stale(
     assert run_reader_warning(log.layout, now=later).startswith(
         "the control reader is stale: its last heartbeat was 300 s ago (more than 120 s)"
     )
+    log.close()
+
+
+def test_bedside_action_waits_for_the_answer_and_says_how_it_ended(tmp_path, capsys) -> None:
+    """``--wait``: applied (exit 0), rejected with the reason (exit 1), or not answered in time (exit 4)."""
+    log = RunLogger(tmp_path / "run", name="waits", rank=0, world_size=1)
+    client = ControlClient(log, on_checkpoint=lambda action: "saved")
+    stop = threading.Event()
+
+    def loop() -> None:
+        step = 0
+        while not stop.is_set():
+            step += 1
+            log.step(step, loss=1.0)
+            client.at_step_boundary(step)
+            log.flush()
+            time.sleep(0.02)
+
+    stepping = threading.Thread(target=loop, daemon=True)
+    stepping.start()
+    try:
+        wait = ("--wait", "60", "--reason", "test", "--operator", "tester")
+        assert bedside(["action", str(log.layout.root), "checkpoint", *wait]) == 0
+        assert re.fullmatch(r"applied at step \d+ on timeline 0: saved", capsys.readouterr().out.splitlines()[-1])
+        assert bedside(["action", str(log.layout.root), "quarantine", "--shard", "3", *wait]) == 1
+        assert (
+            capsys.readouterr()
+            .out.splitlines()[-1]
+            .endswith("no handler for 'quarantine' in this loop: it was not applied")
+        )
+    finally:
+        stop.set()
+        stepping.join(30)
+    assert bedside(["action", str(log.layout.root), "checkpoint", "--wait", "0.5", "--reason", "x"]) == 4
+    assert capsys.readouterr().out.splitlines()[-1].startswith("not applied: no answer within 0.5 s")
     log.close()
 
 
