@@ -81,6 +81,9 @@ def test_a_mutated_request_under_any_name_is_answered_and_never_raises(edits: li
         except OSError:  # a name this file system refuses: nothing to read
             return
         inbox = RequestInbox(layout.control_requests, layout.control_processed, key, run_identity(layout))
+        if file_name.startswith("."):  # hidden: never read (the unanswered_request detector reports it)
+            assert inbox.poll(set()) == []
+            return
         [request] = inbox.poll(set())
         assert list(layout.control_requests.iterdir()) == []
         if request.problem is None:  # taken: what it says is signed with the run's key
