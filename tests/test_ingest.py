@@ -327,12 +327,11 @@ def test_a_failure_that_is_not_the_lines_fault_commits_nothing_and_the_line_is_r
     """Out of memory while parsing a valid line: not an 'unreadable record', the pass fails whole."""
     message = "x" * 5_000_000
     write_lines([record("log", message=message)])
-    with Store.open(RunLayout(run_dir).store) as store:
-        store.connection().execute("SET memory_limit = '20MB'")
+    with Store.open(RunLayout(run_dir).store, memory_limit="20MB") as store:  # a store's settings are locked
         with pytest.raises(StoreError, match="nothing of this pass committed: Out of Memory Error"):
             Collector(run_dir, store).ingest_available()
         assert rows(store, "SELECT (SELECT count(*) FROM rejected), (SELECT count(*) FROM ingest_status)") == [(0, 0)]
-        store.connection().execute("RESET memory_limit")
+    with Store.open(RunLayout(run_dir).store) as store:
         Collector(run_dir, store).ingest_available()
         assert rows(store, "SELECT length(message) FROM event_log") == [(len(message),)]
 

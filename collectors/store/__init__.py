@@ -109,14 +109,23 @@ class Store:
         self._versions: tuple[tuple[str, str, int], ...] | None = None
 
     @classmethod
-    def open(cls, path: Path | None = None, *, read_only: bool = False, schemas: Sequence[Schema] = ()) -> Store:
+    def open(
+        cls,
+        path: Path | None = None,
+        *,
+        read_only: bool = False,
+        schemas: Sequence[Schema] = (),
+        memory_limit: str | None = None,
+    ) -> Store:
         """Open (and, when writable, migrate) the store at ``path``, with the telemetry's schema and ``schemas``;
-        None means in memory."""
+        None means in memory. ``memory_limit`` (DuckDB's, e.g. ``"2GB"``) is set before the configuration is
+        locked: nothing can change it later."""
         if read_only and (path is None or not path.exists()):
             raise StoreError(f"no store at {path}")
         existed = path is not None and path.exists()
         try:
-            con = duckdb.connect(str(path) if path else ":memory:", read_only=read_only, config=STORE_CONFIG)
+            config = STORE_CONFIG | ({"memory_limit": memory_limit} if memory_limit else {})
+            con = duckdb.connect(str(path) if path else ":memory:", read_only=read_only, config=config)
         except duckdb.Error as exc:
             if isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower():
                 raise StoreLockedError(f"{path} is held by another process ({exc})") from exc

@@ -4,13 +4,15 @@ User SQL never runs on a connection that can reach the store. Each query gets a 
 in-memory DuckDB instance, the sandbox (``open_sandbox``): file and network access off,
 extensions and Python replacement scans off, its configuration locked. The views the
 query names are streamed into it from the store as Arrow record batches, each read by
-our own ``SELECT * FROM <view>`` on a cursor of the store. Nothing in the sandbox refers
-to the store, so no statement typed there (a CTE that deletes, ``EXPLAIN ANALYZE`` of an
-insert, ``ATTACH``, ``COPY``, ``PRAGMA``, ``SET``) can change it, and tables that are not
-documented views (the outbox, sources, the migrations) are not there to read.
+our own ``SELECT * FROM <view>`` on a cursor of the store, whose connection is locked down
+too and whose views are the ones our migrations define (``catalog``: a store holding other
+code is refused when it is opened). Nothing in the sandbox refers to the store, so no
+statement typed there (a CTE that deletes, ``EXPLAIN ANALYZE`` of an insert, ``ATTACH``,
+``COPY``, ``PRAGMA``, ``SET``) can change it, and tables that are not documented views (the
+outbox, sources, the migrations) are not there to read.
 
 The statement check is a second wall: exactly one SELECT, whose parse tree holds no
-data-changing node, names only documented views and calls no table function that reads
+data-changing node, names only our views and calls no table function that reads
 files or runs SQL text. Results are capped in rows and bytes (the frame says when it was
 cut), and a time limit interrupts the sandbox. A result can also be written out as CSV a
 batch at a time (``write_console_csv``), so an export of millions of rows holds one batch
