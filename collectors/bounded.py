@@ -36,11 +36,13 @@ class BoundedInputError(BedsideError, ValueError):
     """Bytes from outside refused by a limit or a format check; the message names what and where."""
 
 
-def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH, allow_nan: bool = False) -> Any:
     """The JSON value in ``text`` (UTF-8 when bytes), read in linear time; BoundedInputError naming
-    ``where`` and the problem for bad UTF-8, bad JSON, nesting past ``max_depth``, a number that is
-    not finite, has more than ``MAX_NUMBER_CHARS`` characters or a magnitude past ``MAX_ABS_NUMBER``,
-    NaN/Infinity, or an object that gives a key twice (which of the two counts is anyone's guess)."""
+    ``where`` and the problem for bad UTF-8, bad JSON, nesting past ``max_depth``, a number that has
+    more than ``MAX_NUMBER_CHARS`` characters, one that is not finite or past ``MAX_ABS_NUMBER`` and
+    NaN/Infinity (unless ``allow_nan``: Python's own writer writes them, and a reader that checks each
+    field may keep them, as ``run.json``'s does), or an object that gives a key twice (which of the two
+    counts is anyone's guess)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -48,7 +50,11 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
             raise BoundedInputError(f"{where}: not UTF-8 (byte {error.start})") from None
     try:
         value = json.loads(
-            text, parse_int=_integer, parse_float=_float, parse_constant=_constant, object_pairs_hook=_object
+            text,
+            parse_int=_integer,
+            parse_float=_short_float if allow_nan else _float,
+            parse_constant=float if allow_nan else _constant,
+            object_pairs_hook=_object,
         )
     except RecursionError:
         raise BoundedInputError(f"{where}: JSON nested deeper than {max_depth} levels") from None
@@ -124,10 +130,14 @@ def _integer(text: str) -> int | float:
     return value
 
 
-def _float(text: str) -> float:
+def _short_float(text: str) -> float:
     if len(text) > MAX_NUMBER_CHARS:
         raise BoundedInputError(f"a number of {len(text)} characters, more than {MAX_NUMBER_CHARS}")
-    value = float(text)
+    return float(text)
+
+
+def _float(text: str) -> float:
+    value = _short_float(text)
     if not math.isfinite(value) or abs(value) > MAX_ABS_NUMBER:
         raise BoundedInputError(f"the number {text} is out of range")
     return value

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import socket
 import time
 import uuid
@@ -18,9 +19,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .atomicjson import write_json_atomic
+from .bounded import BoundedInputError, parse_json
 from .errors import RunInfoError
 from .format import MAX_RANK, SCHEMA_VERSION
 from .layout import RunLayout
+from .safefile import UnsafeFileError, read_small_file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +98,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
+MAX_RUN_INFO_BYTES = 64 << 20
+"""The largest run.json read: a config snapshot of a few KiB, a topology of a million ranks."""
 NOT_UNICODE = "holds a lone surrogate (an escape such as \\ud800 that is no character): it cannot be stored or shown"
 """Why text that JSON can escape but UTF-8 cannot encode is left out (an importer's non-UTF-8 folder name, say)."""
 
@@ -200,15 +205,19 @@ def write_run_info(layout: RunLayout, info: RunInfo) -> None:
 def read_run_info(layout: RunLayout) -> RunInfo | None:
     """``run.json`` of a run, None when it has none; a broken one raises RunInfoError."""
     try:
-        text = layout.run_info.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
+        raw = read_small_file(layout.run_info, MAX_RUN_INFO_BYTES)
+    except UnsafeFileError as exc:
+        if not os.path.lexists(layout.run_info):
+            return None
+        raise RunInfoError(f"{layout.run_info}: {exc}") from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RunInfoError(f"{layout.run_info}: not UTF-8 (byte {exc.start})") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RunInfoError(f"{layout.run_info}: not valid JSON ({exc})") from exc
+        data = parse_json(text, str(layout.run_info), allow_nan=True)
+    except BoundedInputError as exc:
+        raise RunInfoError(str(exc)) from None
     if not isinstance(data, dict):
         raise RunInfoError(f"{layout.run_info}: expected a JSON object")
     return RunInfo.from_json(data, _defaults(layout, text))

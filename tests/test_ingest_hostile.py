@@ -174,6 +174,44 @@ def test_a_bad_world_size_is_reported_by_name_and_the_telemetry_ingested(
     assert rows(ingest(run_dir), "SELECT count(*) FROM events") == [(1,)]  # every later pass goes on too
 
 
+RUN_JSON_ATTACKS = {
+    "fifo": (lambda path: os.mkfifo(path), "a FIFO, not a regular file: refused unread"),
+    "link to /dev/zero": (lambda path: path.symlink_to("/dev/zero"), "a symbolic link, not a regular file"),
+    "nested 100,000 deep": (lambda path: path.write_text("[" * 100_000), "JSON nested deeper than 64 levels"),
+    "5,000 digits": (
+        lambda path: path.write_text('{"name": "x", "world_size": ' + "9" * 5000 + "}"),
+        "a number of 5000 digits, more than 64",
+    ),
+    "key twice": (lambda path: path.write_text('{"name": "a", "name": "b"}'), "key 'name' is given twice"),
+}
+
+
+@pytest.mark.parametrize("attack", RUN_JSON_ATTACKS.values(), ids=RUN_JSON_ATTACKS.keys())
+def test_a_run_json_that_is_no_small_regular_json_file_is_ignored_with_its_reason_and_telemetry_ingested(
+    run_dir, telemetry, ingest, record, attack
+) -> None:
+    """Before, a FIFO blocked collect, a link to /dev/zero read until memory ran out, and deep nesting or a long
+    digit run ended in a traceback."""
+    plant, reason = attack
+    plant(RunLayout(run_dir).run_info)
+    (telemetry / "rank-00000.jsonl").write_bytes(line(record))
+    warnings: list[str] = []
+    store = ingest(run_dir, warn=warnings.append)
+    assert rows(store, "SELECT count(*) FROM events") == [(1,)]
+    assert any(w.startswith("run.json ignored: ") and reason in w for w in warnings), warnings
+
+
+def test_a_run_json_with_nan_and_infinity_in_its_config_is_read_as_python_wrote_it(
+    run_dir, telemetry, ingest, record
+) -> None:
+    info = RunInfo(name="nan", world_size=1, config={"lr_floor": float("nan"), "clip": float("inf")})
+    write_run_info(RunLayout(run_dir), info)
+    (telemetry / "rank-00000.jsonl").write_bytes(line(record))
+    warnings: list[str] = []
+    store = ingest(run_dir, warn=warnings.append)
+    assert rows(store, "SELECT name, world_size FROM run_info") == [("nan", 1)] and warnings == []
+
+
 def test_a_bad_topology_entry_is_reported_and_the_rest_of_run_json_kept(run_dir, telemetry, ingest, record) -> None:
     write_run_info(RunLayout(run_dir), RunInfo(name="topo", world_size=2))
     info = json.loads(RunLayout(run_dir).run_info.read_text())
