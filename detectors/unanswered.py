@@ -15,8 +15,9 @@ warning, cleared if an answer comes after all. A run that writes nothing after t
 from __future__ import annotations
 
 import bisect
-import time as clock
 from dataclasses import dataclass, replace
+
+import pandas as pd
 
 from .detector import Detector
 from .finding import Finding, Severity, SuggestedAction
@@ -123,7 +124,7 @@ class UnansweredRequestDetector(Detector):
         if answered is not None and answered <= due_time:
             return None
         (timeline, step), waited = self._places[at], due_time - filed.time
-        when = clock.strftime("%Y-%m-%d %H:%M:%S UTC", clock.gmtime(filed.time))
+        when = pd.Timestamp(filed.time, unit="s", tz="UTC").strftime("%Y-%m-%d %H:%M:%S UTC")
         finding = Finding(
             kind="unanswered_request",
             severity=Severity.WARNING,
