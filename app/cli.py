@@ -69,6 +69,7 @@ def _store_failed(exc: Exception) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``bedside`` command; errors are one line on stderr with exit status 2."""
     args = build_parser().parse_args(argv)
+    args.command_line = argv is None  # the process's own command line (a command may start itself again)
     try:
         return args.handler(args)
     except (BedsideError, DetectorError, OSError) as exc:

@@ -4,7 +4,6 @@ and serve the on-call dashboard from the same process."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from bedside.collectors.errors import BedsideError
@@ -47,16 +46,22 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Take the stores, then hand the main thread to Streamlit's server until SIGINT or SIGTERM."""
+    from bedside.collectors.controlkey import KEY_ENV, hold_control_key
+
     from .dashboard.server import serve_dashboard
+    from .serve_secrets import take_secrets
 
     if not args.target.is_dir():
         raise BedsideError(f"no such directory: {args.target}")
+    secrets = take_secrets(start_again=args.command_line)
+    if KEY_ENV in secrets:
+        hold_control_key(secrets[KEY_ENV])
     serve_dashboard(
         args.target,
         host=args.host,
         port=args.port,
         config=args.config,
         refresh_s=args.refresh,
-        token=os.environ.get(TOKEN_ENV, ""),
+        token=secrets.get(TOKEN_ENV, ""),
     )
     return 0

@@ -125,8 +125,19 @@ def request_signature_problem(request: Mapping[str, Any], key: bytes, run_id: st
     return None
 
 
+_held: str | None = None
+"""The key a serving process took out of its environment (``hold_control_key``), used as ``$BEDSIDE_CONTROL_KEY``."""
+
+
+def hold_control_key(value: str) -> None:
+    """Keep ``value`` as this process's ``$BEDSIDE_CONTROL_KEY`` once it is gone from the environment (``bedside
+    serve``: app/serve_secrets.py)."""
+    global _held
+    _held = value
+
+
 def _key_from_env() -> bytes | None:
-    value = os.environ.get(KEY_ENV)
+    value = _held if _held is not None else os.environ.get(KEY_ENV)
     if not value:
         return None
     if len(value.strip()) < MIN_KEY_CHARS:
