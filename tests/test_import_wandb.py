@@ -16,6 +16,7 @@ import pytest
 
 from bedside.collectors.errors import ImportFormatError
 from bedside.collectors.importers import import_wandb
+from bedside.collectors.importers.wandb_records import read_wandb_records
 from bedside.collectors.store import Store
 
 STEPS, SPIKE, START = 300, 180, 1796000000.0
@@ -130,6 +131,22 @@ def test_a_truncated_run_file_imports_what_was_written_and_says_what_was_lost(of
     assert 0 < summary.steps < STEPS
     (lost, *_) = [w for w in summary.warnings if "truncated" in w or "incomplete" in w]
     assert str(cut) in lost and "records before it were read" in lost
+
+
+def test_a_run_file_cut_at_a_record_s_end_says_it_is_incomplete(offline, tmp_path):
+    """Nothing is torn there, so only the missing exit record tells: before, such a cut imported silently (and the
+    test above failed whenever its cut fell on a record's end)."""
+    data = next((offline / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
+    whole = len(read_wandb_records(data, "whole").records)
+    at = next(
+        n
+        for n in range(len(data) // 2, len(data))
+        if not (framed := read_wandb_records(data[:n], "cut")).lost and 0 < len(framed.records) < whole
+    )
+    cut = tmp_path / "run-cut.wandb"
+    cut.write_bytes(data[:at])
+    (summary,) = import_wandb(cut, tmp_path / "run")
+    assert [w for w in summary.warnings if "ends without the run's exit record" in w]
 
 
 @pytest.mark.parametrize("shape", ["csv", "jsonl", "parquet"])

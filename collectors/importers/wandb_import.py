@@ -152,7 +152,7 @@ def _offline(path: Path, names: NameMap) -> Parsed:
     framed = read_wandb_records(read_source(path, MAX_BYTES), str(path))
     if isinstance(framed, str):
         raise ImportFormatError(f"{path}: {framed}")
-    rows = _Rows("wandb-offline")
+    rows, exited = _Rows("wandb-offline"), False
     for number, data in enumerate(framed.records):
         where = f"{path}, record {number}"
         try:
@@ -164,8 +164,14 @@ def _offline(path: Path, names: NameMap) -> Parsed:
             rows.add(_history_row(record.history, where), where)
         elif kind == "run" and record.run.display_name:
             rows.parsed.run_name = record.run.display_name
+        exited = exited or kind == "exit"
     if framed.lost:
         rows.parsed.warnings.append(framed.lost)
+    elif not exited:  # cut at a record's end: nothing is torn, but the run's last record is missing
+        rows.parsed.warnings.append(
+            f"{path}: the run file is incomplete: it ends without the run's exit record (the run is still going, "
+            f"its writer stopped, or the file was cut); {len(framed.records)} records before it were read"
+        )
     if framed.damaged:
         chunks = "1 damaged chunk" if framed.damaged == 1 else f"{framed.damaged} damaged chunks"
         rows.parsed.warnings.append(f"{path}: {chunks} skipped, with the records they held")
