@@ -19,6 +19,7 @@ object. Other views in the file are never read: the console reads only the views
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -121,10 +122,39 @@ def restore(con: duckdb.DuckDBPyConnection, versions: Versions, found: Catalog) 
             con.execute(statement)
 
 
-def check_catalog(con: duckdb.DuckDBPyConnection, versions: Versions, path: Path) -> None:
-    """StoreTamperedError naming every object in the store at ``path`` (open on ``con``) that is not our code."""
+Fingerprint = tuple[tuple[int, ...] | None, ...]
+_checked: dict[Path, tuple[Fingerprint, Versions]] = {}
+
+
+def fingerprint(path: Path) -> Fingerprint:
+    """What changes whenever the store file or its write-ahead log is written: device, inode, size, and the
+    modification and change times (a change time cannot be set back, as a modification time can)."""
+    marks: list[tuple[int, ...] | None] = []
+    for file in (path, path.with_name(f"{path.name}.wal")):
+        try:
+            info = os.stat(file)
+        except FileNotFoundError:
+            marks.append(None)
+            continue
+        marks.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+    return tuple(marks)
+
+
+def checked_before(path: Path, seen: Fingerprint, versions: Versions) -> bool:
+    """Whether this process found the store's code to be ours when its files were exactly as ``seen`` (taken
+    before they were opened): reading a store again costs no second look at its catalog."""
+    return _checked.get(path) == (seen, versions)
+
+
+def check_catalog(
+    con: duckdb.DuckDBPyConnection, versions: Versions, path: Path, seen: Fingerprint | None = None
+) -> None:
+    """StoreTamperedError naming every object in the store at ``path`` (open on ``con``) that is not our code;
+    with ``seen`` (the files' fingerprint before they were opened), a store found clean is remembered so."""
     problems = catalog_problems(read_catalog(con), expected_catalog(versions))
     if not problems:
+        if seen is not None:
+            _checked[path] = (seen, versions)
         return
     newer = _newer(versions)
     written_by = f"; its schema is newer than this bedside's ({', '.join(newer)})" if newer else ""
