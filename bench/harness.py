@@ -66,8 +66,8 @@ STAGES = (
         "1,024 ranks for {BEDSIDE_SOAK_SECONDS} s",
     ),
     Stage(
-        "hostile lines, file names, run.json and control requests refused with a reason",
-        ("tests/test_fuzz_ingest.py", "tests/test_fuzz_control.py"),
+        "hostile lines, file names, run.json, control requests and audit trails refused with a reason",
+        ("tests/test_fuzz_ingest.py", "tests/test_fuzz_control.py", "tests/test_fuzz_audit.py"),
         {"BEDSIDE_FUZZ_EXAMPLES": 0},
         {"BEDSIDE_FUZZ_EXAMPLES": 5000},
         "hypothesis examples per property: {BEDSIDE_FUZZ_EXAMPLES} (0: the tests' own default)",

@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from .bounded import BoundedInputError, parse_json
+from .bounded import MAX_NAME_CHARS, BoundedInputError, parse_json
 from .control import request_action
 from .layout import RunLayout
 from .safefile import UnsafeFileError, file_type, read_small_file
@@ -44,6 +44,8 @@ _TAIL_BYTES = 1 << 16
 MAX_OPERATOR_CHARS = 64
 MAX_ENTRY_BYTES = 256 << 10
 """One entry's line: four times the largest control request (``control.MAX_REQUEST_BYTES``) it may record."""
+MAX_FILED_TIME = 1e11
+"""The latest filing time a filing copied to the store may carry (the year 5138): past it, no clock wrote it."""
 MAX_TRAIL_BYTES = 64 << 20
 """The whole trail: about 200,000 entries of a few hundred bytes; a larger file is refused unread."""
 TRAIL_WHERE = f"control/{AUDIT_NAME}"
@@ -297,20 +299,27 @@ def filed_table(entries: list[dict[str, Any]]) -> pa.Table:
         e
         for e in entries
         if isinstance(e.get("request_id"), str)
+        and 0 < len(e["request_id"]) <= MAX_NAME_CHARS
         and isinstance(e.get("time"), (int, float))
-        and isinstance(e.get("seq"), int)
+        and not isinstance(e.get("time"), bool)
+        and 0 <= e["time"] <= MAX_FILED_TIME
     ]
     return pa.table(
         {
             "request_id": pa.array([e["request_id"] for e in filed], pa.string()),
             "filed_at": pa.array([float(e["time"]) for e in filed], pa.float64()),
-            "action": pa.array([str(e.get("what") or "") for e in filed], pa.string()),
-            "operator": pa.array([e.get("operator") for e in filed], pa.string()),
-            "reason": pa.array([e.get("reason") for e in filed], pa.string()),
+            "action": pa.array([_text(e.get("what")) or "" for e in filed], pa.string()),
+            "operator": pa.array([_text(e.get("operator")) for e in filed], pa.string()),
+            "reason": pa.array([_text(e.get("reason")) for e in filed], pa.string()),
             "args": pa.array([json.dumps(e.get("args") or {}) for e in filed], pa.string()),
-            "audit_seq": pa.array([int(e["seq"]) for e in filed], pa.int64()),
+            "audit_seq": pa.array([e["seq"] for e in filed], pa.int64()),
         }
     )
+
+
+def _text(value: Any) -> str | None:
+    """A text field of an entry as text; anything else (a rewrite may put any JSON there) as missing."""
+    return value if isinstance(value, str) else None
 
 
 def entries_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:

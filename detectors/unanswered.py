@@ -124,7 +124,7 @@ class UnansweredRequestDetector(Detector):
         if answered is not None and answered <= due_time:
             return None
         (timeline, step), waited = self._places[at], due_time - filed.time
-        when = pd.Timestamp(filed.time, unit="s", tz="UTC").strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = _when(filed.time)
         finding = Finding(
             kind="unanswered_request",
             severity=Severity.WARNING,
@@ -165,6 +165,14 @@ class UnansweredRequestDetector(Detector):
     def _cleared(finding: Finding) -> Finding:
         """A finding whose request was answered after all, cleared."""
         return replace(finding, active=False, summary=f"{finding.summary}; answered later after all")
+
+
+def _when(time: float) -> str:
+    """A filing time in words (unix seconds no calendar holds, as they are)."""
+    try:
+        return pd.Timestamp(time, unit="s", tz="UTC").strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (ValueError, OverflowError):
+        return f"at unix time {time:g}"
 
 
 def _text(value: object) -> str:
