@@ -54,7 +54,7 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
             parse_int=_integer,
             parse_float=_short_float if allow_nan else _float,
             parse_constant=float if allow_nan else _constant,
-            object_pairs_hook=_object,
+            object_pairs_hook=unique_keys,
         )
     except RecursionError:
         raise BoundedInputError(f"{where}: JSON nested deeper than {max_depth} levels") from None
@@ -143,7 +143,9 @@ def _float(text: str) -> float:
     return value
 
 
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook`` for outside JSON: an object, or BoundedInputError when it gives a
+    key twice (which of the two counts is anyone's guess)."""
     value: dict[str, Any] = {}
     for name, item in pairs:
         if name in value:

@@ -290,12 +290,15 @@ def test_a_huge_csv_cell_is_named(tmp_path, kind, size):
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "wandb jsonl"])
-def test_deep_json_and_a_huge_name_are_named(tmp_path, kind):
+def test_deep_json_a_key_given_twice_and_a_huge_name_are_named(tmp_path, kind):
     importer, name, good = TEXT_IMPORTS[kind]
     (tmp_path / name).write_text(good + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(BoundedInputError, match=rf"{re.escape(name)}, line 3: JSON nested deeper than 64"):
         importer(tmp_path / name, tmp_path / "run")
     step = "_step" if kind == "wandb jsonl" else "step"
+    (tmp_path / name).write_text(good + f'{{"{step}": 2, "loss": 1.0, "loss": 9.0}}\n')
+    with pytest.raises(BoundedInputError, match=rf"{re.escape(name)}, line 3: key 'loss' is given twice"):
+        importer(tmp_path / name, tmp_path / "run")
     (tmp_path / name).write_text(good + json.dumps({step: 2, "n" * (128 << 10): 1.0}) + "\n")
     with pytest.raises(BoundedInputError, match=rf"{re.escape(name)}, line 3: a metric name of {128 << 10} char"):
         importer(tmp_path / name, tmp_path / "run")

@@ -22,6 +22,7 @@ from ..bounded import (
     BoundedInputError,
     json_depth,
     short,
+    unique_keys,
 )
 from ..errors import ImportFormatError
 from ..format import ENVELOPE_FIELDS, MAX_EXACT_INTEGER, MAX_RANK, RANK_STEP_METRICS, STEP_METRICS
@@ -97,9 +98,10 @@ def json_object(line: str, where: str) -> dict[str, Any]:
 
 def json_value(text: str, where: str) -> Any:
     """The JSON value of ``text`` (``NaN`` and ``Infinity`` allowed), read in linear time: nesting past
-    ``MAX_JSON_DEPTH`` or a number of more than ``MAX_NUMBER_CHARS`` characters is a BoundedInputError."""
+    ``MAX_JSON_DEPTH``, a number of more than ``MAX_NUMBER_CHARS`` characters or an object giving a key twice is
+    a BoundedInputError."""
     try:
-        value = json.loads(text, parse_int=_json_number, parse_float=_json_number)
+        value = json.loads(text, parse_int=_json_number, parse_float=_json_number, object_pairs_hook=unique_keys)
     except RecursionError:
         raise BoundedInputError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except BoundedInputError as exc:
