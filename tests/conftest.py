@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from receiver import Receiver
 
-from bedside.collectors.controlkey import ensure_control_key
+from bedside.collectors.controlkey import KEY_ENV, ensure_control_key
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
+from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
 
 CLI_TIMEOUT_S = 120
@@ -294,6 +295,18 @@ def tiny_faults(tmp_path: Path) -> Path:
     )
     ensure_control_key(RunLayout(run))  # as its trainer did when it started: requests can be signed
     return run
+
+
+@pytest.fixture
+def control_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunLayout:
+    """A live run's folder as the trainer leaves it, before any telemetry: run.json, the control key and an empty
+    ``control/requests/``; no key in the environment."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    layout = RunLayout(tmp_path / "run")
+    layout.control_requests.mkdir(parents=True)
+    write_run_info(layout, RunInfo(name="run", world_size=2))
+    ensure_control_key(layout)
+    return layout
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,3 +154,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now (a server's health check)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False

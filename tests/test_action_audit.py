@@ -7,26 +7,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from pathlib import Path
-
-import pytest
 
 from bedside.app.cli import main as bedside_here
 from bedside.collectors import audit
-from bedside.collectors.controlkey import KEY_ENV, ensure_control_key
 from bedside.collectors.layout import RunLayout
-from bedside.collectors.runinfo import RunInfo, write_run_info
-
-
-@pytest.fixture
-def layout(tmp_path: Path, monkeypatch) -> RunLayout:
-    """A live run's folder as the trainer leaves it: run.json and the control key."""
-    monkeypatch.delenv(KEY_ENV, raising=False)
-    layout = RunLayout(tmp_path / "run")
-    layout.control_requests.mkdir(parents=True)
-    write_run_info(layout, RunInfo(name="run", world_size=2))
-    ensure_control_key(layout)
-    return layout
 
 
 def action(layout: RunLayout, *args: str) -> str:
@@ -46,10 +30,10 @@ def entries(layout: RunLayout) -> list[dict]:
     return [json.loads(line) for line in audit.audit_path(layout).read_text().splitlines()]
 
 
-def test_each_filed_request_is_one_chained_entry_of_the_audit_trail(layout: RunLayout) -> None:
-    rewind = action(layout, "rewind", "--to-step", "40", "--reason", "loss spike", "--operator", "ana")
-    pause = action(layout, "pause", "--reason", "look first", "--operator", "bob")
-    first, second = entries(layout)
+def test_each_filed_request_is_one_chained_entry_of_the_audit_trail(control_run: RunLayout) -> None:
+    rewind = action(control_run, "rewind", "--to-step", "40", "--reason", "loss spike", "--operator", "ana")
+    pause = action(control_run, "pause", "--reason", "look first", "--operator", "bob")
+    first, second = entries(control_run)
     assert first == {
         "seq": 0,
         "time": first["time"],
@@ -63,25 +47,34 @@ def test_each_filed_request_is_one_chained_entry_of_the_audit_trail(layout: RunL
         "hash": audit.entry_hash(first),
     }
     assert (second["seq"], second["what"], second["request_id"], second["prev"]) == (1, "pause", pause, first["hash"])
-    assert sorted(p.stem for p in layout.control_requests.glob("*.json")) == sorted([rewind, pause])
+    assert sorted(p.stem for p in control_run.control_requests.glob("*.json")) == sorted([rewind, pause])
 
 
-def test_audit_verify_in_a_new_process_accepts_the_trail_bedside_action_wrote(layout: RunLayout, bedside) -> None:
+def test_audit_verify_in_a_new_process_accepts_the_trail_bedside_action_wrote(control_run: RunLayout, bedside) -> None:
     _, printed = action_lines(
-        layout, "skip", "--first-batch", "180", "--last-batch", "199", "--reason", "bad batches", "--operator", "ana"
+        control_run,
+        "skip",
+        "--first-batch",
+        "180",
+        "--last-batch",
+        "199",
+        "--reason",
+        "bad batches",
+        "--operator",
+        "ana",
     )
-    head = entries(layout)[-1]["hash"]
+    head = entries(control_run)[-1]["hash"]
     assert printed == f"audit head 0:{head}"
-    done = bedside("audit", "verify", layout.root, "--head", printed.removeprefix("audit head "))
+    done = bedside("audit", "verify", control_run.root, "--head", printed.removeprefix("audit head "))
     assert done.returncode == 0, done.stderr
     assert f"1 entries, chain intact, head entry 0 {head[:16]} (checked against the head given (entry 0); " in (
         done.stdout
     )
 
 
-def test_a_refused_request_files_nothing_and_leaves_no_entry(layout: RunLayout, capsys) -> None:
-    assert bedside_here(["action", str(layout.root), "skip", "--first-batch", "4", "--reason", "x"]) == 2
-    assert bedside_here(["action", str(layout.root), "pause", "--reason", "x", "--operator", "a\u202eb"]) == 2
+def test_a_refused_request_files_nothing_and_leaves_no_entry(control_run: RunLayout, capsys) -> None:
+    assert bedside_here(["action", str(control_run.root), "skip", "--first-batch", "4", "--reason", "x"]) == 2
+    assert bedside_here(["action", str(control_run.root), "pause", "--reason", "x", "--operator", "a\u202eb"]) == 2
     assert "skip needs --last-batch" in capsys.readouterr().err
-    assert not audit.audit_path(layout).exists()
-    assert list(layout.control_requests.iterdir()) == []
+    assert not audit.audit_path(control_run).exists()
+    assert list(control_run.control_requests.iterdir()) == []

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pandas as pd
 import pytest
 from chromium import CHROMIUM, launch
 from dashboard_app import store_facts
+from receiver import answers, free_port
 from sql_attacks import ATTACKS, SAMPLE
 
 from bedside.app.cli import build_parser
@@ -126,20 +126,6 @@ def tail(log: Path) -> str:
 
 
 # -- bedside serve ------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 class Served:
     """``serve(TARGET, token)`` starts ``bedside serve TARGET`` on a free port, with the operator token or
     without any, and gives its URL; ``serve.stop()`` stops every one started (each runs in a process group

@@ -9,11 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from receiver import free_port
+from receiver import answers, free_port
 
 from bedside.app.serve_secrets import FD_ENV, take_secrets
 from bedside.collectors import controlkey
@@ -22,14 +21,6 @@ from bedside.collectors.layout import RunLayout
 
 KEY, TOKEN = "a marker key that must not leak 0123", "a marker operator token 4567"
 START_S = 120.0  # a liveness bound: Streamlit's start on a loaded machine
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")

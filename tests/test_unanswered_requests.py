@@ -7,27 +7,13 @@ entries (``bedside action`` and ``audit.record``)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
-
-import pytest
 
 from bedside.collectors import audit
 from bedside.collectors.control import build_request
-from bedside.collectors.controlkey import KEY_ENV, ensure_control_key, run_identity, sign_request
+from bedside.collectors.controlkey import ensure_control_key, run_identity, sign_request
 from bedside.collectors.format import STEP_METRICS, encode_line
 from bedside.collectors.layout import RunLayout
-from bedside.collectors.runinfo import RunInfo, write_run_info
-
-
-def bedside(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
-    return subprocess.run(
-        [sys.executable, "-m", "bedside.app.cli", *args], capture_output=True, text=True, timeout=120, env=env
-    )
 
 
 def telemetry(layout: RunLayout, t0: float, steps: int, period_s: float, actions: list[dict]) -> None:
@@ -50,32 +36,28 @@ def telemetry(layout: RunLayout, t0: float, steps: int, period_s: float, actions
     layout.rank_file(0).write_text(text)
 
 
-@pytest.fixture
-def run(tmp_path: Path, monkeypatch) -> RunLayout:
-    monkeypatch.delenv(KEY_ENV, raising=False)
-    layout = RunLayout(tmp_path / "run")
-    layout.control_requests.mkdir(parents=True)
-    write_run_info(layout, RunInfo(name="lost-requests", world_size=1))
-    ensure_control_key(layout)
-    return layout
-
-
-def test_a_deleted_and_a_hidden_request_are_reported_not_applied_and_an_answered_one_is_not(run: RunLayout) -> None:
+def test_a_deleted_and_a_hidden_request_are_reported_not_applied_and_an_answered_one_is_not(
+    control_run: RunLayout, bedside
+) -> None:
     now = time.time()
-    done = bedside("action", str(run.root), "pause", "--reason", "look", "--operator", "ana")
+    done = bedside("action", str(control_run.root), "pause", "--reason", "look", "--operator", "ana")
     assert done.returncode == 0, done.stderr
     answered = done.stdout.split()[0]
-    done = bedside("action", str(run.root), "rewind", "--to-step", "3", "--reason", "spike", "--operator", "ana")
+    done = bedside(
+        "action", str(control_run.root), "rewind", "--to-step", "3", "--reason", "spike", "--operator", "ana"
+    )
     assert done.returncode == 0, done.stderr
     deleted = done.stdout.split()[0]
-    (run.control_requests / f"{deleted}.json").unlink()  # whoever can write requests/ can delete it
+    (control_run.control_requests / f"{deleted}.json").unlink()  # whoever can write requests/ can delete it
     hidden = build_request("stop", {}, operator="bo", reason="end it")
-    hidden = {**hidden, "run_id": run_identity(run)}
-    hidden["signature"] = sign_request(hidden, ensure_control_key(run))
-    audit.record(run, operator="bo", what="stop", reason="end it", request_id=hidden["request_id"])
-    (run.control_requests / f".{hidden['request_id']}.json").write_text(json.dumps(hidden))  # a dot-file: unread
+    hidden = {**hidden, "run_id": run_identity(control_run)}
+    hidden["signature"] = sign_request(hidden, ensure_control_key(control_run))
+    audit.record(control_run, operator="bo", what="stop", reason="end it", request_id=hidden["request_id"])
+    (control_run.control_requests / f".{hidden['request_id']}.json").write_text(
+        json.dumps(hidden)
+    )  # a dot-file: unread
     telemetry(
-        run,
+        control_run,
         now - 5.0,
         steps=60,
         period_s=1.0,
@@ -84,13 +66,15 @@ def test_a_deleted_and_a_hidden_request_are_reported_not_applied_and_an_answered
             {"time": now + 1.6, "step": 6, "action": "pause", "status": "applied", "request_id": answered},
         ],
     )
-    done = bedside("detect", str(run.root), "--json")
+    done = bedside("detect", str(control_run.root), "--json")
     assert done.returncode == 0, done.stderr
     findings = [json.loads(line) for line in done.stdout.splitlines()]
     lost = {f["evidence"]["request_id"]: f for f in findings if f["kind"] == "unanswered_request"}
     assert sorted(lost) == sorted([deleted, hidden["request_id"]])
     assert lost[deleted]["severity"] == "warning" and "was not applied" in lost[deleted]["summary"]
-    done = bedside("query", str(run.root), "SELECT request_id, status FROM control_requests ORDER BY request_id")
+    done = bedside(
+        "query", str(control_run.root), "SELECT request_id, status FROM control_requests ORDER BY request_id"
+    )
     assert done.returncode == 0, done.stderr
     statuses = dict(line.split(None, 1) for line in done.stdout.splitlines()[1:])
     assert statuses == {answered: "applied", deleted: "not answered", hidden["request_id"]: "not answered"}
