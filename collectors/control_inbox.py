@@ -167,17 +167,21 @@ class RequestInbox:
             return Request(request_id, problem=f"duplicate: request {request_id} was already received")
         request = _read(target, self.key, self.run_id, now=time.time())
         if request.problem is not None:
-            os.replace(target, self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json")
+            os.replace(target, self._refused(request_id))
         return request
 
     def _set_aside(self, path: Path, request_id: str, problem: str) -> Request | None:
         """Refuse the entry at ``path`` unread, moved to ``processed/`` under a safe, bounded name."""
         self.processed.mkdir(parents=True, exist_ok=True)
         try:
-            os.replace(path, self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json")
+            os.replace(path, self._refused(request_id))
         except FileNotFoundError:
             return None
         return Request(request_id, problem=problem)
+
+    def _refused(self, request_id: str) -> Path:
+        """Where a refused entry is kept (never handed over again after a restart)."""
+        return self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json"
 
 
 def _read(path: Path, key: bytes | str, run_id: str, now: float | None = None) -> Request:

@@ -72,7 +72,7 @@ def request_answer(layout: RunLayout, request_id: str) -> dict | None:
         for r in tail_records(layout.rank_file(0), TAIL_BYTES)
         if r.get("kind") == Kind.ACTION and r.get("request_id") == request_id and isinstance(r.get("status"), str)
     ]
-    return max(answers, key=lambda r: r.get("seq", 0) if isinstance(r.get("seq"), int) else 0, default=None)
+    return answers[-1] if answers else None  # the file's order is the order rank 0 wrote them
 
 
 def await_answer(layout: RunLayout, request_id: str, wait_s: float, poll_s: float = 0.25) -> dict | None:
