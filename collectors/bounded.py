@@ -36,13 +36,24 @@ class BoundedInputError(BedsideError, ValueError):
     """Bytes from outside refused by a limit or a format check; the message names what and where."""
 
 
-def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH, allow_nan: bool = False) -> Any:
+class NotJsonError(BoundedInputError):
+    """Bytes from outside that are no JSON at all (a syntax error), rather than JSON past a limit."""
+
+
+def parse_json(
+    text: str | bytes,
+    where: str,
+    *,
+    max_depth: int = MAX_JSON_DEPTH,
+    allow_nan: bool = False,
+    overflow_to_inf: bool = False,
+) -> Any:
     """The JSON value in ``text`` (UTF-8 when bytes), read in linear time; BoundedInputError naming
     ``where`` and the problem for bad UTF-8, bad JSON, nesting past ``max_depth``, a number that has
-    more than ``MAX_NUMBER_CHARS`` characters, one that is not finite or past ``MAX_ABS_NUMBER`` and
-    NaN/Infinity (unless ``allow_nan``: Python's own writer writes them, and a reader that checks each
-    field may keep them, as ``run.json``'s does), or an object that gives a key twice (which of the two
-    counts is anyone's guess)."""
+    more than ``MAX_NUMBER_CHARS`` characters or a magnitude past ``MAX_ABS_NUMBER``, NaN/Infinity
+    (unless ``allow_nan``: Python's own writer spells them so, and a loss may be NaN), or an object that
+    gives a key twice (which of the two counts is anyone's guess). ``overflow_to_inf`` reads a number past
+    float's range as infinite instead, for a reader that checks and names each field (``run.json``)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -52,16 +63,16 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
         value = json.loads(
             text,
             parse_int=_integer,
-            parse_float=_short_float if allow_nan else _float,
+            parse_float=_short_float if overflow_to_inf else _float,
             parse_constant=float if allow_nan else _constant,
-            object_pairs_hook=unique_keys,
+            object_pairs_hook=_unique_keys,
         )
     except RecursionError:
         raise BoundedInputError(f"{where}: JSON nested deeper than {max_depth} levels") from None
     except BoundedInputError as error:
         raise BoundedInputError(f"{where}: {error}") from None
     except ValueError as error:  # JSONDecodeError included
-        raise BoundedInputError(f"{where}: not valid JSON: {str(error).split(';')[0]}") from None
+        raise NotJsonError(f"{where}: not valid JSON: {str(error).split(';')[0]}") from None
     if (depth := json_depth(value)) > max_depth:
         raise BoundedInputError(f"{where}: JSON nested {depth} levels deep, more than {max_depth}")
     return value
@@ -123,7 +134,7 @@ def short(value: Any, limit: int = 40) -> str:
 
 def _integer(text: str) -> int | float:
     if len(text) > MAX_NUMBER_CHARS:
-        raise BoundedInputError(f"a number of {len(text)} digits, more than {MAX_NUMBER_CHARS}")
+        raise BoundedInputError(f"a number of {len(text)} characters, more than {MAX_NUMBER_CHARS}")
     value = int(text)
     if abs(value) > MAX_ABS_NUMBER:
         raise BoundedInputError(f"the number {text} is out of range")
@@ -143,7 +154,7 @@ def _float(text: str) -> float:
     return value
 
 
-def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``json.loads``'s ``object_pairs_hook`` for outside JSON: an object, or BoundedInputError when it gives a
     key twice (which of the two counts is anyone's guess)."""
     value: dict[str, Any] = {}

@@ -215,7 +215,7 @@ def read_run_info(layout: RunLayout) -> RunInfo | None:
     except UnicodeDecodeError as exc:
         raise RunInfoError(f"{layout.run_info}: not UTF-8 (byte {exc.start})") from None
     try:
-        data = parse_json(text, str(layout.run_info), allow_nan=True)
+        data = parse_json(text, str(layout.run_info), allow_nan=True, overflow_to_inf=True)
     except BoundedInputError as exc:
         raise RunInfoError(str(exc)) from None
     if not isinstance(data, dict):

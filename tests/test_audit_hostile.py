@@ -42,7 +42,7 @@ def verify(bedside, layout: RunLayout, *options: str) -> subprocess.CompletedPro
     [
         pytest.param(b'{"seq":3,"loss":NaN}', "NaN is not a number JSON allows", id="NaN"),
         pytest.param(b"[" * 100_000 + b"]" * 100_000, "JSON nested deeper than 64 levels", id="100k deep"),
-        pytest.param(b'{"seq":' + b"7" * 5000 + b"}", "a number of 5000 digits, more than 64", id="5000 digits"),
+        pytest.param(b'{"seq":' + b"7" * 5000 + b"}", "a number of 5000 characters, more than 64", id="5000 digits"),
         pytest.param(b'{"seq":3,"time":1e400}', "the number 1e400 is out of range", id="1e400"),
         pytest.param(b'{"seq":3,"time":-1e400}', "the number -1e400 is out of range", id="-1e400"),
     ],

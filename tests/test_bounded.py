@@ -27,7 +27,7 @@ from bedside.collectors.bounded import (
 HOSTILE = {
     "nested far past the parser's recursion": ("[" * 100_000, "nested deeper than"),
     "nested past the limit": ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), "nested 65 levels deep"),
-    "an integer of 5,000 digits": ('{"a": ' + "7" * 5000 + "}", "5000 digits"),
+    "an integer of 5,000 digits": ('{"a": ' + "7" * 5000 + "}", "a number of 5000 characters"),
     "a float past float64": ("1e400", "out of range"),
     "NaN": ('{"x": NaN}', "NaN is not a number JSON allows"),
     "-Infinity": ("[-Infinity]", "-Infinity is not a number"),

@@ -244,7 +244,7 @@ LONG_NAME = "r" * 250
         (
             "req-digits",
             '{"request_id": "req-digits", "requested_at": ' + "9" * 401 + "}",
-            "unreadable request: req-digits.json: a number of 401 digits, more than 64",
+            "unreadable request: req-digits.json: a number of 401 characters, more than 64",
         ),
         ("req-nan", '{"request_id": "req-nan", "requested_at": NaN}', "NaN is not a number JSON allows"),
         ("req-binary", b"\xff\xfe{}", "unreadable request: req-binary.json: not UTF-8 (byte 0)"),

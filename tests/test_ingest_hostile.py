@@ -180,7 +180,7 @@ RUN_JSON_ATTACKS = {
     "nested 100,000 deep": (lambda path: path.write_text("[" * 100_000), "JSON nested deeper than 64 levels"),
     "5,000 digits": (
         lambda path: path.write_text('{"name": "x", "world_size": ' + "9" * 5000 + "}"),
-        "a number of 5000 digits, more than 64",
+        "a number of 5000 characters, more than 64",
     ),
     "key twice": (lambda path: path.write_text('{"name": "a", "name": "b"}'), "key 'name' is given twice"),
 }

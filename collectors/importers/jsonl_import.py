@@ -8,7 +8,6 @@ next one where a series' step goes back (``restarts.py``).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +16,11 @@ from typing import Any
 from ..bounded import (
     MAX_ABS_NUMBER,
     MAX_CELL_CHARS,
-    MAX_JSON_DEPTH,
     MAX_NUMBER_CHARS,
     BoundedInputError,
-    json_depth,
+    NotJsonError,
+    parse_json,
     short,
-    unique_keys,
 )
 from ..errors import ImportFormatError
 from ..format import ENVELOPE_FIELDS, MAX_EXACT_INTEGER, MAX_RANK, RANK_STEP_METRICS, STEP_METRICS
@@ -97,30 +95,12 @@ def json_object(line: str, where: str) -> dict[str, Any]:
 
 
 def json_value(text: str, where: str) -> Any:
-    """The JSON value of ``text`` (``NaN`` and ``Infinity`` allowed), read in linear time: nesting past
-    ``MAX_JSON_DEPTH``, a number of more than ``MAX_NUMBER_CHARS`` characters or an object giving a key twice is
-    a BoundedInputError."""
+    """The JSON value of ``text`` read by the bounded parser, ``NaN`` and ``Infinity`` allowed (a NaN loss is a
+    finding)."""
     try:
-        value = json.loads(text, parse_int=_json_number, parse_float=_json_number, object_pairs_hook=unique_keys)
-    except RecursionError:
-        raise BoundedInputError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except BoundedInputError as exc:
-        raise BoundedInputError(f"{where}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ImportFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if (depth := json_depth(value)) > MAX_JSON_DEPTH:
-        raise BoundedInputError(f"{where}: JSON nested {depth} levels deep, more than {MAX_JSON_DEPTH}")
-    return value
-
-
-def _json_number(text: str) -> Number:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise BoundedInputError(f"a number of {len(text)} characters, more than {MAX_NUMBER_CHARS}")
-    if text.lstrip("-").isdigit():
-        return int(text)
-    if not math.isfinite(value := float(text)):
-        raise BoundedInputError(f"the number {text} is out of range")
-    return value
+        return parse_json(text, where, allow_nan=True)
+    except NotJsonError as error:  # a file of the wrong format, not one past a limit
+        raise ImportFormatError(str(error)) from None
 
 
 def _bedside_record(obj: dict[str, Any], where: str) -> Record:
