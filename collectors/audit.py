@@ -341,7 +341,7 @@ def _next_link(descriptor: int) -> tuple[int, str]:
         os.write(descriptor, b"\n")
         tail += b"\n"
     last = tail[:-1].rsplit(b"\n", 1)[-1]
-    entry = _parsed(last)
+    entry, _ = _parsed_line(0, last)
     if entry is not None and isinstance(entry.get("seq"), int) and isinstance(entry.get("hash"), str):
         return entry["seq"] + 1, entry["hash"]
     return _count_lines(descriptor), hashlib.sha256(last).hexdigest()  # chained to what is there: verify names it
@@ -352,14 +352,6 @@ def _count_lines(descriptor: int) -> int:
     while chunk := os.pread(descriptor, 1 << 20, offset):
         count, offset = count + chunk.count(b"\n"), offset + len(chunk)
     return count
-
-
-def _parsed(line: bytes) -> dict[str, Any] | None:
-    try:
-        entry = parse_json(line, "an audit entry")
-    except BoundedInputError:
-        return None
-    return entry if isinstance(entry, dict) else None
 
 
 def _parsed_line(number: int, line: bytes) -> tuple[dict[str, Any] | None, str | None]:

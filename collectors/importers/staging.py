@@ -17,8 +17,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..errors import ImportFormatError
-
-RUN_INFO = "run.json"
+from ..layout import RUN_INFO_NAME
 
 
 @contextmanager
@@ -66,7 +65,7 @@ def _move_into_place(folder: Path, target: Path) -> None:
     if not target.exists():
         os.rename(folder, target)
         return
-    entries = sorted(folder.iterdir(), key=lambda entry: entry.name == RUN_INFO)
+    entries = sorted(folder.iterdir(), key=lambda entry: entry.name == RUN_INFO_NAME)
     if clash := next((entry.name for entry in entries if (target / entry.name).exists()), None):
         raise ImportFormatError(f"{target}: already holds {clash}; import into a new directory")
     for entry in entries:

@@ -10,6 +10,7 @@ memory from the raw telemetry through the same schemas (see ``collectors.query``
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -123,7 +124,7 @@ class Store:
         if read_only and (path is None or not path.exists()):
             raise StoreError(f"no store at {path}")
         existed = path is not None and path.exists()
-        seen = _fingerprint(path) if existed and path is not None else None
+        seen = fingerprint(path) if existed and path is not None else None
         try:
             config = STORE_CONFIG | ({"memory_limit": memory_limit} if memory_limit else {})
             con = duckdb.connect(str(path) if path else ":memory:", read_only=read_only, config=config)
@@ -140,7 +141,7 @@ class Store:
             store.migrate()
         return store
 
-    def trust_code(self, seen: tuple | None = None) -> None:
+    def trust_code(self, seen: Fingerprint | None = None) -> None:
         """Make sure the store's views and macros are our migrations' (``catalog``): the owner puts ours back, and
         anything else not ours closes the store with a StoreTamperedError naming it. ``seen``: the files'
         fingerprint before they were opened; a reader of files unchanged since this process checked them trusts
@@ -298,10 +299,21 @@ class Store:
         self.cursor().execute(self.query_text(name), params)
 
 
-def _fingerprint(path: Path) -> tuple:
-    from .catalog import fingerprint  # catalog builds on this module
+Fingerprint = tuple[tuple[int, ...] | None, ...]
 
-    return fingerprint(path)
+
+def fingerprint(path: Path) -> Fingerprint:
+    """What changes whenever the store file or its write-ahead log is written: device, inode, size, and the
+    modification and change times (a change time cannot be set back, as a modification time can)."""
+    marks: list[tuple[int, ...] | None] = []
+    for file in (path, path.with_name(f"{path.name}.wal")):
+        try:
+            info = os.stat(file)
+        except FileNotFoundError:
+            marks.append(None)
+            continue
+        marks.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+    return tuple(marks)
 
 
 def move_aside(path: Path) -> Path | None:

@@ -19,7 +19,6 @@ object. Other views in the file are never read: the console reads only the views
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 import duckdb
 
 from ..errors import StoreTamperedError
-from . import Schema, open_sandbox, sql
+from . import Fingerprint, Schema, open_sandbox, sql
 
 DEFINES = re.compile(r"^\s*CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)\s+(\w+)", re.IGNORECASE | re.MULTILINE)
 CATALOG_PARTS = ("views", "macros", "types", "tables")
@@ -122,22 +121,7 @@ def restore(con: duckdb.DuckDBPyConnection, versions: Versions, found: Catalog) 
             con.execute(statement)
 
 
-Fingerprint = tuple[tuple[int, ...] | None, ...]
 _checked: dict[Path, tuple[Fingerprint, Versions]] = {}
-
-
-def fingerprint(path: Path) -> Fingerprint:
-    """What changes whenever the store file or its write-ahead log is written: device, inode, size, and the
-    modification and change times (a change time cannot be set back, as a modification time can)."""
-    marks: list[tuple[int, ...] | None] = []
-    for file in (path, path.with_name(f"{path.name}.wal")):
-        try:
-            info = os.stat(file)
-        except FileNotFoundError:
-            marks.append(None)
-            continue
-        marks.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
-    return tuple(marks)
 
 
 def checked_before(path: Path, seen: Fingerprint, versions: Versions) -> bool:
