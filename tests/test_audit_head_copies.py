@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 from receiver import Receiver
 
 from bedside.app.service.alerts.payload import schema
@@ -51,6 +52,7 @@ def rewrite_consistently(layout: RunLayout, reason: str) -> None:
     audit.audit_path(layout).write_bytes(b"".join(audit.canonical_line(e) for e in entries))
 
 
+@pytest.mark.slow(reason="bedside watch follows a whole sample run to its end, alerting a real receiver")
 def test_alerts_carry_the_head_and_a_copy_from_chat_catches_a_consistent_rewrite_with_the_store_deleted(
     tiny_faults: Path, tmp_path: Path, receiver: Receiver, bedside
 ) -> None:
