@@ -18,11 +18,12 @@ class UnsafeFileError(OSError):
     """A file refused unread (not a regular file, too large) or unreadable; the message says why."""
 
 
-def open_regular_file(path: Path) -> int:
-    """A read-only descriptor of the regular file ``path``; UnsafeFileError naming the problem otherwise
-    (FileNotFoundError passes through: a file that went away is no threat)."""
+def open_regular_file(path: Path, *, dir_fd: int | None = None) -> int:
+    """A read-only descriptor of the regular file ``path`` (relative to the open folder ``dir_fd`` when given);
+    UnsafeFileError naming the problem otherwise (FileNotFoundError passes through: a file that went away is no
+    threat)."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as error:
@@ -34,10 +35,11 @@ def open_regular_file(path: Path) -> int:
     return descriptor
 
 
-def read_small_file(path: Path, max_bytes: int) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``max_bytes``); UnsafeFileError naming the problem."""
+def read_small_file(path: Path, max_bytes: int, *, dir_fd: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``max_bytes``; relative to ``dir_fd`` when given);
+    UnsafeFileError naming the problem."""
     try:
-        descriptor = open_regular_file(path)
+        descriptor = open_regular_file(path, dir_fd=dir_fd)
     except FileNotFoundError as error:
         raise UnsafeFileError(_open_problem(path, error)) from None
     try:
