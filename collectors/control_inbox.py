@@ -8,7 +8,14 @@ Anyone who can write into ``requests/`` can drop anything there, so only regular
 ``MAX_REQUEST_BYTES`` are read, opened without following links and without blocking (a FIFO, a
 link to ``/dev/zero``, a directory are refused unread), and only requests signed with the run's
 control key for this run's id (``controlkey.py``) are applied. A request refused for what it is,
-rather than for what it asks, is kept as ``processed/<id>.refused-<ns>.json``.
+rather than for what it asks, is kept as ``processed/<id>.refused-<ns>.json``. Whoever can write
+``control/`` can swap ``requests/`` or ``processed/`` for a link (to the run folder, say): both
+folders are opened without following a link and every entry is moved and read relative to them, so
+nothing outside them is ever touched; a folder that is no folder is refused, said once. An entry no
+request can be (a hidden or non-``.json`` name) is a writer's file in flight while young, and set
+aside once ``STRAY_AGE_S`` old, so junk cannot stay to be listed again at every step; a look
+examines at most ``MAX_ENTRIES_PER_LOOK`` entries and takes at most ``MAX_TAKEN_PER_LOOK`` requests
+(the rest wait for the next step boundary), so no number of files makes one step slow.
 
 ``ControlState`` (the ids handled and the pause) belongs in the loop's checkpoints. After a
 restart, each request taken since the restored checkpoint was saved is handed over again
@@ -23,6 +30,8 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,12 +40,16 @@ from .bounded import MAX_NAME_CHARS, BoundedInputError, file_name_part, finite_n
 from .control import MAX_LIFETIME_S
 from .controlkey import ControlKeyError, ensure_control_key, request_signature_problem, run_identity
 from .layout import RunLayout
-from .safefile import read_small_file
+from .safefile import file_type, read_small_file
 
 _SETTLE_NS = 50_000_000  # a folder changed this recently may change again within its mtime's resolution
 _DUPLICATE = ".duplicate-"  # processed/<id>.duplicate-<ns>.json: a request filed again under a taken id
 _REFUSED = ".refused-"  # processed/<id>.refused-<ns>.json: not a readable, signed request (never retaken)
 MAX_REQUEST_BYTES = 64 << 10
+MAX_ENTRIES_PER_LOOK = 256  # entries of requests/ examined at one step boundary; the rest wait for the next
+MAX_TAKEN_PER_LOOK = 32  # requests taken (moved and read) at one step boundary; the rest wait for the next
+STRAY_AGE_S = 60.0  # an entry no request can be, this old, is no writer's file in flight: it is set aside
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CLOCK_SKEW_S = 300.0  # a request filed this far ahead of rank 0's clock is refused: its times cannot be trusted
 _REQUEST_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
 # Actions whose effect is loop state, lost when a restart restores a checkpoint saved before them: applied
@@ -104,6 +117,7 @@ class RequestInbox:
         self.requests, self.processed, self.key, self.run_id = requests, processed, key, run_id
         self._seen_mtime: int | None = None
         self._retaken: list[Request] = []
+        self._problem: str | None = None  # the folders' problem last answered (said once while it lasts)
 
     def poll(self, handled: set[str]) -> list[Request]:
         """Requests filed since the last look (and those to retake), taken, oldest first; one stat when
@@ -114,82 +128,174 @@ class RequestInbox:
     def retake(self, handled: set[str]) -> None:
         """After a restart: the next ``poll`` hands over again the taken requests that ``handled`` (the
         restored state's) lacks."""
-        files = [
-            p
-            for p in self.processed.glob("*.json")
-            if p.stem not in handled and _DUPLICATE not in p.name and _REFUSED not in p.name
-        ]
-        self._retaken = [replace(_read(path, self.key, self.run_id), retaken=True) for path in files]
+        try:
+            with self._folders() as (_, processed):
+                names = [
+                    name
+                    for name in os.listdir(processed)
+                    if name.endswith(".json") and name[:-5] not in handled and _DUPLICATE not in name
+                    if _REFUSED not in name
+                ]
+                self._retaken = [replace(_read(processed, name, self.key, self.run_id), retaken=True) for name in names]
+        except (OSError, _FolderRefused):
+            self._retaken = []  # nothing to hand over from a control/ that is missing or refused
 
     def _take_new(self, handled: set[str]) -> list[Request]:
         try:
-            mtime = os.stat(self.requests).st_mtime_ns
+            mtime = os.stat(self.requests, follow_symlinks=False).st_mtime_ns
         except FileNotFoundError:
             return []
+        except OSError as error:
+            return self._folder_problem(f"{self.requests.name}/ cannot be read: {error.strerror}")
         if mtime == self._seen_mtime:
             return []
-        self._seen_mtime = mtime if time.time_ns() - mtime > _SETTLE_NS else None
+        self._seen_mtime = None if 0 <= time.time_ns() - mtime <= _SETTLE_NS else mtime
         try:
-            files = [p for p in self.requests.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
-        except OSError as error:
-            self._seen_mtime = None
-            return [Request("requests", problem=f"{self.requests.name}/ cannot be listed: {error.strerror}")]
-        return [request for path in files if (request := self._take_safely(path, handled)) is not None]
+            with self._folders() as (requests, processed):
+                taken, complete = self._take_from(requests, processed, handled)
+        except FileNotFoundError:
+            return []
+        except (OSError, _FolderRefused) as error:
+            return self._folder_problem(str(error) if isinstance(error, _FolderRefused) else error.strerror or "")
+        self._problem = None
+        if not complete:
+            self._seen_mtime = None  # look again at the next boundary
+        return taken
 
-    def _take_safely(self, path: Path, handled: set[str]) -> Request | None:
+    def _folder_problem(self, problem: str) -> list[Request]:
+        """A problem with the folders themselves, answered once (not at every step while it lasts)."""
+        self._seen_mtime = None
+        if problem == self._problem:
+            return []
+        self._problem = problem
+        return [Request("requests", problem=problem)]
+
+    @contextmanager
+    def _folders(self) -> Iterator[tuple[int, int]]:
+        """``requests/`` and ``processed/`` (created when missing) open, neither reached through a link."""
+        descriptors: list[int] = []
+        try:
+            control = _open_folder(self.requests.parent, None, descriptors)
+            requests = _open_folder(self.requests.name, control, descriptors)
+            with suppress(FileExistsError):
+                os.mkdir(self.processed.name, dir_fd=control)
+            yield requests, _open_folder(self.processed.name, control, descriptors)
+        finally:
+            for descriptor in descriptors:
+                os.close(descriptor)
+
+    def _take_from(self, requests: int, processed: int, handled: set[str]) -> tuple[list[Request], bool]:
+        """The requests taken from the open ``requests/``, and whether every entry was dealt with (strays set
+        aside, no cap reached)."""
+        taken: list[Request] = []
+        complete = True
+        with os.scandir(requests) as entries:
+            for examined, entry in enumerate(entries):
+                if examined == MAX_ENTRIES_PER_LOOK or len(taken) == MAX_TAKEN_PER_LOOK:
+                    return taken, False
+                if entry.name.startswith(".") or not entry.name.endswith(".json"):
+                    complete &= self._set_aside_stray(requests, processed, entry.name, taken)
+                elif (request := self._take_safely(requests, processed, entry.name, handled)) is not None:
+                    taken.append(request)
+        return taken, complete
+
+    def _set_aside_stray(self, requests: int, processed: int, name: str, taken: list[Request]) -> bool:
+        """Set aside an entry that no request can be once it is ``STRAY_AGE_S`` old; whether it is gone."""
+        try:
+            age_s = time.time() - os.stat(name, dir_fd=requests, follow_symlinks=False).st_mtime
+            if age_s < STRAY_AGE_S:
+                return False  # perhaps a writer's hidden file, about to be renamed into a request
+            problem = f"not a request: {short(name, 80)} is no <request id>.json name ({age_s:.0f} s old)"
+            request = self._set_aside(requests, processed, name, _id_of(name), problem)
+        except Exception as error:  # nothing an entry is can leave the boundary
+            request = Request(_id_of(name), problem=f"could not be set aside: {type(error).__name__}")
+        if request is not None:
+            taken.append(request)
+        return True
+
+    def _take_safely(self, requests: int, processed: int, name: str, handled: set[str]) -> Request | None:
         """``_take``, which no request can make raise: whatever goes wrong is that request's problem, so
         nothing a writer of ``requests/`` drops there can leave the loop's step boundary."""
         try:
-            return self._take(path, handled)
+            return self._take(requests, processed, name, handled)
         except Exception as error:  # any failure refuses this request, never the run
             return Request(
-                _id_of(path), problem=f"could not be handled: {type(error).__name__}: {short(str(error), 200)}"
+                _id_of(name), problem=f"could not be handled: {type(error).__name__}: {short(str(error), 200)}"
             )
 
-    def _take(self, path: Path, handled: set[str]) -> Request | None:
+    def _take(self, requests: int, processed: int, name: str, handled: set[str]) -> Request | None:
         """Move a request into ``processed/`` and read it there; None when its author withdrew it meanwhile."""
-        request_id = _id_of(path)
-        if request_id != path.stem:
-            return self._set_aside(path, request_id, f"a request file name must be a request id, got {path.name!r}")
-        target = self.processed / path.name
-        taken = os.path.lexists(target)
+        request_id = _id_of(name)
+        if f"{request_id}.json" != name:
+            problem = f"a request file name must be a request id, got {name!r}"
+            return self._set_aside(requests, processed, name, request_id, problem)
+        target = name
+        taken = _exists(name, processed)
         duplicate = request_id in handled or taken
         if taken:
-            target = self.processed / f"{request_id}{_DUPLICATE}{time.time_ns()}.json"
-        self.processed.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(path, target)  # renames the entry itself: a FIFO or a link is never opened here
+            target = f"{request_id}{_DUPLICATE}{time.time_ns()}.json"
+        try:  # renames the entry itself: a FIFO or a link is never opened here
+            os.replace(name, target, src_dir_fd=requests, dst_dir_fd=processed)
         except FileNotFoundError:
             return None
         except OSError as error:
-            return Request(request_id, problem=f"cannot be taken from {path.parent.name}/: {error.strerror}")
+            return Request(request_id, problem=f"cannot be taken from {self.requests.name}/: {error.strerror}")
         if duplicate:
             return Request(request_id, problem=f"duplicate: request {request_id} was already received")
-        request = _read(target, self.key, self.run_id, now=time.time())
+        request = _read(processed, target, self.key, self.run_id, now=time.time())
         if request.problem is not None:
-            os.replace(target, self._refused(request_id))
+            os.replace(target, _refused(request_id), src_dir_fd=processed, dst_dir_fd=processed)
         return request
 
-    def _set_aside(self, path: Path, request_id: str, problem: str) -> Request | None:
-        """Refuse the entry at ``path`` unread, moved to ``processed/`` under a safe, bounded name."""
-        self.processed.mkdir(parents=True, exist_ok=True)
+    def _set_aside(self, requests: int, processed: int, name: str, request_id: str, problem: str) -> Request | None:
+        """Refuse the entry ``name`` unread, moved to ``processed/`` under a safe, bounded name."""
         try:
-            os.replace(path, self._refused(request_id))
+            os.replace(name, _refused(request_id), src_dir_fd=requests, dst_dir_fd=processed)
         except FileNotFoundError:
             return None
         return Request(request_id, problem=problem)
 
-    def _refused(self, request_id: str) -> Path:
-        """Where a refused entry is kept (never handed over again after a restart)."""
-        return self.processed / f"{request_id}{_REFUSED}{time.time_ns()}.json"
+
+class _FolderRefused(Exception):
+    """``control/``, ``requests/`` or ``processed/`` is not a folder this inbox may use; the message says why."""
 
 
-def _read(path: Path, key: bytes | str, run_id: str, now: float | None = None) -> Request:
-    """The request in ``path``, or one carrying the problem that makes it unreadable, unsigned, another run's,
-    or (checked when ``now`` is given: a first take, not a retake after a restart) expired or from the future."""
-    request_id = path.stem
+def _open_folder(name: str | Path, parent: int | None, descriptors: list[int]) -> int:
+    """The folder ``name`` (in the open folder ``parent``) open, never through a link; kept in ``descriptors``."""
     try:
-        body = parse_json(read_small_file(path, MAX_REQUEST_BYTES), path.name)
+        descriptor = os.open(name, _FOLDER_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        try:
+            kind = file_type(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+        except OSError:
+            kind = "not a folder"
+        raise _FolderRefused(f"{Path(name).name}/ is {kind}, not a folder: refused ({error.strerror})") from None
+    descriptors.append(descriptor)
+    return descriptor
+
+
+def _exists(name: str, folder: int) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _refused(request_id: str) -> str:
+    """The name a refused entry is kept under in ``processed/`` (never handed over again after a restart)."""
+    return f"{request_id}{_REFUSED}{time.time_ns()}.json"
+
+
+def _read(folder: int, name: str, key: bytes | str, run_id: str, now: float | None = None) -> Request:
+    """The request in ``name`` in the open ``folder``, or one carrying the problem that makes it unreadable,
+    unsigned, another run's, or (checked when ``now`` is given: a first take, not a retake after a restart)
+    expired or from the future."""
+    request_id = name.removesuffix(".json")
+    try:
+        body = parse_json(read_small_file(Path(name), MAX_REQUEST_BYTES, dir_fd=folder), name)
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
@@ -229,9 +335,10 @@ def _check_times(requested_at: float, expires_at: Any, now: float) -> None:
         raise BoundedInputError(f"expired {now - expires:.0f} s ago (valid for {expires - requested_at:.0f} s)")
 
 
-def _id_of(path: Path) -> str:
+def _id_of(name: str) -> str:
     """The request id a file name stands for, or (a name no request id has) a safe, bounded stand-in."""
-    return path.stem if _REQUEST_ID.fullmatch(path.stem) else file_name_part(f"bad-name-{path.stem}")
+    stem = name.removesuffix(".json")
+    return stem if _REQUEST_ID.fullmatch(stem) else file_name_part(f"bad-name-{stem}")
 
 
 def _text(value: Any) -> str | None:

@@ -24,7 +24,14 @@ import pytest
 
 from bedside.app.cli import main as bedside
 from bedside.collectors.control import build_request, request_action
-from bedside.collectors.control_inbox import MAX_REQUEST_BYTES, Request, RequestInbox
+from bedside.collectors.control_inbox import (
+    MAX_ENTRIES_PER_LOOK,
+    MAX_REQUEST_BYTES,
+    MAX_TAKEN_PER_LOOK,
+    STRAY_AGE_S,
+    Request,
+    RequestInbox,
+)
 from bedside.collectors.controlkey import (
     KEY_ENV,
     ControlKeyError,
@@ -273,8 +280,66 @@ def test_a_request_the_parser_or_the_file_system_chokes_on_is_refused_and_set_as
 def test_a_processed_folder_that_cannot_be_made_refuses_the_request_and_the_poll_returns(layout: RunLayout) -> None:
     layout.control_processed.write_text("a file where the folder should be")
     plant(layout, "req-good", signed(layout, "req-good"))
-    [request] = poll(inbox_of(layout)).values()
-    assert request.problem.startswith("could not be handled: FileExistsError")
+    inbox = inbox_of(layout)
+    [request] = poll(inbox).values()
+    assert request.problem == "processed/ is a regular file, not a folder: refused (Not a directory)"
+    assert poll(inbox) == {}  # said once while it lasts, not at every step
+    assert (layout.control_requests / "req-good.json").exists()
+
+
+@pytest.mark.parametrize("folder", ["requests", "processed", "control"])
+def test_a_control_folder_swapped_for_a_link_is_refused_and_nothing_outside_it_is_touched(
+    layout: RunLayout, folder: str
+) -> None:
+    """Before, ``requests/`` as a link to the run folder made rank 0 move ``run.json`` into ``processed/`` (and
+    ``bedside action`` could no longer file anything); a link for ``processed/`` would have received the requests."""
+    plant(layout, "req-good", signed(layout, "req-good"))
+    elsewhere = layout.root.parent / "elsewhere"
+    shutil.copytree(layout.control if folder == "control" else layout.control_requests, elsewhere)
+    (elsewhere / "victim.json").write_text("{}")
+    swapped = {"requests": layout.control_requests, "processed": layout.control_processed}.get(folder, layout.control)
+    if swapped.exists():
+        shutil.rmtree(swapped)
+    swapped.symlink_to(elsewhere if folder != "requests" else layout.root)
+    before = sorted(p.name for p in layout.root.iterdir()), sorted(p.name for p in elsewhere.rglob("*"))
+    inbox = inbox_of(layout)
+    [request] = poll(inbox).values()
+    assert request.problem.startswith(f"{folder}/ is a symbolic link, not a folder: refused")
+    assert (sorted(p.name for p in layout.root.iterdir()), sorted(p.name for p in elsewhere.rglob("*"))) == before
+    assert poll(inbox) == {}
+
+
+def test_junk_that_no_request_can_be_is_set_aside_once_old_and_a_look_is_bounded(layout: RunLayout) -> None:
+    """Before, hidden and non-``.json`` entries stayed in ``requests/`` for good and every change of the folder (or
+    a future mtime, with no change at all) listed them all again at every step: 100,000 of them cost 250 ms a step."""
+    old = time.time() - 2 * STRAY_AGE_S
+    for i in range(MAX_ENTRIES_PER_LOOK + 10):
+        junk = layout.control_requests / (f".hidden-{i}" if i % 2 else f"junk-{i}.txt")
+        junk.write_text("x")
+        os.utime(junk, (old, old))
+    fresh = layout.control_requests / ".req-new.json.tmp-1"  # a writer's file in flight: left alone
+    fresh.write_text("{")
+    inbox = inbox_of(layout)
+    answered = [poll(inbox) for _ in range(MAX_ENTRIES_PER_LOOK // MAX_TAKEN_PER_LOOK + 1)]  # the folder is unchanged
+    assert [len(each) for each in answered] == [MAX_TAKEN_PER_LOOK] * (len(answered) - 1) + [10]
+    assert all(r.problem.startswith("not a request: ") for each in answered for r in each.values())
+    assert [p.name for p in layout.control_requests.iterdir()] == [fresh.name]
+    assert len(list(layout.control_processed.iterdir())) == MAX_ENTRIES_PER_LOOK + 10
+    fresh.unlink()
+    future = time.time() + 3600
+    os.utime(layout.control_requests, (future, future))
+    assert poll(inbox) == {}
+    assert inbox._seen_mtime == layout.control_requests.stat().st_mtime_ns  # remembered: not listed at every step
+    plant(layout, "req-late", "{}")  # filed now: the folder's mtime moves back from the future, and it is seen
+    assert list(poll(inbox)) == ["req-late"]
+
+
+def test_a_flood_of_requests_is_taken_a_bounded_number_per_step(layout: RunLayout) -> None:
+    for i in range(MAX_TAKEN_PER_LOOK + 5):
+        plant(layout, f"req-{i}", "{}")
+    inbox = inbox_of(layout)
+    assert len(poll(inbox)) == MAX_TAKEN_PER_LOOK
+    assert len(poll(inbox)) == 5
 
 
 def signed_at(layout: RunLayout, request_id: str, **times: object) -> dict:
