@@ -1,5 +1,6 @@
 """TensorBoard log dirs written by torch's SummaryWriter import as runs (per-rank subdirectories as ranks), and an
-injected loss spike becomes an incident; truncated files, symbolic links and clashing names are named."""
+injected loss spike becomes an incident; truncated files, symbolic links, folders nested too deep and clashing names
+are named."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bedside.collectors.bounded import BoundedInputError
 from bedside.collectors.errors import ImportFormatError
 from bedside.collectors.importers import import_tensorboard
+from bedside.collectors.importers.source import MAX_FOLDER_DEPTH, FolderScan
 from bedside.collectors.store import Store
 
 STEPS, SPIKE = 300, 180
@@ -179,6 +182,63 @@ def test_a_symbolic_link_is_refused_and_nothing_is_written(tmp_path, logdir):
     os.symlink(logdir / "single", tmp_path / "logs" / "linked")
     with pytest.raises(ImportFormatError, match="linked: a symbolic link to a directory, not followed: refused"):
         import_tensorboard(tmp_path / "logs", tmp_path / "run")
+
+
+def test_a_loop_of_links_is_refused_or_passed_over_and_never_followed(tmp_path):
+    write_ranked(tmp_path / "logs", ranks=1, steps=3)
+    os.symlink(".", tmp_path / "logs" / "rank_0" / "loop")
+    with pytest.raises(ImportFormatError, match="rank_0/loop: a symbolic link to a directory, not followed"):
+        import_tensorboard(tmp_path / "logs", tmp_path / "run")
+    (tmp_path / "logs" / "rank_0" / "loop").unlink()
+    os.symlink("itself", tmp_path / "logs" / "itself")  # leads nowhere: no folder, no event file
+    os.symlink("nowhere", tmp_path / "logs" / "dangling")
+    (summary,) = import_tensorboard(tmp_path / "logs", tmp_path / "run")
+    assert summary.steps == 3
+
+
+def nest(root: Path, levels: int) -> list[Path]:
+    """``levels`` folders named ``a``, each in the one before, below ``root``: the folders, outermost first."""
+    chain = [root / "a"]
+    for _ in range(levels - 1):
+        chain.append(chain[-1] / "a")
+    for folder in chain:
+        folder.mkdir()
+    return chain
+
+
+def test_folders_nested_past_the_limit_are_refused_by_name_and_nothing_is_written(tmp_path, bedside):
+    """1,100 nested empty folders made the recursive os.walk end in a RecursionError traceback."""
+    write_ranked(tmp_path / "logs", ranks=1, steps=3)
+    chain = nest(tmp_path / "logs", 1_100)
+    try:
+        done = bedside("import", "tensorboard", tmp_path / "logs", "--out", tmp_path / "run", "--quiet")
+    finally:
+        for folder in reversed(chain):  # shutil.rmtree recurses as deep as the folders nest
+            folder.rmdir()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"logs: folders nest more than {MAX_FOLDER_DEPTH} levels deep (MAX_FOLDER_DEPTH), at a/a/" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_at_the_deepest_level_read_is_found(tmp_path):
+    deep = tmp_path / "logs" / Path(*["a"] * (MAX_FOLDER_DEPTH - 1))
+    write_ranked(deep, ranks=1, steps=3)  # its rank_0 is MAX_FOLDER_DEPTH levels below logs
+    (summary,) = import_tensorboard(tmp_path / "logs", tmp_path / "run")
+    assert (
+        summary.steps == 3
+        and json.loads((tmp_path / "run" / "run.json").read_text())["name"]
+        == deep.relative_to(tmp_path / "logs").as_posix()
+    )
+
+
+def test_a_source_folder_of_more_entries_than_the_limit_is_refused(tmp_path):
+    for name in ("a", "b/c", "b/d"):
+        (tmp_path / "logs" / name).mkdir(parents=True)
+    assert [listing.folder.name for listing in FolderScan(tmp_path / "logs", max_entries=4).walk()] == [
+        "logs", "a", "b", "c", "d"
+    ]  # fmt: skip
+    with pytest.raises(BoundedInputError, match=r"logs: more than 3 files and folders in it .*\(MAX_FOLDER_ENTRIES\)"):
+        list(FolderScan(tmp_path / "logs", max_entries=3).walk())
 
 
 def test_two_names_for_one_metric_are_named(tmp_path, logdir):

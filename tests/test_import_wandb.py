@@ -219,6 +219,18 @@ def test_a_damaged_chunk_loses_its_record_only(offline, tmp_path):
     assert f"{tmp_path / 'run-x.wandb'}: 1 damaged chunk skipped, with the records they held" in summary.warnings
 
 
+def test_a_link_to_a_folder_of_runs_is_refused_not_followed(offline, tmp_path):
+    """W&B's own ``latest-run`` link is passed over; a ``wandb`` or run folder that is a link is named."""
+    os.symlink(offline / "wandb", tmp_path / "wandb")
+    with pytest.raises(ImportFormatError, match="wandb: a symbolic link to a directory, not followed: refused"):
+        import_wandb(tmp_path, tmp_path / "runs")
+    (tmp_path / "wandb").unlink()
+    os.symlink(next((offline / "wandb").glob("offline-run-*")), tmp_path / "run-1")
+    with pytest.raises(ImportFormatError, match="run-1: a symbolic link to a directory, not followed: refused"):
+        import_wandb(tmp_path, tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_fifo_is_refused_unread(tmp_path):
     os.mkfifo(tmp_path / "history.jsonl")
     with pytest.raises(ImportFormatError, match="a FIFO, not a regular file: refused unread"):

@@ -12,7 +12,6 @@ it already has keeps the later value.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from .jsonl_import import Parsed
 from .names import NameMap
 from .scalar_tensor import NotANumber, shortest, tensor_number
 from .scalars import Scalar, Source, add_rows
+from .source import FolderScan
 from .tfrecord import read_records
 
 RANK_DIR = re.compile(r"^rank[_-]?(\d+)$", re.IGNORECASE)
@@ -35,29 +35,33 @@ SCALARS_PLUGIN = "scalars"
 
 @dataclass
 class TensorboardRun:
-    """The event directories of one run: the top one (job level) if any, and one per rank."""
+    """The event directories of one run: the top one (job level) if any, and one per rank, with the event files
+    of each in name order."""
 
     top: Path | None = None
     ranks: dict[int, Path] = field(default_factory=dict)
+    events: dict[Path, list[Path]] = field(default_factory=dict)
 
 
 def find_tensorboard_runs(logdir: Path) -> dict[str, TensorboardRun]:
-    """The runs under ``logdir``, by their path under it (``"."``: ``logdir`` itself); a symbolic link to a
-    directory in it is refused (not followed)."""
+    """The runs under ``logdir``, by their path under it (``"."``: ``logdir`` itself), listed by ``FolderScan``
+    (bounded in depth and entries); a symbolic link to a directory in it is refused (not followed)."""
     if not logdir.is_dir():
         raise ImportFormatError(f"{logdir}: not a directory (give a TensorBoard log directory)")
     runs: dict[str, TensorboardRun] = {}
-    for folder, folders, files in sorted(os.walk(logdir)):
-        if links := sorted(name for name in folders if os.path.islink(os.path.join(folder, name))):
+    for listing in FolderScan(logdir).walk():
+        here = listing.folder
+        if listing.links:
             raise ImportFormatError(
-                f"{os.path.join(folder, links[0])}: a symbolic link to a directory, not followed: refused "
+                f"{here / listing.links[0]}: a symbolic link to a directory, not followed: refused "
                 "(import the directory it points to by its own path)"
             )
-        if not any(EVENT_FILE_MARK in name for name in files):
+        events = [here / name for name in listing.files if EVENT_FILE_MARK in name]
+        if not events:
             continue
-        here = Path(folder)
         rank = RANK_DIR.match(here.name) if here != logdir else None
         run = runs.setdefault((here.parent if rank else here).relative_to(logdir).as_posix(), TensorboardRun())
+        run.events[here] = events
         if rank is None:
             run.top = here
         elif int(rank[1]) in run.ranks:
@@ -73,8 +77,8 @@ def read_tensorboard_run(run: TensorboardRun, names: NameMap) -> Parsed:
     """The scalars of ``run`` as import rows."""
     reader = _Reader(_library())
     speaker = None if run.top else min(run.ranks, default=None)
-    sources = [reader.source(run.top, None, True)] if run.top else []
-    sources += [reader.source(folder, rank, rank == speaker) for rank, folder in sorted(run.ranks.items())]
+    sources = [reader.source(run.events[run.top], None, True)] if run.top else []
+    sources += [reader.source(run.events[folder], rank, rank == speaker) for rank, folder in sorted(run.ranks.items())]
     parsed = Parsed("tensorboard", warnings=reader.warnings)
     add_rows(parsed, sources, names)
     if not parsed.rows:
@@ -93,11 +97,11 @@ class _Reader:
         self.warnings: list[str] = []
         self.other = 0
 
-    def source(self, folder: Path, rank: int | None, job: bool) -> Source:
+    def source(self, event_files: list[Path], rank: int | None, job: bool) -> Source:
         source = Source(rank, job)
         last: dict[str, int] = {}
         timeline = 0
-        for path in sorted(p for p in folder.iterdir() if EVENT_FILE_MARK in p.name):
+        for path in event_files:
             framed = read_records(path, self.crc)
             if framed.lost:
                 self.warnings.append(framed.lost)

@@ -18,6 +18,7 @@ and again as its rows are read).
 from __future__ import annotations
 
 import csv
+import fnmatch
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from .csv_import import csv_cells
 from .jsonl_import import Parsed, blank, integer, json_object, json_value, time_value
 from .names import NameMap
 from .scalars import Scalar, Source, add_rows
-from .source import open_source, read_source, text_lines
+from .source import FolderScan, Listing, open_source, read_source, text_lines
 from .wandb_records import read_wandb_records
 
 MAX_BYTES = 4 << 30
@@ -115,35 +116,39 @@ def read_wandb(src: Path, names: NameMap) -> dict[str, Parsed]:
 
 def _run_files(folder: Path) -> dict[str, Path]:
     """The ``run-ID.wandb`` file of ``folder`` (as run ``"."``), else of each run directory in it (or in its
-    ``wandb/``), by the directory's name."""
-    if own := _run_file(folder):
+    ``wandb/``), by the directory's name; listed by ``FolderScan``, a symbolic link to a run directory refused."""
+    scan = FolderScan(folder)
+    top = scan.listing(folder)
+    if own := _run_file(top):
         return {".": own}
+    parents = [top, *(scan.listing(folder / name, 1) for name in _folders_named(top, "wandb"))]
     found = {
-        run_dir.name: path
-        for parent in (folder, folder / "wandb")
+        name: path
+        for parent in parents
         for pattern in RUN_DIRS
-        for run_dir in sorted(parent.glob(pattern))
-        if _real_dir(run_dir) and (path := _run_file(run_dir))
+        for name in _folders_named(parent, pattern)
+        if (path := _run_file(scan.listing(parent.folder / name, parent.depth + 1)))
     }
     if not found:
         raise ImportFormatError(f"{folder}: no W&B run file (run-ID.wandb) in it or in its run directories")
     return found
 
 
-def _real_dir(path: Path) -> bool:
-    """Whether ``path`` is a directory; a symbolic link to one is refused (not followed)."""
-    if path.is_symlink() and path.is_dir():
+def _folders_named(parent: Listing, pattern: str) -> list[str]:
+    """The folders of ``parent`` named like ``pattern``; a symbolic link so named is refused (not followed)."""
+    if link := next((name for name in parent.links if fnmatch.fnmatchcase(name, pattern)), None):
         raise ImportFormatError(
-            f"{path}: a symbolic link to a directory, not followed: refused (import the directory it points to)"
+            f"{parent.folder / link}: a symbolic link to a directory, not followed: refused "
+            "(import the directory it points to)"
         )
-    return path.is_dir()
+    return [name for name in parent.folders if fnmatch.fnmatchcase(name, pattern)]
 
 
-def _run_file(folder: Path) -> Path | None:
-    files = sorted(p for p in folder.iterdir() if RUN_FILE.match(p.name))
+def _run_file(listing: Listing) -> Path | None:
+    files = [name for name in listing.files if RUN_FILE.match(name)]
     if len(files) > 1:
-        raise ImportFormatError(f"{folder}: holds {len(files)} run files ({files[0].name}, ...); a run has one")
-    return files[0] if files else None
+        raise ImportFormatError(f"{listing.folder}: holds {len(files)} run files ({files[0]}, ...); a run has one")
+    return listing.folder / files[0] if files else None
 
 
 def _offline(path: Path, names: NameMap) -> Parsed:
