@@ -140,6 +140,17 @@ def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(ser
     assert {a["text"] for a in figure["layout"]["annotations"] if a["xref"].startswith("x")} == {"rewind"}
 
 
+def test_the_overview_says_where_the_wall_time_went_abandoned_timeline_included(served: Path) -> None:
+    app = open_page("overview", run=REWIND)
+    shares = from_store(served / REWIND, "SELECT category, share FROM goodput").set_index("category")["share"]
+    [label] = [e.label for e in app.expander if e.label.startswith("Goodput: ")]
+    assert label.startswith(f"Goodput: {shares['productive']:.1%} of the wall time")
+    figure = chart(app, "goodput")
+    drawn = {t["name"]: float(t["x"][0]) for t in figure["data"]}
+    assert drawn == pytest.approx({name.replace("_", " "): share for name, share in shares.items()})
+    assert figure["data"][0]["name"] == "productive" and "abandoned timeline" in drawn
+
+
 # -- incidents ----------------------------------------------------------------------------------------------------
 
 

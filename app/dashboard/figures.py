@@ -185,6 +185,35 @@ def checkpoint_timeline(checkpoints: pd.DataFrame) -> go.Figure:
     return apply_layout(fig, "Checkpoints")
 
 
+GOODPUT_COLORS = {"productive": "#16a34a", "data_loading": "#86efac"}
+"""Useful time in green; every category of lost time in shades of grey and orange (below)."""
+LOST_COLORS = ("#f97316", "#fb923c", "#fdba74", "#94a3b8", "#cbd5e1", "#64748b", "#a8a29e", "#d6d3d1", "#e2e8f0")
+
+
+def goodput_bar(goodput: pd.DataFrame) -> go.Figure:
+    """The run's wall time as one bar split by category (the ``goodput`` view), productive first."""
+    fig = go.Figure()
+    order = goodput.assign(first=~goodput["useful"]).sort_values(["first", "seconds"], ascending=[True, False])
+    lost = iter(LOST_COLORS * 2)
+    for row in order.itertuples(index=False):
+        fig.add_trace(
+            go.Bar(
+                x=[row.share],
+                y=["wall time"],
+                orientation="h",
+                name=str(row.category).replace("_", " "),
+                marker={"color": GOODPUT_COLORS.get(str(row.category)) or next(lost)},
+                customdata=[[row.seconds, row.flops]],
+                hovertemplate=f"{row.category}: %{{x:.1%}}, %{{customdata[0]:,.1f}} s, %{{customdata[1]:.3g}} FLOP"
+                "<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(tickformat=".0%", range=[0, 1])
+    fig.update_yaxes(showticklabels=False)
+    return apply_layout(fig, "Where the wall time went", height=200)
+
+
 def apply_layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
     """Title at the top, the legend in rows below it and the plot below both, at any width: the legend is placed
     from the top of the figure (not of the plot, where its rows grew up over the title on a narrow screen) and

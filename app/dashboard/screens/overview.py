@@ -6,7 +6,7 @@ import time
 
 import streamlit as st
 
-from bedside.app.dashboard import curves, live, summaries
+from bedside.app.dashboard import curves, figures, live, summaries
 from bedside.app.dashboard.common import STATUS_LABELS, age, as_of, current_run, number
 
 INCIDENTS_PAGE = "screens/incidents.py"
@@ -48,6 +48,16 @@ def overview() -> None:
         icon=":material/crisis_alert:",
         query_params={"run": data.name},
     )
+
+    goodput = data.frame("goodput")
+    if not goodput.empty:
+        productive = float(goodput.loc[goodput["useful"], "share"].sum())
+        with st.expander(f"Goodput: {productive:.1%} of the wall time trained progress the run kept"):
+            live.chart(figures.goodput_bar(goodput), "goodput")
+            st.caption(
+                "Every second from the run's first record to its last, in one category (docs/schema.md, Goodput): "
+                "abandoned timelines and steps redone after a restart are compute that bought nothing."
+            )
 
     evals = data.frame("evals")
     metric = summaries.headline_metric(evals)
