@@ -25,6 +25,11 @@ MAX_RANK = 2**31 - 1
 MAX_EXACT_INTEGER = 2**53
 """``step`` and ``seq`` must be below this: JSON readers that hold numbers as doubles round beyond it."""
 
+MAX_TIME = 1e11
+"""``time`` is unix seconds from 0 to below this (the year 5138): a milli- or nanosecond epoch is past it. The
+collector's check (``store/queries/stage_lines.sql``), every importer's and ``telemetry.schema.json`` hold to it
+(``tests/test_import_ranges.py``)."""
+
 MAX_KIND_CHARS = 64
 """The longest ``kind`` a record may carry."""
 

@@ -357,22 +357,21 @@ BAD_COPIED_RECORDS = """\
 """
 
 
-def test_cli_import_fails_when_the_collector_rejects_copied_records(tmp_path, bedside):
+def test_cli_import_fails_and_leaves_nothing_when_the_collector_rejects_copied_records(tmp_path, bedside):
+    """The run was moved into place, then its bad lines rejected: the import left a run it had refused."""
     src = tmp_path / "m.jsonl"
     src.write_text(BAD_COPIED_RECORDS)
     out = tmp_path / "run"
     done = bedside("import", "jsonl", src, "--out", out, "--quiet")
     errors = [line for line in done.stderr.splitlines() if line.startswith("bedside: error: ")]
-    assert done.returncode == 2, done.stderr
-    assert errors == [
-        f"bedside: error: 2 imported lines were rejected by the collector; "
-        f'see: bedside query {out} "SELECT * FROM rejected"'
-    ]
-    rejected = bedside("query", out, "SELECT reason FROM rejected ORDER BY line_offset", "--format", "json")
-    assert [r["reason"] for r in json.loads(rejected.stdout)] == [
-        'metrics.loss must be a number, got "low"',
-        "field metrics must be an object",
-    ]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    said = (
+        f"bedside: error: {out}: 2 imported lines were rejected by the collector, so nothing was imported: "
+        r"telemetry/rank-00000\.jsonl at byte \d+: metrics\.loss must be a number, got \"low\" \(line '\{.*\}'\); "
+        r"telemetry/rank-00000\.jsonl at byte \d+: field metrics must be an object \(line '\{.*\}'\)"
+    )
+    assert re.fullmatch(said, errors[0]), errors[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl"]
 
 
 def test_cli_import_of_a_clean_file_exits_0(tmp_path, bedside):

@@ -1,14 +1,16 @@
 """Importers: a foreign CSV, JSONL or Megatron log file, TensorBoard log dir or W&B export becomes a bedside run.
 
 The accepted shapes are specified in ``docs/import.md``. An import reads and
-checks the whole input first and writes nothing when any row is wrong; it
-writes ``run.json`` and one ``telemetry/rank-NNNNN.jsonl`` per rank (format v1)
-into a new folder beside the destination, moved into place only when every run
-is complete (``staging.py``: a failed import leaves nothing), and leaves
-ingestion to the collector. Every source is opened as a regular file only and
-read within the limits of ``collectors/bounded.py`` (``source.py``). Bedside records copied from JSONL are
-checked here only in their envelope: the collector checks the rest, and may
-reject them.
+checks the whole input first (against the ranges the collector accepts: time,
+rank, step, placement) and writes nothing when any row is wrong; it writes
+``run.json`` and one ``telemetry/rank-NNNNN.jsonl`` per rank (format v1) into a
+new folder beside the destination, has the collector ingest it there (into a
+store removed again: the run is ingested where it lands), and moves it into
+place only when every run is written and no line of it was rejected (``staging.py``: a failed import leaves nothing). Every source is opened as
+a regular file only and read within the limits of ``collectors/bounded.py``
+(``source.py``). Bedside records copied from JSONL are checked here only in
+their envelope: the collector checks the rest, and a record it rejects fails the
+import with the collector's reason.
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ from typing import Any
 from ..appendfile import AppendFile
 from ..bounded import parse_json
 from ..errors import ImportFormatError
-from ..format import Kind, encode_number
+from ..format import MAX_RANK, Kind, encode_number
 from ..layout import RunLayout
 from ..records import Eval, Metrics, RankInfo, RankStep, Record, Step, to_line
 from ..runinfo import RankPlacement, RunInfo, write_run_info
 from .csv_import import read_csv
-from .jsonl_import import EVAL_PREFIX, Number, Parsed, Row, integer, read_jsonl
+from .jsonl_import import EVAL_PREFIX, MAX_IMPORTED_RANK, Number, Parsed, Row, integer, read_jsonl
 from .megatron_import import read_megatron
 from .names import DEFAULT_NAMES, NameMap
 from .source import read_source
-from .staging import staged
+from .staging import collect_staged, staged
 from .tensorboard_import import find_tensorboard_runs, read_tensorboard_run
 from .wandb_import import read_wandb
 
@@ -217,7 +219,8 @@ def _write_run(
     )
     for file, items in files.items():
         _write_file(file, items)
-    return _summary(out, parsed, files, len(ranks), world_size)
+    collected = collect_staged(staging, out)
+    return replace(_summary(out, parsed, files, len(ranks), world_size), warnings=(*parsed.warnings, *collected))
 
 
 def _data_records(rows: list[Row]) -> list[Record]:
@@ -396,7 +399,9 @@ def _placement(entry: Any, where: str) -> RankPlacement:
         raise ImportFormatError(f"{where}: unknown field {unknown[0]} (known: host, {', '.join(PLACEMENT_NUMBERS)})")
     if not isinstance(entry.get("host"), str) or not entry["host"].strip():
         raise ImportFormatError(f"{where}: host must be a non-empty string")
-    numbers = {
-        name: integer(entry.get(name), where, name) for name in PLACEMENT_NUMBERS if name == "rank" or name in entry
+    numbers = {  # as the collector holds them: a rank whose world size fits, coordinates up to MAX_RANK
+        name: integer(entry.get(name), where, name, maximum=MAX_IMPORTED_RANK if name == "rank" else MAX_RANK)
+        for name in PLACEMENT_NUMBERS
+        if name == "rank" or name in entry
     }
     return RankPlacement(host=entry["host"], **numbers)

@@ -23,7 +23,7 @@ from ..bounded import (
     short,
 )
 from ..errors import ImportFormatError
-from ..format import ENVELOPE_FIELDS, MAX_EXACT_INTEGER, MAX_RANK, RANK_STEP_METRICS, STEP_METRICS
+from ..format import ENVELOPE_FIELDS, MAX_EXACT_INTEGER, MAX_RANK, MAX_TIME, RANK_STEP_METRICS, STEP_METRICS
 from ..records import Record, build_record
 from .restarts import split_restarts
 from .source import open_source, text_lines
@@ -37,6 +37,10 @@ NON_FINITE = frozenset(f"{sign}{word}" for sign in ("", "+", "-") for word in ("
 """Text of the numbers that are not finite, in lower case: a value, never a time or a place."""
 
 Number = int | float
+MAX_TIME_SHOWN = f"{MAX_TIME:.0e}".replace("e+", "e")  # 1e11
+MAX_IMPORTED_RANK = MAX_RANK - 1
+"""The largest rank an import writes: the world size it records with it (the highest rank plus one) must be at
+most ``MAX_RANK`` too, or the collector rejects the run's ``rank_info`` records."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,11 @@ def _bedside_record(obj: dict[str, Any], where: str) -> Record:
     """A bedside record to copy: its envelope checked, its ``seq`` 0 (renumbered on write)."""
     if not isinstance(obj["kind"], str) or not obj["kind"]:
         raise ImportFormatError(f"{where}: kind must be a non-empty string")
-    placed = {name: integer(obj.get(name), where, name) for name in ("rank", "step", "timeline")}
+    placed = {
+        "rank": integer(obj.get("rank"), where, "rank", maximum=MAX_IMPORTED_RANK),
+        "step": integer(obj.get("step"), where, "step"),
+        "timeline": integer(obj.get("timeline"), where, "timeline", maximum=MAX_RANK),
+    }
     copied = {name: value for name, value in obj.items() if name not in ENVELOPE_FIELDS and name != "metrics"}
     return build_record(
         obj["kind"],
@@ -121,7 +129,11 @@ def _bedside_record(obj: dict[str, Any], where: str) -> Record:
 
 def make_row(fields: dict[str, Any], values: dict[str, Any], where: str) -> Row:
     """A row from its placing ``fields`` and raw metric ``values`` (text or JSON values)."""
-    rank = None if blank(fields.get("rank")) else integer(fields["rank"], where, "rank", minimum=-1, maximum=MAX_RANK)
+    rank = (
+        None
+        if blank(fields.get("rank"))
+        else integer(fields["rank"], where, "rank", minimum=-1, maximum=MAX_IMPORTED_RANK)
+    )
     rank = None if rank == -1 else rank
     timeline = 0 if blank(fields.get("timeline")) else integer(fields["timeline"], where, "timeline", maximum=MAX_RANK)
     return Row(
@@ -138,6 +150,11 @@ def cell_text(text: str, where: str, what: str = "a metric name") -> str:
     """Text from outside kept as text (a name, a checksum): at most ``MAX_CELL_CHARS`` characters."""
     if len(text) > MAX_CELL_CHARS:
         raise BoundedInputError(f"{where}: {what} of {len(text)} characters, more than {MAX_CELL_CHARS}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON's "\ud800": written out as "?", two such names would be one
+            raise ImportFormatError(f"{where}: {what} holds {text[exc.start]!r}, a lone surrogate: no text") from None
     return text
 
 
@@ -199,14 +216,17 @@ def integer(raw: Any, where: str, name: str, minimum: int = 0, maximum: int = MA
 
 
 def time_value(raw: Any, where: str, required: bool = False) -> float | None:
-    """Unix seconds, finite; None when absent and not ``required``."""
+    """Unix seconds from 0 to below ``MAX_TIME``, as the collector accepts them; None when absent and not
+    ``required``."""
     if blank(raw):
         if required:
             raise ImportFormatError(f"{where}: time is missing")
         return None
     value = float(number(raw, where, "time"))
-    if not math.isfinite(value):
-        raise ImportFormatError(f"{where}: time must be a finite number of unix seconds, got {short(raw)}")
+    if not 0 <= value < MAX_TIME:  # NaN and the infinities too
+        raise ImportFormatError(
+            f"{where}: time must be unix seconds from 0 to below {MAX_TIME_SHOWN}, got {short(raw)}"
+        )
     return value
 
 

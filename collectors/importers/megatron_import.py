@@ -116,9 +116,14 @@ def _user_name(name: str) -> str:
 
 
 def _time(raw: str | None, where: str) -> float | None:
+    """The unix seconds of a line's ``[YYYY-MM-DD HH:MM:SS]`` (local time); their range is checked with the row's."""
     if raw is None:
         return None
     try:
-        return datetime.strptime(raw.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
+        moment = datetime.strptime(raw.strip(), "%Y-%m-%d %H:%M:%S")
     except ValueError as exc:
         raise ImportFormatError(f"{where}: time [{raw}] is not YYYY-MM-DD HH:MM:SS") from exc
+    try:
+        return moment.timestamp()
+    except (ValueError, OverflowError, OSError):  # 0001-01-01 00:00 passes through the year 0 on its way to UTC
+        raise ImportFormatError(f"{where}: time [{raw}] is before 1970, not unix seconds") from None

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..bounded import short
 from ..errors import ImportFormatError
-from .jsonl_import import EVAL_PREFIX, JOB_ONLY, RANK_ONLY, Parsed, cell_text, make_row
+from .jsonl_import import EVAL_PREFIX, JOB_ONLY, RANK_ONLY, Parsed, cell_text, make_row, time_value
 from .names import NameMap
 
 LOCAL_PREFIX = "local_"
@@ -70,8 +70,8 @@ def add_rows(parsed: Parsed, sources: list[Source], names: NameMap) -> None:
             key = (scalar.timeline, scalar.step, rank)
             again += _claim(slots, (*key, final), scalar)
             groups.setdefault(key, {})[final] = _checked(scalar)
-            if scalar.time is not None:
-                times[key] = max(times.get(key, scalar.time), scalar.time)
+            if (time := time_value(scalar.time, scalar.where)) is not None:  # named at the record that logged it
+                times[key] = max(times.get(key, time), time)
     for (timeline, step, rank), values in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], _order(kv[0][2]))):
         where = slots[timeline, step, rank, next(iter(values))].where
         place = {"step": step, "rank": rank, "time": times.get((timeline, step, rank)), "timeline": timeline}

@@ -1,10 +1,12 @@
 """Writing an import where nobody sees it until it is complete: a folder beside each destination, renamed into place.
 
 An import writes each run into a new folder next to its destination (``.NAME.importing-XXXXXXXX``, in the same
-file system, so the move is a rename) and moves it into place only when every run of the import is written. On
-any error the staging folders are removed, and so are the parent folders the import made for them: a failed
-import leaves nothing. A destination that exists already (empty, or holding files of no run: ``_check_free``)
-receives the staged entries one by one, ``run.json`` last, so it becomes a run only once it holds all of it.
+file system, so the move is a rename), has the collector check it there (``collect_staged``: a line the collector
+rejects fails the import, named) and moves it into place only when every run of the import is written and
+checked. On any error the staging folders are removed, and so are the parent folders the import made for them: a
+failed import leaves nothing. A destination that exists already (empty, or holding files of no run:
+``_check_free``) receives the staged entries one by one, ``run.json`` last, so it becomes a run only once it holds
+all of it; an entry it holds already fails the import before any run is moved.
 """
 
 from __future__ import annotations
@@ -16,8 +18,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from ..bounded import short
 from ..errors import ImportFormatError
-from ..layout import RUN_INFO_NAME
+from ..ingest import Collector
+from ..layout import RUN_INFO_NAME, RunLayout
+from ..store import Schema, Store
+
+IMPORT_QUERIES = Schema("import", __package__)
+"""The importers' own queries over a store they collected (``queries/``; no tables of their own)."""
+SHOWN_REJECTIONS = 3
 
 
 @contextmanager
@@ -30,6 +39,8 @@ def staged(targets: list[Path]) -> Iterator[dict[Path, Path]]:
         for target in targets:
             folders[target] = _new_folder(target)
         yield folders
+        for target, folder in folders.items():
+            _check_clash(folder, target)
         for target, folder in folders.items():
             _move_into_place(folder, target)
     except BaseException:
@@ -60,14 +71,43 @@ def _new_folder(target: Path) -> Path:
             continue
 
 
+def collect_staged(folder: Path, target: Path) -> list[str]:
+    """Have the collector ingest the run staged in ``folder`` for ``target``, checking every line as it checks any
+    telemetry, into a store removed afterwards (the run is ingested where it lands, as any run); the collector's
+    warnings. A line it rejects is an ImportFormatError naming the first few, with their reasons."""
+    warnings: list[str] = []
+    path = RunLayout(folder).store
+    try:
+        with Store.open(path, schemas=(IMPORT_QUERIES,)) as store:
+            result = Collector(folder, store, warn=warnings.append).ingest_available()
+            if result.rejected:
+                raise ImportFormatError(_rejected(target, result.rejected, store))
+    finally:
+        for file in (path, path.with_name(f"{path.name}.wal")):
+            file.unlink(missing_ok=True)
+    return warnings
+
+
+def _rejected(target: Path, count: int, store: Store) -> str:
+    """What the collector rejected of the run staged for ``target``: how many lines, the first few and why."""
+    first = store.fetch_named("import_rejections", {"limit": SHOWN_REJECTIONS}).itertuples()
+    lines = "line was" if count == 1 else "lines were"
+    return f"{target}: {count} imported {lines} rejected by the collector, so nothing was imported: " + "; ".join(
+        f"{r.path} at byte {r.line_offset}: {r.reason} (line {short(r.line, 200)})" for r in first
+    )
+
+
+def _check_clash(folder: Path, target: Path) -> None:
+    """An ImportFormatError when ``target`` holds an entry of the same name as one staged in ``folder``."""
+    if target.exists() and (clash := next((e.name for e in folder.iterdir() if (target / e.name).exists()), None)):
+        raise ImportFormatError(f"{target}: already holds {clash}; import into a new directory")
+
+
 def _move_into_place(folder: Path, target: Path) -> None:
     """Rename ``folder`` to ``target``; into an existing ``target``, entry by entry, ``run.json`` last."""
     if not target.exists():
         os.rename(folder, target)
         return
-    entries = sorted(folder.iterdir(), key=lambda entry: entry.name == RUN_INFO_NAME)
-    if clash := next((entry.name for entry in entries if (target / entry.name).exists()), None):
-        raise ImportFormatError(f"{target}: already holds {clash}; import into a new directory")
-    for entry in entries:
+    for entry in sorted(folder.iterdir(), key=lambda entry: entry.name == RUN_INFO_NAME):
         os.rename(entry, target / entry.name)
     folder.rmdir()
