@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
+
+if TYPE_CHECKING:
+    from bedside.collectors.importers import ImportSummary
 
 FORMATS = ("csv", "jsonl", "megatron", "tensorboard", "wandb")
 MAPPED = ("tensorboard", "wandb")
@@ -63,19 +67,23 @@ def cmd_import(args: argparse.Namespace) -> int:
         for line in summary.warnings:
             warn(line)
     for summary in summaries:
-        _ingest(summary.out, args.quiet)
+        _ingest(summary, args.quiet)
     return 0
 
 
-def _ingest(out: Path, quiet: bool) -> None:
-    """Ingest the imported run ``out``; an error naming the rejected lines, if any."""
+def _ingest(summary: ImportSummary, quiet: bool) -> None:
+    """Ingest what the import of ``summary`` did not already (the import checks a run by ingesting it into its
+    store); an error naming the rejected lines, if any."""
     from bedside.collectors.ingest import Collector
     from bedside.collectors.store import Store
 
     from .output import Progress, warn
     from .service.schema import SCHEMAS
 
+    out = summary.out
     progress = Progress(quiet=quiet)
+    if summary.ingested is not None:
+        progress.total.add(summary.ingested)
     with Store.open(RunLayout(out).store, schemas=SCHEMAS) as store:
         result = Collector(out, store, warn=warn).ingest_available(on_pass=progress.update)
     progress.report("done:")

@@ -26,6 +26,7 @@ from ..appendfile import AppendFile
 from ..bounded import parse_json
 from ..errors import ImportFormatError
 from ..format import MAX_RANK, Kind, encode_number
+from ..ingest import PassResult
 from ..layout import RunLayout
 from ..records import Eval, Metrics, RankInfo, RankStep, Record, Step, to_line
 from ..runinfo import RankPlacement, RunInfo, write_run_info
@@ -71,6 +72,7 @@ class ImportSummary:
     skipped: int = 0
     world_size: int = 1  # the highest rank plus one
     warnings: tuple[str, ...] = ()  # what was readable but not imported, or lost to a damaged file
+    ingested: PassResult | None = None  # what the collector ingested into the run's store while checking it
 
 
 @dataclass
@@ -219,8 +221,9 @@ def _write_run(
     )
     for file, items in files.items():
         _write_file(file, items)
-    collected = collect_staged(staging, out)
-    return replace(_summary(out, parsed, files, len(ranks), world_size), warnings=(*parsed.warnings, *collected))
+    collected, ingested = collect_staged(staging, out)
+    summary = _summary(out, parsed, files, len(ranks), world_size)
+    return replace(summary, warnings=(*parsed.warnings, *collected), ingested=ingested)
 
 
 def _data_records(rows: list[Row]) -> list[Record]:

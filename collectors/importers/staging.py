@@ -2,8 +2,8 @@
 
 An import writes each run into a new folder next to its destination (``.NAME.importing-XXXXXXXX``, in the same
 file system, so the move is a rename), has the collector check it there (``collect_staged``: a line the collector
-rejects fails the import, named) and moves it into place only when every run of the import is written and
-checked. On any error the staging folders are removed, and so are the parent folders the import made for them: a
+rejects fails the import, named; the store it fills moves with the run) and moves it into place only when every run
+of the import is written and checked. On any error the staging folders are removed, and so are the parent folders the import made for them: a
 failed import leaves nothing. A destination that exists already (empty, or holding files of no run:
 ``_check_free``) receives the staged entries one by one, ``run.json`` last, so it becomes a run only once it holds
 all of it; an entry it holds already fails the import before any run is moved.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..bounded import short
 from ..errors import ImportFormatError
-from ..ingest import Collector
+from ..ingest import Collector, PassResult
 from ..layout import RUN_INFO_NAME, RunLayout
 from ..store import Schema, Store
 
@@ -71,21 +71,17 @@ def _new_folder(target: Path) -> Path:
             continue
 
 
-def collect_staged(folder: Path, target: Path) -> list[str]:
+def collect_staged(folder: Path, target: Path) -> tuple[list[str], PassResult]:
     """Have the collector ingest the run staged in ``folder`` for ``target``, checking every line as it checks any
-    telemetry, into a store removed afterwards (the run is ingested where it lands, as any run); the collector's
-    warnings. A line it rejects is an ImportFormatError naming the first few, with their reasons."""
+    telemetry, into the run's own store (it moves into place with the run, which needs no second ingest); the
+    collector's warnings and what it ingested. A line it rejects is an ImportFormatError naming the first few, with
+    their reasons (and ``staged`` removes the folder, store and all)."""
     warnings: list[str] = []
-    path = RunLayout(folder).store
-    try:
-        with Store.open(path, schemas=(IMPORT_QUERIES,)) as store:
-            result = Collector(folder, store, warn=warnings.append).ingest_available()
-            if result.rejected:
-                raise ImportFormatError(_rejected(target, result.rejected, store))
-    finally:
-        for file in (path, path.with_name(f"{path.name}.wal")):
-            file.unlink(missing_ok=True)
-    return warnings
+    with Store.open(RunLayout(folder).store, schemas=(IMPORT_QUERIES,)) as store:
+        result = Collector(folder, store, warn=warnings.append).ingest_available()
+        if result.rejected:
+            raise ImportFormatError(_rejected(target, result.rejected, store))
+    return warnings, result
 
 
 def _rejected(target: Path, count: int, store: Store) -> str:
