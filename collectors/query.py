@@ -28,7 +28,7 @@ from .errors import StoreCorruptError, StoreError, StoreLockedError, StoreTamper
 from .ingest import Collector
 from .layout import RunLayout, require_run_dir
 from .safefile import UnsafeFileError, open_regular_file
-from .store import Schema, Store
+from .store import Schema, Store, wal_path
 from .store.console import ConsoleLimits, ConsoleResult, run_console_query
 
 HEADER_BYTES = 3 * 4096
@@ -119,7 +119,7 @@ def _copy_between_checkpoints(path: Path, copy: Path) -> bool:
     """Copy the log, then the file, to ``copy``; False when a checkpoint completed meanwhile. Only regular files
     are copied (a link to ``/dev/zero`` or a FIFO in their place is refused unread: StoreError), and the log at
     most as large as the file or ``MAX_WAL_BYTES``, whichever is larger."""
-    wal, copied_wal = (p.with_name(p.name + ".wal") for p in (path, copy))
+    wal, copied_wal = wal_path(path), wal_path(copy)
     before = _headers(path)
     copied_wal.unlink(missing_ok=True)
     with _regular(path) as store:

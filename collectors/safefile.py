@@ -54,6 +54,16 @@ def read_small_file(path: Path, max_bytes: int, *, dir_fd: int | None = None) ->
     return data
 
 
+def special_file(path: Path) -> str | None:
+    """What ``path`` is, in words, when it is there but is no regular file (a link is not followed: ``lstat``);
+    None for a regular file or nothing. For a file that someone else opens by name (DuckDB): never blocks."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    return None if stat.S_ISREG(mode) else file_type(mode)
+
+
 def _open_problem(path: Path, error: OSError) -> str:
     if error.errno == errno.ELOOP:
         return "a symbolic link, not a regular file: refused unread"

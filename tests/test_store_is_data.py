@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -210,3 +211,56 @@ def test_a_snapshot_copies_only_a_regular_log_of_bounded_size(tiny_faults: Path,
         "a sparse file past the limit": "over the limit",
     }
     assert reason[wal] in warning
+
+
+SPECIAL_FILES = {
+    "a FIFO": ("a FIFO", lambda path: os.mkfifo(path)),
+    "a link to /dev/zero": ("a symbolic link", lambda path: path.symlink_to("/dev/zero")),
+    "a link to a regular file": ("a symbolic link", lambda path: path.symlink_to(path.with_name("elsewhere"))),
+    "a directory": ("a directory", lambda path: path.mkdir()),
+}
+"""What someone who can write the run folder puts where the store or its log belongs, and what it is called."""
+
+
+@pytest.fixture(scope="module")
+def collected_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sample_runs/tiny-faults collected once by the real CLI (copy it before changing it)."""
+    sample = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
+    run = tmp_path_factory.mktemp("collected") / "run"
+    return collect(Path(shutil.copytree(sample, run, ignore=shutil.ignore_patterns("bedside.duckdb*"))))
+
+
+@pytest.mark.parametrize(
+    ("file", "special"),
+    [
+        ("bedside.duckdb", "a FIFO"),
+        ("bedside.duckdb.wal", "a FIFO"),
+        ("bedside.duckdb.wal", "a link to /dev/zero"),
+        ("bedside.duckdb", "a link to a regular file"),
+        ("bedside.duckdb.wal", "a directory"),
+    ],
+)
+def test_a_store_or_log_that_is_no_regular_file_is_refused_unopened(
+    collected_run: Path, tmp_path: Path, bedside: Callable, file: str, special: str
+) -> None:
+    """DuckDB opens the store by name: a FIFO blocked query, collect and watch in open() until killed, a link was
+    read and written through. Each is refused before DuckDB opens it, and named; a reader falls back to the
+    telemetry, the owner stops with the error, and ``collect --rebuild`` moves it aside."""
+    run = Path(shutil.copytree(collected_run, tmp_path / "run"))
+    target = run / file
+    target.unlink(missing_ok=True)
+    (run / "elsewhere").write_bytes(b"not a store")
+    kind, make = SPECIAL_FILES[special]
+    make(target)
+    role = "the store" if file == "bedside.duckdb" else "the store's write-ahead log"
+    named = f"{target} ({role}) is {kind}, not a regular file"
+    read = bedside("query", run, "SELECT count(*) AS n FROM step_metrics", timeout=30)
+    assert read.returncode == 0 and read.stdout.split()[-1] == "200", read.stderr
+    assert named in read.stderr and "raw telemetry" in read.stderr
+    for command in (("collect",), ("watch", "--until-finished")):
+        owned = bedside(*command, run, "--quiet", timeout=30)
+        assert owned.returncode == 2 and named in owned.stderr and f"collect {run} --rebuild" in owned.stderr
+    assert (run / "elsewhere").read_bytes() == b"not a store"  # nothing written through a link
+    rebuilt = bedside("collect", run, "--rebuild", "--quiet", timeout=30)
+    assert rebuilt.returncode == 0 and "moved the store aside" in rebuilt.stderr, rebuilt.stderr
+    assert RunLayout(run).store.is_file() and not RunLayout(run).store.is_symlink()

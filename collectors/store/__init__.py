@@ -26,7 +26,8 @@ import pandas as pd
 import pyarrow as pa
 
 from .. import failpoints
-from ..errors import StoreCorruptError, StoreError, StoreLockedError
+from ..errors import StoreCorruptError, StoreError, StoreLockedError, StoreTamperedError
+from ..safefile import special_file
 
 STORE_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # every connection, a store's included: no
     # file but its own database, no network, extensions or Python objects; its configuration locked
@@ -120,7 +121,9 @@ class Store:
     ) -> Store:
         """Open (and, when writable, migrate) the store at ``path``, with the telemetry's schema and ``schemas``;
         None means in memory. ``memory_limit`` (DuckDB's, e.g. ``"2GB"``) is set before the configuration is
-        locked: nothing can change it later."""
+        locked: nothing can change it later. A store or log that is no regular file is a StoreTamperedError."""
+        if path is not None:
+            refuse_special_files(path)
         if read_only and (path is None or not path.exists()):
             raise StoreError(f"no store at {path}")
         existed = path is not None and path.exists()
@@ -299,6 +302,23 @@ class Store:
         self.cursor().execute(self.query_text(name), params)
 
 
+def wal_path(path: Path) -> Path:
+    """The write-ahead log DuckDB keeps beside the store at ``path``."""
+    return path.with_name(f"{path.name}.wal")
+
+
+def refuse_special_files(path: Path) -> None:
+    """StoreTamperedError when the store at ``path`` or its log is there but is no regular file (a link, a FIFO, a
+    device, a directory, a socket): DuckDB opens them by name, so it would block on a FIFO until a writer comes,
+    and read and write through a link. Checked with ``lstat``, which neither blocks nor follows."""
+    for file, role in ((path, "the store"), (wal_path(path), "the store's write-ahead log")):
+        if kind := special_file(file):
+            raise StoreTamperedError(
+                f"{file} ({role}) is {kind}, not a regular file: bedside does not open it. Remove it, or move the "
+                f"store aside and rebuild it from the telemetry with bedside collect {path.parent} --rebuild"
+            )
+
+
 Fingerprint = tuple[tuple[int, ...] | None, ...]
 
 
@@ -306,7 +326,7 @@ def fingerprint(path: Path) -> Fingerprint:
     """What changes whenever the store file or its write-ahead log is written: device, inode, size, and the
     modification and change times (a change time cannot be set back, as a modification time can)."""
     marks: list[tuple[int, ...] | None] = []
-    for file in (path, path.with_name(f"{path.name}.wal")):
+    for file in (path, wal_path(path)):
         try:
             info = os.stat(file)
         except FileNotFoundError:
@@ -321,7 +341,7 @@ def move_aside(path: Path) -> Path | None:
 
     StoreLockedError if another process holds the store: it would keep writing to the renamed file.
     """
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
         Store.open(path, read_only=True).close()
@@ -331,9 +351,8 @@ def move_aside(path: Path) -> Path | None:
         pass  # damaged beyond opening: nobody holds it
     aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     path.rename(aside)
-    wal = path.with_name(path.name + ".wal")
-    if wal.exists():
-        wal.rename(aside.with_name(aside.name + ".wal"))
+    if os.path.lexists(wal := wal_path(path)):
+        wal.rename(wal_path(aside))
     return aside
 
 
