@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
 from typing import Any, TextIO
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from bedside.collectors.format import encode_number
 from bedside.collectors.ingest import PassResult
@@ -18,7 +21,23 @@ __all__ = ["Progress", "print_frame", "warn"]
 
 
 def print_frame(frame: pd.DataFrame, fmt: str, out: TextIO = sys.stdout) -> None:
-    """Write ``frame`` as an aligned table, CSV, or JSON records (one array)."""
+    """Write ``frame`` as an aligned table, CSV, or JSON records (one array). Every value prints: a column that
+    pandas cannot write (an interval, a union, a date or time past Python's range such as ``DATE 'infinity'``)
+    is written as its text."""
+    text = io.StringIO()
+    try:
+        _write_frame(frame, fmt, text)
+    except UNPRINTABLE:
+        text = io.StringIO()
+        _write_frame(_printable(frame, fmt), fmt, text)
+    out.write(text.getvalue())
+
+
+UNPRINTABLE = (NotImplementedError, OverflowError, ValueError, TypeError, pa.ArrowException)
+"""What pandas and pyarrow raise for a type or value they cannot write (ArrowNotImplementedError is both)."""
+
+
+def _write_frame(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
     if fmt == "csv":
         frame.to_csv(out, index=False)
     elif fmt == "json":
@@ -29,6 +48,38 @@ def print_frame(frame: pd.DataFrame, fmt: str, out: TextIO = sys.stdout) -> None
     else:
         with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200):
             out.write(frame.to_string(index=False) + "\n")
+
+
+def _printable(frame: pd.DataFrame, fmt: str) -> pd.DataFrame:
+    """``frame`` with each column that cannot be written as ``fmt`` replaced by its text."""
+    printable = frame.copy()
+    for position in range(frame.shape[1]):
+        try:
+            _write_frame(frame.iloc[:, [position]], fmt, io.StringIO())
+        except UNPRINTABLE:
+            printable.isetitem(position, _as_text(frame.iloc[:, position]))
+    return printable
+
+
+def _as_text(column: pd.Series) -> pd.Series:
+    """Each value of ``column`` as text (NULL stays NULL): Arrow's cast where it has one (a date past Python's
+    range reads ``<value out of range: DAYS>``), else Python's text of the value, else Arrow's own printing."""
+    values = pa.array(column)
+    try:
+        text = pc.cast(values, pa.string())
+    except pa.ArrowException:
+        text = pa.array([_value_text(values, row) for row in range(len(values))], pa.string())
+    return pd.Series(text, index=column.index, name=column.name, dtype=pd.ArrowDtype(pa.string()))
+
+
+def _value_text(values: pa.Array, row: int) -> str | None:
+    value = values[row]
+    if not value.is_valid:
+        return None
+    try:
+        return str(value.as_py())
+    except UNPRINTABLE:  # a date or time past Python's range inside a list or struct
+        return values.slice(row, 1).to_string(skip_new_lines=True, window=1 << 30, container_window=1 << 30)
 
 
 def _jsonable(value: Any) -> Any:

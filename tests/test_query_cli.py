@@ -15,6 +15,12 @@ from pathlib import Path
 import pytest
 
 from bedside.app.cli import build_parser
+from bedside.app.options import FORMATS
+from bedside.app.output import print_frame
+from bedside.app.service.schema import SCHEMAS
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.store import Store
+from bedside.collectors.store.console import run_console_query
 from bedside.collectors.writer import RunLogger
 
 LOSSES = {1: 0.5, 2: 0.25, 3: 0.125}
@@ -70,6 +76,34 @@ def test_query_prints_each_format(collected_run, bedside, fmt: str, parse: Calla
     done = bedside("query", collected_run, STEP_LOSS_SQL, "--format", fmt)
     assert (done.returncode, done.stderr) == (0, "")
     assert parse(done.stdout) == list(LOSSES.items())
+
+
+ODD_TYPES_SQL = (
+    "SELECT INTERVAL 1 DAY AS i, union_value(k := 7) AS u, DATE 'infinity' AS d, [DATE 'infinity'] AS l "
+    "FROM step_metrics LIMIT 1"
+)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_values_pandas_cannot_show_print_as_text(collected_run, bedside, fmt: str) -> None:
+    """An interval or a union (no pandas formatter) and DATE 'infinity' (past Python's dates) ended in a
+    traceback; each prints, as text where pandas has none."""
+    done = bedside("query", collected_run, ODD_TYPES_SQL, "--format", fmt)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert "2147483647" in done.stdout and "7" in done.stdout
+
+
+def test_every_duckdb_type_prints_in_every_format(collected_run) -> None:
+    """Each column of DuckDB's test_all_types() (its extremes and NULL), on its own and all together, through
+    the console and the CLI's printer."""
+    with Store.open(RunLayout(collected_run).store, read_only=True, schemas=SCHEMAS) as store:
+        frame = run_console_query(store, "SELECT * FROM test_all_types()").frame
+    assert len(frame.columns) > 50
+    for fmt in FORMATS:
+        for columns in [[name] for name in frame.columns] + [list(frame.columns)]:
+            out = io.StringIO()
+            print_frame(frame[columns], fmt, out)
+            assert all(name in out.getvalue() for name in columns), (fmt, columns)
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, fragment: str) -> None:
