@@ -4,7 +4,7 @@ In a synchronous job every rank's wall ``step_time`` is the same (the collective
 for the slowest rank), so the statistic works from the phases: each rank's work is
 ``compute_time + data_time`` (``step_time`` only for steps that report neither), less
 ``cpu_wait_time`` where the rank reports it: the time its thread waited for a CPU that
-other processes of its host held is the host's, not the rank's.
+other processes of its host held is the host's, not the rank's (``rank_work.py``).
 
 **Peers first.** A rank's peers are the ranks that share its position, the ranks doing
 the same work: the same pipeline stage (and the same TP index when each such slot
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -51,6 +50,7 @@ from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, NON_NEGATIVE, POSITIVE, Range, ranges
+from .rank_work import FAST_QUANTILE, Placement, Positions, rank_work
 from .robust import Cusum, mad_sigma, row_median, row_quantile
 from .telemetry import TelemetryBatch
 
@@ -66,14 +66,11 @@ KNOTS = 257
 SCORE_LIMIT = 4.0
 """The largest score a residual beyond the reference gets: one step far out cannot raise an alarm alone."""
 MIN_VERDICT_STEPS = 8
+"""A run shorter than the warm-up gets a verdict from this many steps on."""
 ONSET_WINDOW = 64
 """Steps of each rank's scores kept to place an episode's onset."""
 RECENT_STEPS = 8
 """The newest scores of a CUSUM run that estimate the shift it found."""
-FAST_QUANTILE = 0.25
-"""The job's level is the work of its fast ranks, this quantile of the ranks' work: a contended machine slows them
-too, while a slow host holding half the job moves the median as far as its own excess but not them."""
-"""A run shorter than the warm-up gets a verdict from this many steps on."""
 
 
 @dataclass
@@ -153,33 +150,6 @@ class _Reference:
         self.middle = max(float(q[2] - q[1]), 1e-12)
 
 
-@dataclass(frozen=True)
-class _Positions:
-    """Ranks ``0..size-1`` by position: ``label`` per rank (-1: not placed), and whether the run declared them."""
-
-    label: np.ndarray
-    declared: bool
-    stage: dict[int, int | None]  # label -> pipeline stage
-
-    @cached_property
-    def groups(self) -> list[tuple[int, np.ndarray]]:
-        """Each position's label and its ranks (worked out once: the positions last until the topology changes)."""
-        return [(int(g), np.flatnonzero(self.label == g)) for g in np.unique(self.label) if g >= 0]
-
-
-def place_ranks(topology: pd.DataFrame, size: int) -> _Positions:
-    """Positions from the topology: by pipeline stage, refined by TP index when its slots hold two or more
-    ranks (a median over slots); one position of every rank when no stage is declared."""
-    topo = topology[topology["rank"] < size].dropna(subset=["pp"])
-    if topo.empty:
-        return _Positions(np.zeros(size, int), False, {0: None})
-    keys = ["pp", "tp"] if topo["tp"].notna().all() and topo.groupby(["pp", "tp"]).size().median() >= 2 else ["pp"]
-    codes, uniques = pd.MultiIndex.from_frame(topo[keys].astype(int)).factorize()
-    label = np.full(size, -1)
-    label[topo["rank"].to_numpy(int)] = codes
-    return _Positions(label, True, {i: int(key[0]) for i, key in enumerate(uniques)})
-
-
 def others_median(values: np.ndarray) -> np.ndarray:
     """For each value, the median of the other values of its row (NaNs ignored; NaN with no other)."""
     ordered = np.sort(values, axis=1)
@@ -255,7 +225,7 @@ class StragglerDetector(CrossRankDetector):
         self._scores = np.zeros((ONSET_WINDOW, 0))  # a ring of the newest scores (the rise's for a claimed rank)
         self._scored = np.full((ONSET_WINDOW, 2), -1)  # the (timeline, step) of each of its rows
         self._row = 0
-        self._placed: tuple[tuple[int, int], _Positions] | None = None
+        self._placement = Placement()
         self._z_scale = 1.0
 
     # -- streaming -----------------------------------------------------------------------
@@ -304,12 +274,9 @@ class StragglerDetector(CrossRankDetector):
         self._cusum.resize(size)
         self._rise.resize(size)
 
-    def _positions(self) -> _Positions:
-        """The positions of ranks ``0..size-1``, placed again when the topology or the rank count changes."""
-        key = (len(self._b), len(self.run.topology))
-        if self._placed is None or self._placed[0] != key:
-            self._placed = (key, place_ranks(self.run.topology, len(self._b)))
-        return self._placed[1]
+    def _positions(self) -> Positions:
+        """The positions of ranks ``0..size-1``."""
+        return self._placement.of(self.run.topology, len(self._b))
 
     def _observations(self, matrix: StepMatrix) -> tuple[np.ndarray, np.ndarray]:
         """``d`` (steps x ranks) and what episodes accumulate (steps x OBS x ranks), full rank width."""
@@ -318,13 +285,7 @@ class StragglerDetector(CrossRankDetector):
         for name in METRICS:
             full[name] = np.full((len(matrix), size), np.nan)
             full[name][:, matrix.ranks] = matrix.values[name]
-        compute, data = full["compute_time"], full["data_time"]
-        both = compute + data
-        phases = np.where(np.isnan(both), np.fmax(compute, data), both)  # a phase not reported adds 0
-        phased = ~np.isnan(phases).all(axis=1, keepdims=True)
-        work = np.where(phased, phases, full["step_time"])
-        work -= np.fmin(np.nan_to_num(full["cpu_wait_time"]), work)  # waiting for a CPU is the host's, not the rank's
-        work[~(work > 0)] = np.nan
+        work, phased = rank_work(full["step_time"], full["compute_time"], full["data_time"], full["cpu_wait_time"])
         log_work = np.log(work)
         d = log_work - row_median(log_work)
         median = row_median(work)
@@ -550,7 +511,7 @@ class StragglerDetector(CrossRankDetector):
                 episode.frozen = self._evidence(episode)
         return found
 
-    def _shrink(self, dev: np.ndarray, places: _Positions, se: float) -> np.ndarray:
+    def _shrink(self, dev: np.ndarray, places: Positions, se: float) -> np.ndarray:
         """Deviations from the position pulled toward 0 by tau^2 / (tau^2 + se^2).
 
         ``tau`` is the spread of true deviations (robust spread of the position's deviations
@@ -566,7 +527,7 @@ class StragglerDetector(CrossRankDetector):
         return b
 
     def _slow_positions(
-        self, position: np.ndarray, places: _Positions, floor: float
+        self, position: np.ndarray, places: Positions, floor: float
     ) -> list[tuple[int | None, np.ndarray]]:
         """Declared positions slower than the job as a whole: (pipeline stage, ranks present)."""
         found = []
@@ -577,7 +538,7 @@ class StragglerDetector(CrossRankDetector):
         return found
 
     def _slow_ranks(
-        self, slow: np.ndarray, dev: np.ndarray, places: _Positions
+        self, slow: np.ndarray, dev: np.ndarray, places: Positions
     ) -> list[tuple[str, np.ndarray, str | None]]:
         """Ranks far off their peers from the start: (scope, ranks, host) by host for a declared position;
         without declared positions, two or more whose excess is within 50% of each other's are one position."""
@@ -598,7 +559,7 @@ class StragglerDetector(CrossRankDetector):
                 rest -= set(hit.tolist())
         return found + [("rank", np.array([r]), self.run.place_of(r).get("host")) for r in sorted(rest)]
 
-    def _peer_count(self, ranks: np.ndarray, places: _Positions) -> int:
+    def _peer_count(self, ranks: np.ndarray, places: Positions) -> int:
         """How many ranks the first of ``ranks`` is compared with (its position's others, else the job's)."""
         label = places.label[ranks[0]] if ranks[0] < len(places.label) else -1
         same = np.count_nonzero((places.label == label) & (self._learned > 0)) - 1
@@ -785,7 +746,7 @@ def _clusters(ranks: np.ndarray, dev: np.ndarray) -> list[np.ndarray]:
     return [np.array(sorted(g)) for g in groups]
 
 
-def _position_offsets(raw: np.ndarray, places: _Positions) -> np.ndarray:
+def _position_offsets(raw: np.ndarray, places: Positions) -> np.ndarray:
     """Each rank's position offset: the lower median of its position's warm-up offsets (one sick rank of two
     leaves the position at its healthy peer's)."""
     position = np.full_like(raw, np.nan)

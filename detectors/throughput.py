@@ -37,6 +37,7 @@ from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, FRACTION, NON_NEGATIVE, OPTIONAL_COUNT, POSITIVE, ranges
+from .rank_work import wall_time
 from .robust import mad_sigma, row_median
 from .telemetry import TelemetryBatch
 
@@ -366,14 +367,14 @@ def _summary(start_step: int, ev: dict[str, Any]) -> str:
         f"throughput down {ev['largest_drop'] * 100:.1f}% from its baseline since step {start_step}"
         f" ({ev['lowest_per_s']:.4g} vs {baseline:.4g} {unit} at step {ev['lowest_step']})"
     )
-    cost = f"; {_duration(ev['lost_s'])} of wall time lost"
+    cost = f"; {wall_time(ev['lost_s'])} of wall time lost"
     if ev["contended"]:
         cost += (
             f"; the median rank's wait for a CPU rose {ev['cpu_wait_rise_s'] * 1e3:.3g} ms of the"
             f" {ev['step_rise_s'] * 1e3:.3g} ms a step: other processes took the cores (the environment, not the job)"
         )
     elif ev["lost_s"] < ev["min_lost_s"]:
-        cost += f" (it pages from {_duration(ev['min_lost_s'])})"
+        cost += f" (it pages from {wall_time(ev['min_lost_s'])})"
     if f"{ev['drop'] * 100:.1f}" == f"{ev['largest_drop'] * 100:.1f}":
         return peak + cost
     now = ev["drop"]
@@ -386,7 +387,3 @@ def _median(values: deque[float], start: int, stop: int) -> float:
     chosen = np.array(list(values)[max(start, 0) : stop], dtype=float)
     chosen = chosen[np.isfinite(chosen)]
     return float(np.median(chosen)) if len(chosen) else math.nan
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
