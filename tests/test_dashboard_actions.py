@@ -546,7 +546,7 @@ def test_a_run_whose_store_another_process_holds_is_shown_read_only(
     shown = {m.label: m.value for m in go_to(app, "overview").metric}
     assert (shown["Status"], shown["Step"]) == ("finished", "200")  # from the raw telemetry
     assert shown["Open incidents"] == "–"  # not "0": the incidents are in the other process
-    assert set(chart_keys(app)) == {"eval_vs_compute", "training_curves"}
+    assert set(chart_keys(app)) == {"goodput", "eval_vs_compute", "training_curves"}
 
     unlock(go_to(app, "incidents"), OPERATOR, TOKEN)
     assert_rendered(app)

@@ -78,7 +78,7 @@ def test_the_overview_shows_the_finished_run_at_step_200_and_its_eval_against_co
     [[still_open]] = from_store(served / FAULTS, "SELECT count(*) FROM incidents WHERE status <> 'resolved'").values
     assert still_open >= 1 and shown["Open incidents"] == str(still_open)
 
-    assert chart_keys(app) == ["eval_vs_compute", "training_curves"]
+    assert chart_keys(app) == ["goodput", "eval_vs_compute", "training_curves"]
     figure = chart(app, "eval_vs_compute")
     assert figure["layout"]["xaxis"]["type"] == "log"
     evals = from_store(
