@@ -1,5 +1,5 @@
-"""A rank's own work in a step and its position, as the detectors that compare ranks read them, and seconds of
-wall time as the on-call reads them.
+"""A rank's own work in a step, its position and the job's pace, as the detectors that compare ranks read them,
+and seconds of wall time as the on-call reads them.
 
 In a synchronous job every rank's ``step_time`` is the same (the collectives wait for the slowest rank), so a
 rank's own **work** is ``compute_time + data_time`` (either one alone when the other is missing; ``step_time`` for
@@ -7,7 +7,11 @@ a step where no rank reports either), less ``cpu_wait_time`` where the rank repo
 for a CPU that other processes of its host held is the host's, not the rank's.
 
 A rank's **position** is the ranks doing the same work: its pipeline stage (refined by TP index when each such
-slot holds two or more ranks), every rank when the run declares no stages.
+slot holds two or more ranks), every rank when the run declares no stages. The job's **pace** is what it would
+wait for were no rank slower than the fast ranks of its position (their lower quartile): the largest such work
+over the positions. The lower quartile, not the median: a slow host holding half the job (or half a stage)
+moves the median as far as its own excess but not them. A rank's work beyond the pace is what the job waits
+for it.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from .robust import row_quantile
+
 FAST_QUANTILE = 0.25
-"""The job's level is the work of its fast ranks, this quantile of the ranks' work: a contended machine slows them
-too, while a slow host holding half the job moves the median as far as its own excess but not them."""
+"""The fast ranks of a position, or of the job (the straggler detector's level: a contended machine slows them
+too): this quantile of their work."""
 
 
 def rank_work(
@@ -75,6 +81,13 @@ class Placement:
         if self._placed is None or self._placed[0] != key:
             self._placed = (key, place_ranks(topology, size))
         return self._placed[1]
+
+
+def job_pace(work: np.ndarray, positions: Positions) -> np.ndarray:
+    """The job's pace in each step (steps x 1) from its ranks' work (steps x ranks ``0..size-1``): the largest,
+    over positions, of the work of the position's fast ranks."""
+    paces = [row_quantile(work[:, members], FAST_QUANTILE) for _, members in positions.groups]
+    return np.fmax.reduce(paces) if paces else row_quantile(work, FAST_QUANTILE)
 
 
 def wall_time(seconds: float) -> str:

@@ -4,7 +4,8 @@ In a synchronous job every rank's wall ``step_time`` is the same (the collective
 for the slowest rank), so the statistic works from the phases: each rank's work is
 ``compute_time + data_time`` (``step_time`` only for steps that report neither), less
 ``cpu_wait_time`` where the rank reports it: the time its thread waited for a CPU that
-other processes of its host held is the host's, not the rank's (``rank_work.py``).
+other processes of its host held is the host's, not the rank's (``rank_work.py``, which the
+throughput detector reads too).
 
 **Peers first.** A rank's peers are the ranks that share its position, the ranks doing
 the same work: the same pipeline stage (and the same TP index when each such slot
@@ -50,16 +51,17 @@ from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, NON_NEGATIVE, POSITIVE, Range, ranges
-from .rank_work import FAST_QUANTILE, Placement, Positions, rank_work
+from .rank_work import FAST_QUANTILE, Placement, Positions, job_pace, rank_work, wall_time
 from .robust import Cusum, mad_sigma, row_median, row_quantile
 from .telemetry import TelemetryBatch
 
 METRICS = ("step_time", "data_time", "compute_time", "comm_time", "cpu_wait_time")
-OBS = ("resid", "cost", "compute", "data", "wait", "median", "phased", "count", "peer", "level", "cpu_wait")
-"""What a rank sums over its CUSUM run: log residual; seconds of work, compute and data over the step's
-median, and of the median comm wait over its own (the peers' wait for it); the median work; steps; log of
-its work over the median of its peers' (itself left out); log of the job's median work; seconds it waited
-for a CPU over the step's median wait."""
+OBS = ("resid", "cost", "compute", "data", "wait", "median", "phased", "count", "peer", "level", "cpu_wait", "step")
+"""What a rank sums over its CUSUM run: log residual; seconds of work over the job's pace (``job_pace``, at least
+0: what the job waits for it), of compute and data over the step's median, and of the median comm wait over its
+own (the peers' wait for it); the median work; steps; log of its work over the median of its peers' (itself left
+out); log of the job's level (its fast ranks' work); seconds it waited for a CPU over the step's median wait; the
+step's seconds (the median rank's ``step_time``)."""
 IQR_TO_SIGMA = 1 / 1.349
 KNOTS = 257
 """Knots of the normal-score map."""
@@ -297,11 +299,12 @@ class StragglerDetector(CrossRankDetector):
         valid = ~np.isnan(d)
         columns = {
             "resid": np.zeros_like(d),
-            "cost": work - median,
+            "cost": np.maximum(work - job_pace(work, self._positions()), 0.0),
             "compute": excess["compute"],
             "data": excess["data"],
             "wait": -excess["comm"],
             "cpu_wait": excess["cpu_wait"],
+            "step": np.broadcast_to(np.nan_to_num(row_median(full["step_time"])), d.shape),
             "median": np.broadcast_to(median, d.shape),
             "phased": np.broadcast_to(phased, d.shape),
             "count": np.ones_like(d),
@@ -652,7 +655,7 @@ class StragglerDetector(CrossRankDetector):
         verdict = episode.verdict
         spread = 2 * verdict.get("offset_se", 0.0)
         peer = float(mean["peer"].mean())
-        cost, cpu_wait = float(mean["cost"].max()), float(mean["cpu_wait"].max())
+        cpu_wait = float(mean["cpu_wait"].max())
         return {
             "scope": episode.scope,
             "host": episode.host,
@@ -670,7 +673,7 @@ class StragglerDetector(CrossRankDetector):
             "job_slowdown": round(job, 4),
             "contended": episode.scope != "pp_stage" and job - 1 >= max(slowdown - 1, self.structural_min),
             "phase": phase,
-            "job_cost_s_per_step": round(cost, 6),
+            **_job_loss(acc, mean),
             "cpu_wait_s_per_step": round(cpu_wait, 6),
             "peers_wait_s_per_step": round(float(mean["wait"].max()), 6),
             "baseline_work_s": round(float(np.median(mean["median"])), 6),
@@ -700,6 +703,19 @@ class StragglerDetector(CrossRankDetector):
             episode.active,
             self.name,
         )
+
+
+def _job_loss(acc: np.ndarray, mean: dict[str, np.ndarray]) -> dict[str, Any]:
+    """What the episode costs the job, from its slowest rank: seconds per step of its work over the job's pace
+    (the synchronous job waits that long), that share of the step's seconds (of the job's throughput), and the
+    wall time lost since the onset."""
+    worst = int(np.argmax(mean["cost"]))
+    cost, step = float(mean["cost"][worst]), float(mean["step"][worst])
+    return {
+        "job_cost_s_per_step": round(cost, 6),
+        "throughput_lost": round(cost / step, 4) if step > 0 else None,
+        "lost_s": round(float(acc[OBS.index("cost"), worst]), 3),
+    }
 
 
 def _mostly_above(above: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -765,7 +781,7 @@ def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
             f"{where} x{ev['slowdown']:.2f} the median rank's work from the start{how}, over {ev['steps_seen']} "
             f"steps: structural imbalance of a position, learned as the baseline"
         )
-    cost = f"the job loses {ev['job_cost_s_per_step']:.3g} s per step"
+    cost = _cost(ev)
     if episode.scope == "pp_stage":
         return (
             f"pipeline stage {episode.stage} (ranks {_list(episode.ranks)}) x{ev['slowdown']:.2f} its own "
@@ -785,6 +801,14 @@ def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
         )
     node = " (slow node)" if episode.scope == "host" else ""
     return f"{who} {peers}, {since}{node}; {cost}"
+
+
+def _cost(ev: dict[str, Any]) -> str:
+    """The job's loss: seconds per step, with the share of its throughput and the wall time lost since the onset."""
+    share = f", {ev['throughput_lost'] * 100:.1f}% of its throughput" if ev["throughput_lost"] is not None else ""
+    return (
+        f"the job loses {ev['job_cost_s_per_step']:.3g} s per step{share} ({wall_time(ev['lost_s'])} of wall time lost)"
+    )
 
 
 def _peers(count: int) -> str:

@@ -15,6 +15,14 @@ A drop whose extra seconds per step are mostly the ranks' wait for a CPU (``cpu_
 the median rank's, over the window against the baseline) is the environment: other processes
 took the hosts' cores. It is said so, as info, and never pages.
 
+A drop whose extra seconds per step are mostly its slowest ranks' own work is a straggler's: the straggler
+finding names them and carries the job's loss, so it opens no finding here. Each step is also rated at the job's
+pace (``rank_work.py``): its duration less the seconds the job waited on its slowest rank's work beyond the pace.
+The window's median of that log rate against its median before the onset is the drop's own part; a drop is shown
+from the first step at which that is at least ``min_drop`` or more than half the drop's depth at its lowest, and
+then states the slowest ranks' share of it. A drop that is never shown was the straggler's; nothing pages for it
+here, and nothing adds a second finding to the straggler's incident.
+
 A drop is judged by its practical size too: the wall time it has cost (each step's
 duration less the time the baseline rate would have taken for its work, summed from
 the onset). It pages (warning) once that reaches ``min_lost_s``; until then it is
@@ -37,20 +45,26 @@ from .crossrank import CrossRankDetector, StepMatrix
 from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, FRACTION, NON_NEGATIVE, OPTIONAL_COUNT, POSITIVE, ranges
-from .rank_work import wall_time
+from .rank_work import Placement, job_pace, rank_work, wall_time
 from .robust import mad_sigma, row_median
 from .telemetry import TelemetryBatch
 
 Key = tuple[int, int]
-_Rated = tuple[Key, float, str, float, float, float]
-"""A step's key and log rate, with where its duration came from, the tokens it reported, its seconds and the
-median rank's wait for a CPU in it."""
+_Rated = tuple[Key, float, str, float, float, float, float]
+"""A step's key and log rate, with where its duration came from, the tokens it reported, its seconds, the
+median rank's wait for a CPU in it and its log rate at the job's pace."""
+_Timing = tuple[float, float, float]
+"""A step's seconds (the median rank's ``step_time``), the median rank's wait for a CPU, and the seconds the job
+waited on its slowest rank's work beyond the job's pace (``rank_work.job_pace``)."""
 SCREEN_FROM = 64
 """Rated steps from which a drain screens them with rolling medians rather than judging each."""
 SCREEN_SLACK = 1e-9
 """The screen's margin in log rate: a step this close to a boundary is judged exactly."""
 MAX_PENDING = 10_000
-"""Step durations kept waiting for their step record, at most."""
+"""Step durations kept waiting for their step record once a drain has rated what it could, at most."""
+SLOWEST_SAID = 0.1
+"""The share of a drop from which its finding says how much of it is the slowest ranks' (less is noise in the
+medians)."""
 
 
 @dataclass
@@ -67,6 +81,10 @@ class _Drop:
     lost_s: float = 0.0  # wall time lost against the baseline rate since the onset
     base_seconds: float = math.nan  # the median step's seconds before the onset
     base_wait: float = math.nan  # the median rank's wait for a CPU per step before the onset
+    base_paced: float = math.nan  # the median log rate at the job's pace before the onset
+    depths: float = 0.0  # the sum over its steps of the window's log drop
+    own_depths: float = 0.0  # and of the window's log drop at the job's pace
+    shown: bool = False  # the job's own at some step (else its slowest ranks': no finding)
     evidence: dict[str, Any] = field(default_factory=dict)
     active: bool = True
 
@@ -75,7 +93,7 @@ class ThroughputDetector(CrossRankDetector):
     """Sustained drops of tokens per second against a rolling robust baseline (see the module docstring)."""
 
     name = "throughput_drop"
-    rank_metrics = ("step_time", "cpu_wait_time")
+    rank_metrics = ("step_time", "cpu_wait_time", "compute_time", "data_time")
     kinds = (
         FindingKind("throughput_drop", Family.PERFORMANCE, tolerance=200, cause="throughput", precedence=90, lead=50),
     )
@@ -103,8 +121,8 @@ class ThroughputDetector(CrossRankDetector):
         super().__init__()
         self.window, self.baseline_steps, self.min_drop, self.z = window, baseline_steps, min_drop, z
         self.warmup_steps, self.lag, self.min_lost_s = warmup_steps, lag, min_lost_s
-        self._durations: dict[Key, float] = {}
-        self._waits: dict[Key, float] = {}  # the median rank's wait for a CPU, by step
+        self._timings: dict[Key, _Timing] = {}
+        self._placement = Placement()
         self._released: Key = (-1, -1)
         self._queue: deque[tuple[Key, float, float]] = deque()  # (key, time, tokens) of step records not yet rated
         self._previous: dict[int, tuple[int, float]] = {}  # timeline -> (step, time) of the last step record
@@ -112,6 +130,7 @@ class ThroughputDetector(CrossRankDetector):
         self._seen = 0
         self._history: deque[tuple[Key, float, float]] = deque(maxlen=baseline_steps + window)  # key, log rate, s
         self._waited: deque[float] = deque(maxlen=baseline_steps + window)  # each one's wait for a CPU
+        self._paced: deque[float] = deque(maxlen=baseline_steps + window)  # each one's log rate at the job's pace
         self._drop: _Drop | None = None
         self._source = "median rank step_time"
 
@@ -134,19 +153,27 @@ class ThroughputDetector(CrossRankDetector):
     def _take_durations(self, matrix: StepMatrix | None) -> None:
         if matrix is None:
             return
-        times = matrix.values["step_time"]
+        values = matrix.values
+        times = values["step_time"]
         medians = row_median(np.where(times > 0, times, np.nan))[:, 0]
-        waits = row_median(matrix.values["cpu_wait_time"])[:, 0]
+        waits = row_median(values["cpu_wait_time"])[:, 0]
+        leads = self._leads(matrix)
         keys = zip(matrix.timelines.tolist(), matrix.steps.tolist())
-        for key, median, wait in zip(keys, medians.tolist(), waits.tolist()):
+        for key, median, wait, lead in zip(keys, medians.tolist(), waits.tolist(), leads.tolist()):
             if math.isfinite(median):
-                self._durations[key] = median
-                self._waits[key] = wait
-        while len(self._durations) > MAX_PENDING:  # rank rows of steps that have no step record
-            oldest = next(iter(self._durations))
-            self._durations.pop(oldest)
-            self._waits.pop(oldest, None)
+                self._timings[key] = (median, wait, lead)
         self._released = max(self._released, (int(matrix.timelines[-1]), int(matrix.steps[-1])))
+
+    def _leads(self, matrix: StepMatrix) -> np.ndarray:
+        """Per step, the seconds the job waited on its slowest rank's work beyond the job's pace (0 where unknown)."""
+        values, size = matrix.values, int(matrix.ranks.max()) + 1
+        present, _ = rank_work(
+            values["step_time"], values["compute_time"], values["data_time"], values["cpu_wait_time"]
+        )
+        work = np.full((len(matrix), size), np.nan)
+        work[:, matrix.ranks] = present
+        pace = job_pace(work, self._placement.of(self.run.topology, size))
+        return np.nan_to_num(np.fmax.reduce(work, axis=1) - pace[:, 0])
 
     def _drain(self, *, final: bool) -> list[Finding]:
         """Rate the queued step records whose duration is settled, in order; the drops this opens or changes."""
@@ -155,7 +182,7 @@ class ThroughputDetector(CrossRankDetector):
         while self._queue:
             key, time, tokens = self._queue[0]
             settled = (
-                key in self._durations
+                key in self._timings
                 or key <= self._released
                 or final
                 or (newest[0] > key[0] or newest[1] >= key[1] + self.lag)
@@ -163,31 +190,35 @@ class ThroughputDetector(CrossRankDetector):
             if not settled:
                 break
             self._queue.popleft()
-            wait = self._waits.pop(key, math.nan)
-            timed = self._rate(key, time, tokens)
+            timing = self._timings.pop(key, None)
+            timed = self._rate(key, time, tokens, timing)
             if timed is not None:
                 rate, seconds = timed
-                rated.append((key, math.log(rate), self._source, self._tokens, seconds, wait))
+                wait, lead = timing[1:] if timing is not None else (math.nan, 0.0)
+                x = math.log(rate)
+                paced = x + _paced_gain(seconds, lead) if lead else x
+                rated.append((key, x, self._source, self._tokens, seconds, wait, paced))
         last = self._source, self._tokens
         changed = {id(drop): drop for drop in self._observe_all(rated)}
         self._source, self._tokens = last  # as the last step rated left them
+        while len(self._timings) > MAX_PENDING:  # rank rows of steps that have no step record
+            self._timings.pop(next(iter(self._timings)))
         if self._drop is not None:
             changed[id(self._drop)] = self._drop
             self._drop.evidence = self._evidence(self._drop)
-        return [self._finding(d) for d in changed.values()]
+        return [self._finding(d) for d in changed.values() if d.shown]
 
-    def _rate(self, key: Key, time: float, tokens: float) -> tuple[float, float] | None:
-        """Tokens (or steps) per second of the step ``key``, and the seconds it took; None when it has no
-        duration."""
+    def _rate(self, key: Key, time: float, tokens: float, timing: _Timing | None) -> tuple[float, float] | None:
+        """Tokens (or steps) per second of the step ``key``, and the seconds it took (``timing``'s, from the
+        ranks' rows, else the interval since the previous step record); None when it has no duration."""
         timeline, step = key
         before = self._previous.get(timeline)
         self._previous[timeline] = (step, time)
         self._tokens = tokens if math.isfinite(tokens) else self._tokens
         work = self._tokens if math.isfinite(self._tokens) else 1.0
-        if key in self._durations:
+        if timing is not None:
             self._source = "median rank step_time"
-            seconds = self._durations.pop(key)
-            return work / seconds, seconds
+            return work / timing[0], timing[0]
         if before is None or step <= before[0] or time <= before[1]:
             return None
         self._source = "interval between step records"
@@ -213,10 +244,13 @@ class ThroughputDetector(CrossRankDetector):
         current = values.rolling(self.window).median().to_numpy()[len(known) :]
         older = values.rolling(self.baseline_steps, min_periods=2 * self.window).median()
         baseline = older.shift(self.window).to_numpy()[len(known) :]
+        paced = _PacedMedians(list(self._paced), rated, self.window)
         out: list[_Drop] = []
-        for (key, x, source, tokens, seconds, wait), now, base in zip(rated, current.tolist(), baseline.tolist()):
+        for i, (rate, now, base) in enumerate(zip(rated, current.tolist(), baseline.tolist())):
+            key, x, source, tokens, seconds, wait, x_paced = rate
             self._history.append((key, x, seconds))
             self._waited.append(wait)
+            self._paced.append(x_paced)
             drop = self._drop
             if not math.isfinite(base):
                 continue
@@ -226,21 +260,24 @@ class ThroughputDetector(CrossRankDetector):
                 interesting = now < drop.lowest + SCREEN_SLACK or now > drop.baseline + self._back - SCREEN_SLACK
             if not interesting:
                 if drop is not None:
-                    self._extend(drop, key, x, seconds, now)
+                    self._extend(drop, key, x, seconds, now, paced.at(i))
                 continue
             self._source, self._tokens = source, tokens
             if (found := self._judge(key)) is not None:
                 out.append(found)
         return out
 
-    def _observe(self, key: Key, x: float, source: str, tokens: float, seconds: float, wait: float) -> _Drop | None:
-        """Add one step's log rate, seconds and wait for a CPU (its duration's source and the tokens it reported,
-        for the evidence); the drop opened or closed by it."""
+    def _observe(
+        self, key: Key, x: float, source: str, tokens: float, seconds: float, wait: float, paced: float
+    ) -> _Drop | None:
+        """Add one step's log rate, seconds, wait for a CPU and log rate at the job's pace (its duration's
+        source and the tokens it reported, for the evidence); the drop opened or closed by it."""
         self._seen += 1
         if self._seen <= self.warmup_steps:
             return None
         self._history.append((key, x, seconds))
         self._waited.append(wait)
+        self._paced.append(paced)
         self._source, self._tokens = source, tokens
         return self._judge(key)
 
@@ -257,9 +294,9 @@ class ThroughputDetector(CrossRankDetector):
         current = float(np.median(values[-self.window :]))
         if self._drop is not None:
             _, x, seconds = self._history[-1]
-            self._extend(self._drop, key, x, seconds, current)
             if current < self._drop.lowest:
                 self._drop.lowest, self._drop.lowest_step = current, key[1]
+            self._extend(self._drop, key, x, seconds, current, self._recent(self._paced))
             if current > self._drop.baseline + self._back:
                 return self._close(self._drop)
             return None
@@ -271,13 +308,28 @@ class ThroughputDetector(CrossRankDetector):
             return self._drop
         return None
 
-    @staticmethod
-    def _extend(drop: _Drop, key: Key, x: float, seconds: float, current: float) -> None:
-        """The step ``key`` (log rate ``x``, ``seconds`` long, the window's median ``current``) within the drop:
-        its end, and the time it lost."""
+    def _extend(self, drop: _Drop, key: Key, x: float, seconds: float, current: float, paced: float) -> None:
+        """The step ``key`` (log rate ``x``, ``seconds`` long, the window's median ``current``, and ``paced`` at
+        the job's pace) within the drop: its end, the time it lost, and whether it is the job's own."""
         if key[0] == drop.timeline:
             drop.end_step = max(key[1], drop.start_step)
             drop.lost_s += lost_seconds(x, seconds, current, drop.baseline)
+            self._attribute(drop, current, paced)
+
+    def _attribute(self, drop: _Drop, current: float, paced: float) -> None:
+        """Count a step's window (its median log rate ``current``, and ``paced`` at the job's pace) in the drop's
+        depth and in its own depth; the drop is shown from the first step that is the job's own."""
+        drop.depths += drop.baseline - current
+        drop.own_depths += drop.base_paced - paced
+        drop.shown = drop.shown or self._own(drop, paced)
+
+    def _own(self, drop: _Drop, paced: float) -> bool:
+        """Whether the drop is the job's own: at the job's pace (``paced``, the window's median) it is still a drop
+        of ``min_drop``, or more than half as deep as the drop at its lowest. Otherwise the job waited mostly on its
+        slowest ranks' own work: the straggler finding's, not a second finding."""
+        own = drop.base_paced - paced
+        depth = drop.baseline - drop.lowest
+        return not math.isfinite(own) or own >= -math.log1p(-self.min_drop) or own > depth / 2
 
     def _open(self, key: Key, values: np.ndarray, baseline: float) -> _Drop:
         """The drop's onset: the recent step from which the count of steps below the half-drop level, less
@@ -291,9 +343,16 @@ class ThroughputDetector(CrossRankDetector):
         lost = sum(lost_seconds(x, seconds, current, baseline) for _, x, seconds in since)
         before = len(self._history) - self.window
         seconds = float(np.median([s for _, _, s in list(self._history)[:before]]))
-        return _Drop(
+        drop = _Drop(
             key[0], start, key[1], baseline, key[1], current, key[1], lost, seconds, _median(self._waited, 0, before)
         )
+        drop.base_paced = _median(self._paced, 0, before)
+        self._attribute(drop, current, self._recent(self._paced))
+        return drop
+
+    def _recent(self, values: deque[float]) -> float:
+        """The median of the newest ``window`` of ``values``."""
+        return _median(values, len(values) - self.window, len(values))
 
     def _close(self, drop: _Drop) -> _Drop:
         drop.evidence, drop.active = self._evidence(drop), False
@@ -305,7 +364,8 @@ class ThroughputDetector(CrossRankDetector):
         current = float(np.median([v for _, v, _ in recent]))
         unit = "tokens/s" if math.isfinite(self._tokens) else "steps/s"
         step_rise = float(np.median([s for _, _, s in recent])) - drop.base_seconds
-        wait_rise = _median(self._waited, len(self._waited) - self.window, len(self._waited)) - drop.base_wait
+        wait_rise = self._recent(self._waited) - drop.base_wait
+        own = min(max(drop.own_depths / drop.depths, 0.0), 1.0) if drop.depths > 0 else 1.0
         return {
             "baseline_per_s": round(math.exp(drop.baseline), 6),
             "current_per_s": round(math.exp(current), 6),
@@ -325,16 +385,20 @@ class ThroughputDetector(CrossRankDetector):
             "step_rise_s": round(step_rise, 6) if math.isfinite(step_rise) else None,
             "cpu_wait_rise_s": round(wait_rise, 6) if math.isfinite(wait_rise) else None,
             "contended": bool(step_rise > 0 and wait_rise >= step_rise / 2),
+            "slowest_share": round(1 - own, 4),
+            "own_drop": round(1 - math.exp(own * (drop.lowest - drop.baseline)), 4),
         }
 
     def _finding(self, drop: _Drop) -> Finding:
         ev = drop.evidence
         summary = _summary(drop.start_step, ev)
-        why = (
-            "the ranks waited for CPUs that other processes held: look at what else runs on the job's hosts"
-            if ev["contended"]
-            else "look for stragglers, a slow data pipeline or network, or a change of the job's configuration"
-        )
+        if ev["contended"]:
+            why = "the ranks waited for CPUs that other processes held: look at what else runs on the job's hosts"
+        elif ev["slowest_share"] >= SLOWEST_SAID:
+            why = "part is a straggler's (its finding names the ranks); for the rest, look for a slow data pipeline "
+            why += "or network, or a change of the job's configuration"
+        else:
+            why = "look for stragglers, a slow data pipeline or network, or a change of the job's configuration"
         pages = drop.lost_s >= self.min_lost_s and not ev["contended"]
         return Finding(
             "throughput_drop",
@@ -350,6 +414,22 @@ class ThroughputDetector(CrossRankDetector):
             drop.active,
             self.name,
         )
+
+
+class _PacedMedians:
+    """The window's rolling medians of the log rates at the job's pace over a drain's ``rated`` steps (``known``:
+    those before them), worked out at first use: only a drop needs them."""
+
+    def __init__(self, known: list[float], rated: list[_Rated], window: int) -> None:
+        self._known, self._rated, self._window = known, rated, window
+        self._medians: list[float] | None = None
+
+    def at(self, i: int) -> float:
+        """The median of the window that ends at ``rated[i]``."""
+        if self._medians is None:
+            values = pd.Series(self._known + [rate[-1] for rate in self._rated])
+            self._medians = values.rolling(self._window).median().to_numpy()[len(self._known) :].tolist()
+        return self._medians[i]
 
 
 def lost_seconds(x: float, seconds: float, current: float, baseline: float) -> float:
@@ -375,6 +455,11 @@ def _summary(start_step: int, ev: dict[str, Any]) -> str:
         )
     elif ev["lost_s"] < ev["min_lost_s"]:
         cost += f" (it pages from {wall_time(ev['min_lost_s'])})"
+    if ev["slowest_share"] >= SLOWEST_SAID:
+        cost += (
+            f"; {ev['slowest_share'] * 100:.0f}% of it is its slowest ranks' work beyond the job's pace (a"
+            f" straggler: see its finding); the job's own drop is {ev['own_drop'] * 100:.1f}%"
+        )
     if f"{ev['drop'] * 100:.1f}" == f"{ev['largest_drop'] * 100:.1f}":
         return peak + cost
     now = ev["drop"]
@@ -387,3 +472,10 @@ def _median(values: deque[float], start: int, stop: int) -> float:
     chosen = np.array(list(values)[max(start, 0) : stop], dtype=float)
     chosen = chosen[np.isfinite(chosen)]
     return float(np.median(chosen)) if len(chosen) else math.nan
+
+
+def _paced_gain(seconds: float, lead: float) -> float:
+    """How much higher a step's log rate would have been at the job's pace: had it not waited ``lead`` seconds
+    on its slowest rank's work beyond the job's pace (0 where that is no part of the step:
+    ranks that do not wait for each other)."""
+    return -math.log1p(-lead / seconds) if 0 < lead < seconds else 0.0

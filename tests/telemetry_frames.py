@@ -261,8 +261,9 @@ def as_json(findings: dict[str, Finding]) -> dict[str, dict]:
 @cache
 def faulty_run(*, seed: int = 3, rewind_at: int | None = None, faults: bool = True) -> TelemetryBatch:
     """A synchronous 8-rank job of 1,200 steps with one fault for each detector: a loss and gradient spike at
-    600, a bad shard from 300, a NaN loss at 900, rank 5 slower from 400 (the whole job with it), rank 6's
-    gradient 2^12 too large at 700, rank 3 stopped after step 1050, evals that stall from 800, a corrupt
+    600, a bad shard from 300, a NaN loss at 900, rank 5 slower from 400 (the whole job with it: the straggler's
+    loss) and every rank 25% slower from 450 to 650 (the job's own throughput drop), rank 6's gradient 2^12 too
+    large at 700, rank 3 stopped after step 1050, evals that stall from 800, a corrupt
     checkpoint at 1000. With ``rewind_at``, the job goes back to the checkpoint before that step on timeline 1
     and runs 300 more steps; ``faults`` False leaves the faults out."""
     rng = np.random.default_rng(seed)
@@ -288,6 +289,7 @@ def _faulty_segment(
     """One timeline's frames over ``steps``, the faults in place unless ``faults`` is False."""
     compute = work(rng, len(steps), FAULTY_RANKS, 0.5)
     compute[(steps >= 400) & faults, 5] *= 1.3
+    compute[(steps >= 450) & (steps < 650) & faults] *= 1.25
     timing = synchronous(compute)
     end = t0 + timing["end"] - timing["end"][0] + 1.0
     ranks = rank_step_frame({**timing, "end": end}, first_step=int(steps[0]), timeline=timeline)
