@@ -26,7 +26,7 @@ def test_the_overview_s_curves_draw_toggle_and_link_in_the_browser(page, serve, 
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(serve(run, None))
-    expect(page.locator(".js-plotly-plot")).to_have_count(2, timeout=DRAWN_S * 1000)
+    expect(page.locator(".js-plotly-plot")).to_have_count(3, timeout=DRAWN_S * 1000)  # eval, training, goodput
     expect(page.get_by_text("Data as of")).to_be_visible()
     axes = page.evaluate(f"() => {TRAINING_CHART}._fullLayout._subplots.yaxis")
     titles = [page.evaluate(f"() => {TRAINING_CHART}._fullLayout.{a.replace('y', 'yaxis')}.title.text") for a in axes]

@@ -72,7 +72,7 @@ def test_the_overview_draws_the_training_curves_at_the_step_range_of_its_address
 def test_without_a_range_in_the_address_the_curves_span_the_run_and_each_chart_has_a_revision(served: Path) -> None:
     app = open_page("overview", run=FAULTS)
     assert_rendered(app)
-    assert chart_keys(app) == ["goodput", "eval_vs_compute", "training_curves"]
+    assert chart_keys(app) == ["eval_vs_compute", "training_curves", "goodput"]
     assert "range" not in chart(app, "training_curves")["layout"]["xaxis"]
     assert chart(app, "eval_vs_compute")["layout"]["uirevision"] == "eval_vs_compute"
     assert live.STEP_RANGE not in app.query_params

@@ -78,7 +78,7 @@ def test_the_overview_shows_the_finished_run_at_step_200_and_its_eval_against_co
     [[still_open]] = from_store(served / FAULTS, "SELECT count(*) FROM incidents WHERE status <> 'resolved'").values
     assert still_open >= 1 and shown["Open incidents"] == str(still_open)
 
-    assert chart_keys(app) == ["goodput", "eval_vs_compute", "training_curves"]
+    assert chart_keys(app) == ["eval_vs_compute", "training_curves", "goodput"]
     figure = chart(app, "eval_vs_compute")
     assert figure["layout"]["xaxis"]["type"] == "log"
     evals = from_store(
@@ -143,9 +143,8 @@ def test_the_training_curves_fade_the_abandoned_timeline_and_mark_the_rewind(ser
 def test_the_overview_says_where_the_wall_time_went_abandoned_timeline_included(served: Path) -> None:
     app = open_page("overview", run=REWIND)
     shares = from_store(served / REWIND, "SELECT category, share FROM goodput").set_index("category")["share"]
-    [label] = [e.label for e in app.expander if e.label.startswith("Goodput: ")]
-    assert label.startswith(f"Goodput: {shares['productive']:.1%} of the wall time")
     figure = chart(app, "goodput")
+    assert figure["layout"]["title"]["text"].startswith(f"Goodput: {shares['productive']:.1%} of the wall time")
     drawn = {t["name"]: float(t["x"][0]) for t in figure["data"]}
     assert drawn == pytest.approx({name.replace("_", " "): share for name, share in shares.items()})
     assert figure["data"][0]["name"] == "productive" and "abandoned timeline" in drawn

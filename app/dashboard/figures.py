@@ -211,7 +211,8 @@ def goodput_bar(goodput: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="stack")
     fig.update_xaxes(tickformat=".0%", range=[0, 1])
     fig.update_yaxes(showticklabels=False)
-    return apply_layout(fig, "Where the wall time went", height=200)
+    productive = float(goodput.loc[goodput["useful"], "share"].sum())
+    return apply_layout(fig, f"Goodput: {productive:.1%} of the wall time trained progress the run kept", height=280)
 
 
 def apply_layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:

@@ -49,16 +49,6 @@ def overview() -> None:
         query_params={"run": data.name},
     )
 
-    goodput = data.frame("goodput")
-    if not goodput.empty:
-        productive = float(goodput.loc[goodput["useful"], "share"].sum())
-        with st.expander(f"Goodput: {productive:.1%} of the wall time trained progress the run kept"):
-            live.chart(figures.goodput_bar(goodput), "goodput")
-            st.caption(
-                "Every second from the run's first record to its last, in one category (docs/schema.md, Goodput): "
-                "abandoned timelines and steps redone after a restart are compute that bought nothing."
-            )
-
     evals = data.frame("evals")
     metric = summaries.headline_metric(evals)
     if metric:
@@ -88,6 +78,11 @@ def overview() -> None:
     )
     # the step range lasts through refreshes, toggles and reloads; a y zoom until Log y is switched
     live.chart(figure, "training_curves", revision=f"training, log y {log_y}", url=live.STEP_RANGE)
+    live.chart(figures.goodput_bar(data.frame("goodput")), "goodput")
+    st.caption(
+        "Goodput: every second from the run's first record to its last, in one category (docs/schema.md); "
+        "abandoned timelines and steps redone after a restart are compute that bought nothing."
+    )
 
 
 overview()
