@@ -43,6 +43,7 @@ from .format import (
     MAX_KIND_CHARS,
     MAX_LINE_BYTES,
     MAX_RANK,
+    MAX_TIME,
     RANK_STEP_METRICS,
     RUN_END_STATUSES,
     STEP_METRICS,
@@ -68,6 +69,7 @@ FORMAT_PARAMETERS = {
     "max_rank": MAX_RANK,
     "max_exact_integer": MAX_EXACT_INTEGER,
     "max_kind_chars": MAX_KIND_CHARS,
+    "max_time": MAX_TIME,
 }
 """The format's enums, canonical metrics and limits, bound as parameters of stage_lines.sql."""
 

@@ -8,7 +8,7 @@
 -- $rank_step_metrics and $checkpoint_metrics, the format's enums and canonical
 -- metric names (lists, from collectors/format.py); $max_rank (largest rank and
 -- timeline), $max_exact_integer (2^53: step and seq stay below it) and
--- $max_kind_chars, the format's limits.
+-- $max_kind_chars and $max_time (time is below it), the format's limits.
 --
 -- The hot kinds (step, rank_step) are parsed once, canonical metrics included;
 -- only the rare kinds pay for their own fields, and only lines that may carry
@@ -111,7 +111,7 @@ WITH parsed AS (
                     THEN format('rank and timeline must be at most {}', $max_rank)
                WHEN NOT isfinite(rec.time) THEN 'field time must be finite'
                -- 0 stays valid (imports use a clock from 0); milli- or nanosecond epochs do not fit
-               WHEN rec.time < 0 OR rec.time >= 1e11
+               WHEN rec.time < 0 OR rec.time >= $max_time
                     THEN format('time must be unix seconds, got {}', line -> '$.time')
                WHEN $world_size IS NOT NULL AND rec.rank >= $world_size
                     THEN format('unknown rank {}: the run has world size {}', rec.rank::BIGINT, $world_size)
