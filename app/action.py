@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from bedside.collectors.control import ACTIONS
+from bedside.collectors.display_text import visible
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout, require_run_dir
 
@@ -96,5 +97,5 @@ def _answer(layout: RunLayout, request_id: str, wait_s: float) -> int:
         print(f"taken {where}, not yet applied after {wait_s:g} s")
         return NOT_ANSWERED
     message = answer.get("message") or answer["status"]
-    print(f"{answer['status']} {where}: {message}")
+    print(visible(f"{answer['status']} {where}: {message}"))  # the loop's words: outside text
     return 0 if answer["status"] == "applied" else 1

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bedside.collectors.display_text import visible
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.runinfo import read_run_info
@@ -71,7 +72,8 @@ def cmd_alert_test(args: argparse.Namespace) -> int:
         outcome = deliver(notifier, payload)
         took = time.time() - now
         state = "delivered" if outcome.delivered else "FAILED"
-        print(f"{notifier.name} ({notifier.type}, {notifier.destination}): {state} in {took:.2f} s: {outcome.detail}")
+        said = visible(outcome.detail)  # the receiver's words
+        print(f"{notifier.name} ({notifier.type}, {notifier.destination}): {state} in {took:.2f} s: {said}")
         failed += not outcome.delivered
     if failed:
         print(f"bedside: error: {failed} of {len(notifiers)} notifiers could not be reached", file=sys.stderr)

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bedside.collectors.display_text import visible
 from bedside.collectors.errors import StoreError, StoreLockedError
 from bedside.collectors.layout import RunLayout, require_run_dir
 
@@ -69,7 +70,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = audit.verify(layout, recorded, given)
     against = checked_against(recorded, store_words, given)
     if report.broken:
-        print(f"audit trail of {args.run} is broken: {report.broken} ({against})")
+        print(f"audit trail of {args.run} is broken: {visible(report.broken)} ({against})")
         return BROKEN_EXIT
     held = f"{len(report.entries)} entries, chain intact" if report.head else "no entries"
     if not recorded and not given:

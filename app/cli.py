@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from bedside.collectors.display_text import visible
 from bedside.collectors.errors import BedsideError
 from bedside.detectors.errors import DetectorError
 
@@ -51,13 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(exc: BaseException) -> str:
-    """An error in one line: DuckDB's message and hint, without its excerpt of the SQL and caret."""
+    """An error in one line: DuckDB's message and hint, without its excerpt of the SQL and caret; control
+    characters of the outside text it quotes (a run name, a file name) escaped."""
     kept = []
     for line in str(exc).strip().splitlines():
         if not line.strip() or line.startswith("LINE "):
             break
         kept.append(line.strip())
-    return " ".join(kept) or type(exc).__name__
+    return visible(" ".join(kept)) or type(exc).__name__
 
 
 def _store_failed(exc: Exception) -> bool:

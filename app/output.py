@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bedside.collectors.display_text import visible
 from bedside.collectors.format import encode_number
 from bedside.collectors.ingest import PassResult
 
@@ -23,7 +24,7 @@ __all__ = ["Progress", "print_frame", "warn"]
 def print_frame(frame: pd.DataFrame, fmt: str, out: TextIO = sys.stdout) -> None:
     """Write ``frame`` as an aligned table, CSV, or JSON records (one array). Every value prints: a column that
     pandas cannot write (an interval, a union, a date or time past Python's range such as ``DATE 'infinity'``)
-    is written as its text."""
+    is written as its text. A table shows control and format characters as their escapes (``visible``)."""
     text = io.StringIO()
     try:
         _write_frame(frame, fmt, text)
@@ -44,10 +45,22 @@ def _write_frame(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
         rows = [{k: _jsonable(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
         out.write(json.dumps(rows, indent=1, default=str) + "\n")
     elif frame.empty:
-        out.write("(no rows) columns: " + ", ".join(map(str, frame.columns)) + "\n")
+        out.write("(no rows) columns: " + visible(", ".join(map(str, frame.columns))) + "\n")
     else:
         with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200):
-            out.write(frame.to_string(index=False) + "\n")
+            table = _visible_cells(frame).to_string(index=False)
+        out.write("\n".join(map(visible, table.split("\n"))) + "\n")  # and what a cell's own text hid
+
+
+def _visible_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its column names and text cells ``visible``: a table goes to a terminal, CSV and JSON are
+    data (JSON escapes control characters itself)."""
+    shown = frame.set_axis([visible(str(name)) for name in frame.columns], axis=1)
+    for position in range(shown.shape[1]):
+        column = shown.iloc[:, position]
+        if column.dtype == object or pd.api.types.is_string_dtype(column.dtype):
+            shown.isetitem(position, column.map(lambda value: visible(value) if isinstance(value, str) else value))
+    return shown
 
 
 def _printable(frame: pd.DataFrame, fmt: str) -> pd.DataFrame:

@@ -21,7 +21,6 @@ import os
 import re
 import stat
 import time
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import pyarrow as pa
 
 from .bounded import MAX_NAME_CHARS, BoundedInputError, parse_json
 from .control import request_action
+from .display_text import hidden_characters
 from .layout import RunLayout
 from .safefile import UnsafeFileError, file_type, read_small_file
 from .store import Store
@@ -99,11 +99,21 @@ def check_operator(name: str) -> str:
         raise ValueError("enter your name: it is recorded with every action")
     if len(name) > MAX_OPERATOR_CHARS:
         raise ValueError(f"the name is {len(name)} characters long: at most {MAX_OPERATOR_CHARS}")
-    if hidden := sorted({f"U+{ord(c):04X}" for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}):
+    if hidden := hidden_characters(name):
         raise ValueError(
             f"the name holds control characters ({', '.join(hidden)}): use letters, digits, spaces and punctuation"
         )
     return name
+
+
+def check_reason(reason: str) -> str:
+    """A request's reason as recorded: no control or format characters (an escape sequence would act on the
+    terminal of whoever reads it back, a newline fake a line); ValueError naming them."""
+    if hidden := hidden_characters(reason):
+        raise ValueError(
+            f"the reason holds control characters ({', '.join(hidden)}): write it on one line, without escape sequences"
+        )
+    return reason
 
 
 def audit_path(layout: RunLayout) -> Path:
@@ -200,8 +210,10 @@ def file_request(
 ) -> tuple[str, AuditHead]:
     """File a signed control request for the run (``control.request_action``) and record it in the audit trail,
     the one way ``bedside action`` and the dashboard's actions ask a run to act; its request id. ValueError on a
-    bad request, ControlKeyError without the run's key or run.json, UnsafeFileError when the trail is no
-    regular file: then nothing is filed or recorded. The request id and the trail's new head."""
+    bad request (a reason with control characters too), ControlKeyError without the run's key or run.json,
+    UnsafeFileError when the trail is no regular file: then nothing is filed or recorded. The request id and the
+    trail's new head."""
+    check_reason(reason)
     _check_trail(layout)  # a trail that cannot take the entry refuses the request before it is filed
     request_id = request_action(layout, action, args, operator=operator, reason=reason)
     head = record(

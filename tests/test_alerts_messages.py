@@ -473,3 +473,49 @@ def test_a_test_message_validates_after_a_round_trip(receiver: Receiver) -> None
     [request] = receiver.wait_for(1)
     VALIDATOR.validate(request.json())
     assert request.json()["text"] == "[TEST] gpt-7b: bedside can reach this notifier"
+
+
+# -- control characters ---------------------------------------------------------------------------------------
+
+ESCAPES = "\x1b]0;OWNED\x07\x1b]52;c;ZWNobyBwd25lZAo=\x07\x1b[1A\x1b[2K\u202egnp.exe\nFAKE LINE: all clear"
+"""What a run name, a summary or a note can hold: OSC 0 (window title), OSC 52 (clipboard), cursor up and erase
+line, a right-to-left override, a newline that starts a forged line."""
+
+
+def test_no_message_carries_a_control_character_from_the_run(tmp_path) -> None:
+    """Slack, Discord and the log line show the run's control characters as escapes (a log line reaches a
+    terminal; a chat shows what it is sent); the webhook's payload is data and keeps them exactly."""
+    spike = finding("loss_spike", 85, summary=f"loss{ESCAPES}", evidence={"metric": ESCAPES})
+    payload = incident_payload(
+        "id",
+        "acknowledged",
+        RunRef("", f"run{ESCAPES}"),
+        incident(spike),
+        notifier="hook",
+        ack=Acknowledgement("ana", ESCAPES),
+        dashboard_url="",
+        now=NOW,
+    )
+    log = tmp_path / "alerts.log"
+    settings = parse_settings({"notifiers": {"log": {"type": "log", "path": str(log)}}}, {})
+    assert deliver(settings.notifiers[0], payload).delivered
+    rendered = {
+        "slack": "\n".join(slack_texts(slack_message(payload))),
+        "discord": "\n".join(strings(discord_message(payload))),
+        "log": log.read_text(),
+    }
+    for where, text in rendered.items():
+        assert not {"\x1b", "\x07", "\u202e"} & set(text), where
+        assert "\nFAKE LINE" not in text and "\\x1b]0;OWNED\\x07" in text and "\\u202e" in text, where
+    assert payload["run"]["name"] == f"run{ESCAPES}"
+
+
+def strings(value: Any) -> list[str]:
+    """Every string in a JSON-like value, keys included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in [key, *strings(item)]]
+    if isinstance(value, list):
+        return [text for item in value for text in strings(item)]
+    return []

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bedside.collectors.audit import AuditKeeper
+from bedside.collectors.display_text import visible
 from bedside.collectors.errors import BedsideError, StoreLockedError
 from bedside.collectors.ingest import Collector, PassResult
 from bedside.collectors.layout import RunLayout
@@ -193,5 +194,6 @@ class LiveDetection:
             if self._said.get(finding.finding_id) != now:
                 self._said[finding.finding_id] = now
                 state = "open" if finding.active else "cleared"
-                print(f"[{finding.severity.value}] {finding.kind} ({state}): {finding.summary}", file=sys.stderr)
+                summary = visible(finding.summary)  # may quote a metric's or a rank's name
+                print(f"[{finding.severity.value}] {finding.kind} ({state}): {summary}", file=sys.stderr)
         return changed

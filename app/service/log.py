@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from bedside.collectors.display_text import visible
+
 
 def warn(message: str) -> None:
-    """Print a one-line warning on stderr."""
-    print(f"bedside: warning: {message}", file=sys.stderr)
+    """Print a one-line warning on stderr (control characters of the outside text in it escaped)."""
+    print(f"bedside: warning: {visible(message)}", file=sys.stderr)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bedside.collectors.display_text import visible
+
 from .config import NotifierConfig
 from .render import discord_message, slack_message
 
@@ -142,7 +144,7 @@ def _run_command(notifier: NotifierConfig, payload: dict[str, Any]) -> Outcome:
 
 
 def _write_log(notifier: NotifierConfig, payload: dict[str, Any]) -> Outcome:
-    line = f"bedside: alert: {payload['text']}\n"
+    line = f"bedside: alert: {visible(payload['text'])}\n"
     if notifier.path is None:
         sys.stderr.write(line)
         return Outcome(True, "stderr")

@@ -1,8 +1,15 @@
-"""Chat messages rendered from an alert payload: Slack Block Kit and Discord embeds, within each one's limits."""
+"""Chat messages rendered from an alert payload: Slack Block Kit and Discord embeds, within each one's limits.
+
+Every piece of a message that comes from the run (its name, a finding's summary and evidence, an operator's
+note) has its control and format characters escaped (``visible``): a chat shows them, never obeys them, and a
+newline in a run name cannot fake a line of the message.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from bedside.collectors.display_text import visible
 
 from .payload import EVENT_WORDS
 
@@ -42,7 +49,7 @@ def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
                 ],
             }
         )
-    return {"text": _clip(payload["text"], SLACK_TEXT_MAX), "blocks": blocks}
+    return {"text": _clip(visible(payload["text"]), SLACK_TEXT_MAX), "blocks": blocks}
 
 
 def discord_message(payload: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +88,7 @@ def _title(payload: dict[str, Any]) -> str:
     resolved = incident is not None and incident["status"] == "resolved"
     mark = RESOLVED_MARK if resolved else SEVERITY_MARK[payload["severity"]]
     subject = incident["title"] if incident else payload["run"]["name"] or "bedside"
-    return f"{mark} {EVENT_WORDS[payload['event']]}: {subject}"
+    return f"{mark} {EVENT_WORDS[payload['event']]}: {visible(subject)}"
 
 
 def _body(payload: dict[str, Any]) -> list[str]:
@@ -105,21 +112,21 @@ def _body(payload: dict[str, Any]) -> list[str]:
                 lines.append(f"{done} by {incident[who]}" + (f": {incident[note]}" if incident.get(note) else ""))
         if incident.get("resolution") and not incident.get("resolved_by"):
             lines.append(f"Resolved: {incident['resolution']}")
-        return lines
+        return [visible(line) for line in lines]
     if digest:
-        held = [f"{i['severity']} {i['event']}: {i['title']} ({i['status']})" for i in digest["incidents"]]
+        held = [visible(f"{i['severity']} {i['event']}: {i['title']} ({i['status']})") for i in digest["incidents"]]
         more = [f"and {digest['more_incidents']} more"] if digest["more_incidents"] else []
-        return [payload["text"]] + (["\n".join(held + more)] if held else [])
-    return [payload["text"]]
+        return [visible(payload["text"])] + (["\n".join(held + more)] if held else [])
+    return [visible(payload["text"])]
 
 
 def _facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
     incident = payload["incident"]
     run = payload["run"]["name"] or payload["run"]["id"] or "?"
     if not incident:
-        return [("Run", run)]
+        return [("Run", visible(run))]
     ranks = ", ".join(map(str, incident["ranks"][:16])) + (" …" if len(incident["ranks"]) > 16 else "")
-    return [
+    facts = [
         ("Severity", incident["severity"]),
         ("Status", incident["status"]),
         ("Run", run),
@@ -128,13 +135,14 @@ def _facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
         ("Findings", str(incident["findings"])),
         ("Cause", incident["cause"]),
     ]
+    return [(name, visible(value)) for name, value in facts]
 
 
 def _evidence_line(payload: dict[str, Any]) -> str:
     incident = payload["incident"]
     if not incident or not incident["evidence"]:
         return ""
-    return " · ".join(f"{name}={value}" for name, value in incident["evidence"].items())
+    return visible(" · ".join(f"{name}={value}" for name, value in incident["evidence"].items()))
 
 
 def _head_line(payload: dict[str, Any]) -> str:
