@@ -16,9 +16,24 @@ from bedside.collectors.display_text import visible
 from bedside.collectors.errors import BedsideError
 from bedside.detectors.errors import DetectorError
 
-from . import action, alert, audit, collect, demo, detect, import_run, query, runs, serve, simulate, train, watch
+from . import (
+    action,
+    alert,
+    audit,
+    collect,
+    demo,
+    detect,
+    import_run,
+    ledger,
+    query,
+    runs,
+    serve,
+    simulate,
+    train,
+    watch,
+)
 
-COMMANDS = (collect, import_run, query, runs, train, action, audit, demo, detect, simulate, watch, alert, serve)
+COMMANDS = (collect, import_run, query, runs, ledger, train, action, audit, demo, detect, simulate, watch, alert, serve)
 """The command modules, in the order ``bedside --help`` lists them."""
 
 

@@ -27,7 +27,7 @@ HEADER_PX = ROW_PX = 35
 
 def click_row(tab, row: int) -> None:
     """Click the selection box of ``row`` (0: the first below the header) of the page's one dataframe."""
-    box = tab.locator("[data-testid=stDataFrame]").bounding_box()
+    box = tab.locator(".st-key-runs_table [data-testid=stDataFrame]").bounding_box()
     tab.mouse.click(box["x"] + 15, box["y"] + HEADER_PX + ROW_PX * row + ROW_PX / 2)
 
 
@@ -43,7 +43,7 @@ def test_the_live_run_leads_and_a_click_opens_its_overview(tmp_path: Path, serve
     page.on("pageerror", lambda error: errors.append(str(error)))
     try:
         page.goto(f"{serve(runs, token=None)}/runs")
-        grid = page.locator("[data-testid=stDataFrame]")
+        grid = page.locator(".st-key-runs_table [data-testid=stDataFrame]")
         rows = grid.locator("[role=row]")  # the grid's accessible twin of its canvas: hidden, but it holds the text
         expect(rows.nth(1)).to_contain_text(BARE, timeout=INCIDENT_S * 1000)
         cells = [c.text_content() for c in rows.nth(1).locator("[role=gridcell]").all()]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import live, run_compare
+from bedside.app.dashboard import ledger, live, run_compare
 from bedside.app.dashboard.common import current_run
 from bedside.app.dashboard.data import RunData
 from bedside.app.dashboard.registry import desk
@@ -81,6 +81,29 @@ def table() -> None:
         st.rerun(scope="app")
 
 
+LEDGER_RUNS = 50  # the newest runs the hosts ledger counts (bedside ledger's default)
+LEDGER_COLUMNS = {
+    "runs": st.column_config.NumberColumn("runs", help="of the newest runs, those with an incident naming the host"),
+    "incidents": st.column_config.NumberColumn("incidents", help="incidents naming one of its ranks"),
+    "evictions": st.column_config.NumberColumn("evictions", help="incidents suggesting to evict it"),
+    "last_run": st.column_config.TextColumn("newest run"),
+}
+
+
+@st.fragment(run_every=live.every(served.refresh_s))
+def hosts() -> None:
+    """Which hosts the incidents of the newest runs name, and how few account for half of the evictions."""
+    paths = served.runs()[:LEDGER_RUNS]
+    table = ledger.host_ledger({path.name: served.data(path).frame("ledger") for path in paths})
+    st.subheader("Hosts in incidents")
+    if table.empty:
+        st.caption(f"No incident of the newest {len(paths)} runs names a rank.")
+        return
+    seen = {host for path in paths for host in served.data(path).frame("hosts")["host"]}
+    st.caption(f"{ledger.concentration(table, len(seen))}, over the newest {len(paths)} runs.")
+    st.dataframe(table, hide_index=True, column_config=LEDGER_COLUMNS, key="hosts_ledger")
+
+
 def compare(folders: list[str]) -> None:
     chosen = st.multiselect("Compare", folders, default=folders[:5], key="compare")
     paths = {path.name: path for path in served.runs()}
@@ -125,3 +148,5 @@ def comparison() -> None:
 
 table()
 comparison()
+
+hosts()
