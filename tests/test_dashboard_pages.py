@@ -183,6 +183,14 @@ def test_each_incident_opens_to_its_evidence_and_findings(served: Path) -> None:
         assert len(table(app, "kind", "severity", "active", "evidence")) == incident.findings
 
 
+def test_an_incident_on_an_abandoned_timeline_says_what_the_rewind_cost(served: Path) -> None:
+    app = open_page("incidents", run=REWIND)
+    [abandoned] = from_store(served / REWIND, "SELECT incident_id FROM incidents WHERE timeline = 0").values
+    app.selectbox(key="incident").set_value(abandoned[0]).run()
+    [cost] = [c.value for c in app.caption if c.value.startswith("Timeline 0 was abandoned")]
+    assert cost.startswith("Timeline 0 was abandoned from step 61: 25 steps trained past it (61-85) bought nothing")
+
+
 def test_the_incidents_page_says_so_when_a_run_has_none(clean_runs: Path) -> None:
     serve(clean_runs)
     app = open_page("incidents", run=CLEAN)

@@ -221,3 +221,17 @@ def _text(row: pd.Series | None, name: str) -> str | None:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
+
+
+def abandoned_cost(abandoned: pd.DataFrame, timeline: int) -> str | None:
+    """What the rewind that abandoned ``timeline`` cost, in words (the ``abandoned`` query); None while it is not
+    abandoned."""
+    rows = abandoned[abandoned["timeline"] == timeline]
+    if rows.empty:
+        return None
+    r = rows.iloc[0]
+    flops = f", {r['flops']:.3g} FLOP" if r["flops"] else ""
+    return (
+        f"Timeline {timeline} was abandoned from step {int(r['from_step'])}: {int(r['steps'])} steps trained past it "
+        f"({int(r['from_step'])}-{int(r['last_step'])}) bought nothing, {r['seconds']:,.1f} s of wall time{flops}."
+    )

@@ -105,6 +105,10 @@ if pd.notna(incident["resolved_by"]):
     st.caption(f"Resolved by hand by {incident['resolved_by']}: {note_text(incident['resolve_note'])}")
 elif pd.notna(incident["resolution"]):
     st.caption(f"Resolved: {incident['resolution']}.")
+if concerns_training(incident["kinds"]) and (
+    cost := summaries.abandoned_cost(data.frame("abandoned"), int(incident["timeline"]))
+):
+    st.caption(cost)
 
 first = int(incident["start_step"]) - WINDOW_MARGIN
 last = int(incident["end_step"]) + WINDOW_MARGIN
