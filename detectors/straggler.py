@@ -19,16 +19,18 @@ slower together by about the same factor are taken for an undeclared position.
 
 **Own history second.** Per step released in order by the ``StepAssembler``:
 
-1. ``d = log(work) - median over ranks``: a whole-job slowdown moves the median, not ``d``;
-2. ``r = d - b``: ``b`` is the rank's learned offset (its position's, plus its own
-   deviation shrunk toward 0, then a running mean while it is calm);
-3. ``z = Φ⁻¹(F(r))``: the normal score of ``r`` against a pooled reference of recent
+1. ``r = log(work) - b - c``: ``b`` is the rank's learned offset (its position's, plus its own
+   deviation shrunk toward 0, then a running mean while it is calm), ``c`` the step's common level,
+   the median of ``log(work) - b`` over the ranks in control (in no episode; with the rank itself for
+   one that is): a whole-job slowdown moves ``c``, not ``r``, and a slow host moves neither;
+2. ``z = Φ⁻¹(F(r))``: the normal score of ``r`` against a pooled reference of recent
    in-control residuals of all ranks, standard normal in control whatever the noise shape;
-4. a one-sided CUSUM per rank, ``S = max(0, S + z - k)``, alarms at ``S > h``; the onset
+3. a one-sided CUSUM per rank, ``S = max(0, S + z - k)``, alarms at ``S > h``; the onset
    is the step after ``S`` last was 0.
 
-A rank whose alarm finds most of its pipeline stage with half the evidence (``S > h/2``),
-on several hosts, is a stage imbalance; most of its host, a slow node. An episode clears
+A rank whose alarm finds most of its pipeline stage with evidence (``S > h/2``, or scores
+summed since its onset ``TOGETHER_SIGMAS`` out), most of it on each of several hosts, is a
+stage imbalance; most of its host, a slow node. An episode clears
 when its ranks' mean ``z`` stays under ``k``: a recovery CUSUM ``R = max(0, R + k - mean z)``
 passes ``clear_h``. The warm-up is adaptive: a run that ends before ``warmup_steps`` (an
 imported trace of tens of steps) gets the peer verdict from the steps it has, with the
@@ -52,7 +54,7 @@ from .finding import Finding, Severity, SuggestedAction
 from .kinds import Family, FindingKind
 from .limits import COUNT, NON_NEGATIVE, POSITIVE, Range, ranges
 from .rank_work import FAST_QUANTILE, Placement, Positions, job_pace, rank_work, wall_time
-from .robust import Cusum, mad_sigma, row_median, row_quantile
+from .robust import Cusum, mad_sigma, median, row_median, row_quantile
 from .telemetry import TelemetryBatch
 
 METRICS = ("step_time", "data_time", "compute_time", "comm_time", "cpu_wait_time")
@@ -73,6 +75,9 @@ ONSET_WINDOW = 64
 """Steps of each rank's scores kept to place an episode's onset."""
 RECENT_STEPS = 8
 """The newest scores of a CUSUM run that estimate the shift it found."""
+TOGETHER_SIGMAS = 3.0
+"""How far the scores of a rank of an alarming rank's host or stage, summed since its onset, must be out (in sigma of
+that sum) to count it in: one healthy rank in 740 is."""
 
 
 @dataclass
@@ -90,6 +95,8 @@ class _Episode:
     level_start: float = 0.0  # the job's log median work before the episode
     peers: int = 0
     recovery: float = 0.0
+    recovery_start: int = 0  # the step after the recovery CUSUM last was 0
+    recovered_step: int | None = None  # that step, once the episode cleared
     active: bool = True
     verdict: dict[str, Any] = field(default_factory=dict)  # what the warm-up held, for a rank slow from the start
     frozen: dict[str, Any] = field(default_factory=dict)
@@ -241,9 +248,9 @@ class StragglerDetector(CrossRankDetector):
         changed: dict[int, _Episode] = {}
         if matrix is not None:
             self._grow(int(matrix.ranks.max()) + 1)
-            d, obs = self._observations(matrix)
+            log_work, obs = self._observations(matrix)
             for i, (timeline, step) in enumerate(zip(matrix.timelines.tolist(), matrix.steps.tolist())):
-                for episode in self._step(timeline, step, d[i], obs[i]):
+                for episode in self._step(timeline, step, log_work[i], obs[i]):
                     changed[id(episode)] = episode
         if final and self._warm is not None and len(self._warm) >= MIN_VERDICT_STEPS and self._first:
             changed.update({id(e): e for e in self._end_warmup(self._last_step, self._first)})  # a short run
@@ -281,7 +288,7 @@ class StragglerDetector(CrossRankDetector):
         return self._placement.of(self.run.topology, len(self._b))
 
     def _observations(self, matrix: StepMatrix) -> tuple[np.ndarray, np.ndarray]:
-        """``d`` (steps x ranks) and what episodes accumulate (steps x OBS x ranks), full rank width."""
+        """Log work (steps x ranks) and what episodes accumulate (steps x OBS x ranks), full rank width."""
         size = len(self._b)
         full = {}
         for name in METRICS:
@@ -289,29 +296,28 @@ class StragglerDetector(CrossRankDetector):
             full[name][:, matrix.ranks] = matrix.values[name]
         work, phased = rank_work(full["step_time"], full["compute_time"], full["data_time"], full["cpu_wait_time"])
         log_work = np.log(work)
-        d = log_work - row_median(log_work)
         median = row_median(work)
         fast = row_quantile(work, FAST_QUANTILE)
         excess = {
             name: np.nan_to_num(full[f"{name}_time"] - row_median(full[f"{name}_time"]))
             for name in ("compute", "data", "comm", "cpu_wait")
         }
-        valid = ~np.isnan(d)
+        valid = ~np.isnan(log_work)
         columns = {
-            "resid": np.zeros_like(d),
+            "resid": np.zeros_like(log_work),
             "cost": np.maximum(work - job_pace(work, self._positions()), 0.0),
             "compute": excess["compute"],
             "data": excess["data"],
             "wait": -excess["comm"],
             "cpu_wait": excess["cpu_wait"],
-            "step": np.broadcast_to(np.nan_to_num(row_median(full["step_time"])), d.shape),
-            "median": np.broadcast_to(median, d.shape),
-            "phased": np.broadcast_to(phased, d.shape),
-            "count": np.ones_like(d),
+            "step": np.broadcast_to(np.nan_to_num(row_median(full["step_time"])), log_work.shape),
+            "median": np.broadcast_to(median, log_work.shape),
+            "phased": np.broadcast_to(phased, log_work.shape),
+            "count": np.ones_like(log_work),
             **dict(zip(("peer", "level"), map(np.nan_to_num, self._peer_ratios(log_work, np.log(fast))))),
         }
         obs = np.stack([np.where(valid, columns[name], 0.0) for name in OBS], axis=1)
-        return d, obs
+        return log_work, obs
 
     def _peer_ratios(self, log_work: np.ndarray, log_fast: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Log of each rank's work over the median of its peers' (the other ranks of its position; the other
@@ -329,15 +335,15 @@ class StragglerDetector(CrossRankDetector):
         return ratio, others if log_work.shape[1] <= 2 else np.broadcast_to(log_fast, log_work.shape)
 
     # -- one step ------------------------------------------------------------------------
-    def _step(self, timeline: int, step: int, d: np.ndarray, obs: np.ndarray) -> list[_Episode]:
-        if np.count_nonzero(~np.isnan(d)) < 2:
+    def _step(self, timeline: int, step: int, log_work: np.ndarray, obs: np.ndarray) -> list[_Episode]:
+        if np.count_nonzero(~np.isnan(log_work)) < 2:
             return []  # nothing to compare with
         self._last_step = step
         if self._warm is not None:
             self._first = self._first or (timeline, step)
-            self._warm.append((d, obs))
+            self._warm.append((log_work, obs))
             return self._end_warmup(step, self._first) if len(self._warm) >= self.warmup_steps else []
-        r = d - self._b
+        r = self._residuals(log_work)
         scores = self._reference.scores(r)
         z = np.where(
             self._learned < self.warmup_steps, np.nan, scores * self._z_scale
@@ -354,20 +360,27 @@ class StragglerDetector(CrossRankDetector):
         self._acc[:, (s == 0) & free] = 0.0
         self._acc += np.where((s > 0) | ~free, obs, 0.0)
         seen = ~np.isnan(r)
-        calm = free & (s <= self._cusum.h / 2) & seen
-        if 2 * np.count_nonzero(self._claimed & seen) >= np.count_nonzero(seen):
-            calm[:] = False  # half the ranks or more are slow: the median moved with them, and so did every d
-        self._learn(r, scores, calm)
+        controls = np.count_nonzero(free & seen)
+        calm = free & (s <= self._cusum.h / 2) & seen & (controls >= 2)  # one alone: its r is 0 by construction
+        self._learn(r, scores, calm, refresh=bool(2 * controls > np.count_nonzero(seen)))
         self._follow_level(obs)
         risen = self._rose(rise, r, step, timeline)
         return self._recover(z, step) + self._open(alarm & free, step) + risen
 
-    def _learn(self, r: np.ndarray, z: np.ndarray, calm: np.ndarray) -> None:
-        """Offsets follow each calm rank's scores (a running mean, exponential once ``horizon_steps`` long);
-        calm residuals refresh the reference."""
+    def _residuals(self, log_work: np.ndarray) -> np.ndarray:
+        """``r = log work - b - c``, ``c`` the step's common level: the median of ``log work - b`` over the ranks in
+        control (offset learned, in no episode), with the rank itself for one out of control. A slow host's ranks do
+        not move it, nor do a slow position's: ``b`` holds the position's offset."""
+        return in_control_residuals(log_work - self._b, ~self._claimed & (self._learned >= self.warmup_steps))
+
+    def _learn(self, r: np.ndarray, z: np.ndarray, calm: np.ndarray, *, refresh: bool) -> None:
+        """Offsets follow each calm rank's scores (a running mean, exponential once ``horizon_steps`` long); calm
+        residuals refresh the reference while most ranks are in control (a median of fewer ranks than the reference
+        was made of leaves narrower residuals: of two, half the variance)."""
         self._b[calm] += self._reference.sigma * z[calm] / np.clip(self._learned[calm], 1, self.horizon_steps)
         self._learned[calm] += 1
-        self._reference.add(r[calm])
+        if refresh:
+            self._reference.add(r[calm])
 
     def _remember(self, timeline: int, step: int, z: np.ndarray) -> None:
         self._scores[self._row], self._scored[self._row] = z, (timeline, step)
@@ -378,20 +391,33 @@ class StragglerDetector(CrossRankDetector):
         (their mean over the run's newest ``RECENT_STEPS``, or ``k`` when that is larger), sum highest. ``start``,
         where the run left 0, when nothing later does better: a large shift is placed where it began, not where
         a small drift before it first lifted the sum."""
-        newest = (self._row - 1 - np.arange(ONSET_WINDOW)) % ONSET_WINDOW
-        timelines, steps = self._scored[newest].T
-        inside = np.cumprod((timelines == timeline) & (steps >= start)).astype(bool)
-        if not inside.any():
+        scores, steps = self._kept_since(timeline, start)
+        if not len(steps):
             return start
-        block = self._scores[newest[inside]][:, ranks]
+        block = scores[:, ranks]
         counts = (~np.isnan(block)).sum(axis=1)
         z = np.where(counts > 0, np.nansum(block, axis=1) / np.maximum(counts, 1), np.nan)
         recent = _valid(z[:RECENT_STEPS])
         half = max(self.k, float(recent.mean()) / 2) if len(recent) else self.k
         gains = np.cumsum(np.nan_to_num(z - half))
         best = int(np.argmax(gains))
-        older = best == len(z) - 1 and steps[inside][-1] > start  # the run began before the scores kept
-        return int(steps[inside][best]) if gains[best] > 0 and not older else start
+        older = best == len(z) - 1 and steps[-1] > start  # the run began before the scores kept
+        return int(steps[best]) if gains[best] > 0 and not older else start
+
+    def _kept_since(self, timeline: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """The kept scores of ``timeline`` from step ``start`` on (rows newest first, every rank), and their steps."""
+        newest = (self._row - 1 - np.arange(ONSET_WINDOW)) % ONSET_WINDOW
+        timelines, steps = self._scored[newest].T
+        inside = np.cumprod((timelines == timeline) & (steps >= start)).astype(bool)
+        return self._scores[newest[inside]], steps[inside]
+
+    def _shifted_with(self, rank: int) -> np.ndarray:
+        """Ranks whose scores since ``rank``'s onset sum to ``TOGETHER_SIGMAS`` times the root of their count or
+        more: the same shift from the same step, tested at that one step."""
+        timeline = int(self._run_timeline[rank])
+        scores, _ = self._kept_since(timeline, self._onset(np.array([rank]), timeline, int(self._run_start[rank])))
+        counts = (~np.isnan(scores)).sum(axis=0)
+        return (counts > 0) & (np.nansum(scores, axis=0) >= TOGETHER_SIGMAS * np.sqrt(np.maximum(counts, 1)))
 
     def _rise_scores(self, r: np.ndarray) -> np.ndarray:
         """Scores of the claimed ranks' residuals against their level since the episode's alarm (NaN until it is
@@ -461,7 +487,8 @@ class StragglerDetector(CrossRankDetector):
         peers are sick workers (an episode open from the first step)."""
         assert self._warm is not None
         size = len(self._b)
-        warm = np.array([np.pad(d, (0, size - len(d)), constant_values=np.nan) for d, _ in self._warm])
+        log_work = np.array([np.pad(x, (0, size - len(x)), constant_values=np.nan) for x, _ in self._warm])
+        warm = log_work - row_median(log_work)  # d: each rank's log work over the step's median rank's
         sums = np.sum([np.pad(obs, ((0, 0), (0, size - obs.shape[1]))) for _, obs in self._warm], axis=0)
         levels = [obs[OBS.index("level")][obs[OBS.index("count")] > 0][0] for _, obs in self._warm]
         above = np.sum([np.pad(obs[OBS.index("peer")] > 0, (0, size - obs.shape[1])) for _, obs in self._warm], 0)
@@ -487,7 +514,8 @@ class StragglerDetector(CrossRankDetector):
         self._learned = (~np.isnan(warm)).sum(axis=0).astype(float)
         self._cusum.h = cusum_threshold(self.k, self.false_alarm_steps * max(int((self._learned > 0).sum()), 1))
         self._rise.h = self._cusum.h
-        self._reference.reset(_valid(warm[:, ~sick] - self._b[~sick]))
+        in_control = np.array([in_control_residuals(own, ~sick) for own in log_work - self._b])
+        self._reference.reset(_valid(in_control[:, ~sick]))
         self._level_n = steps
         self._level = float(np.median(levels))
         timeline, first = start
@@ -504,7 +532,7 @@ class StragglerDetector(CrossRankDetector):
             episode.peers, episode.verdict = self._peer_count(members, places), verdict
             self._claimed[members] = True
             self._acc[:, members] = sums[:, members]
-            self._acc[OBS.index("resid"), members] = np.nansum(warm[:, members] - self._b[members], axis=0)
+            self._acc[OBS.index("resid"), members] = np.nansum(in_control[:, members], axis=0)
             self._slow_sum[members] = self._acc[OBS.index("resid"), members]
             self._slow_n[members] = (~np.isnan(warm[:, members])).sum(axis=0)
             self._episodes.append(episode)
@@ -595,20 +623,31 @@ class StragglerDetector(CrossRankDetector):
         return opened
 
     def _group(self, rank: int) -> tuple[str, np.ndarray, str | None, int | None]:
-        """A slow pipeline stage whose slow ranks span hosts, else a slow node, else the rank alone."""
+        """A slow pipeline stage whose slow ranks are most of its ranks on two hosts or more, else a slow node, else
+        the rank alone. A rank counts in with half the evidence (``S > h/2``) or with scores that moved with the
+        alarming rank's since its onset: a rank whose CUSUM had a head start from noise alarms steps before its
+        host's others reach ``h/2``."""
         topo = self.run.topology
         topo = topo[topo["rank"] < len(self._b)]
         place = self.run.place_of(rank)
-        evidence = (self._cusum.s > self._cusum.h / 2) & ~self._claimed
+        evidence = ((self._cusum.s > self._cusum.h / 2) | self._shifted_with(rank)) & ~self._claimed
         if "pp" in place and topo["pp"].nunique() > 1:
-            members = self._most(topo.loc[topo["pp"] == place["pp"], "rank"], evidence)
-            if members is not None and topo.loc[topo["rank"].isin(members), "host"].nunique() != 1:
+            stage = topo[topo["pp"] == place["pp"]]
+            members = self._most(stage["rank"], evidence)
+            if members is not None and self._spans_hosts(stage, members):
                 return "pp_stage", members, None, int(place["pp"])
         if "host" in place:
             members = self._most(topo.loc[topo["host"] == place["host"], "rank"], evidence)
             if members is not None:
                 return "host", members, str(place["host"]), None
         return "rank", np.array([rank]), place.get("host"), None
+
+    def _spans_hosts(self, stage: pd.DataFrame, members: np.ndarray) -> bool:
+        """Whether ``members`` are at least ``group_fraction`` of the stage's ranks on each of two hosts or more (or
+        the hosts are unknown): one slow host, with a rank of another one counted in by chance, is a slow node."""
+        placed = stage.dropna(subset=["host"])
+        share = placed["rank"].isin(members).groupby(placed["host"]).mean()
+        return placed.empty or int((share >= self.group_fraction).sum()) >= 2
 
     def _most(self, ranks: pd.Series, evidence: np.ndarray) -> np.ndarray | None:
         """The ranks with evidence, when they are at least ``group_fraction`` of two or more ranks."""
@@ -624,8 +663,11 @@ class StragglerDetector(CrossRankDetector):
             scores = z[episode.ranks]
             if np.isnan(scores).all():
                 continue
+            if episode.recovery == 0:
+                episode.recovery_start = step
             episode.recovery = max(0.0, episode.recovery + self.k - float(np.nanmean(scores)))
             if episode.recovery > self.clear_h:
+                episode.recovered_step = episode.recovery_start
                 episode.frozen, episode.active = self._evidence(episode), False
                 self._claimed[episode.ranks] = False
                 self._cusum.reset(episode.ranks)
@@ -683,6 +725,7 @@ class StragglerDetector(CrossRankDetector):
             "threshold": round(self._cusum.h, 3),
             "k": self.k,
             "alarm_step": episode.alarm_step,
+            "recovered_step": episode.recovered_step,
         }
 
     def _finding(self, episode: _Episode) -> Finding:
@@ -736,6 +779,30 @@ def _spread(dev: np.ndarray) -> float:
     noise's tail or correlation, what a median of these steps varies by."""
     values = _valid(dev)
     return float(mad_sigma(values)) if len(values) >= 8 else 0.0
+
+
+def in_control_residuals(own: np.ndarray, control: np.ndarray) -> np.ndarray:
+    """``own`` less the median of its ``control`` values (of every value when none is); a value out of control less
+    the median of the control values and itself: its residual as it was measured, spread and all, when every value
+    was in control."""
+    seen = ~np.isnan(own)
+    control = control & seen if (control & seen).any() else seen
+    out = np.flatnonzero(seen & ~control)
+    if not len(out):
+        return own - median(own[control])
+    ordered = np.sort(own[control])
+    count = len(ordered)
+    residuals = own - 0.5 * (ordered[(count - 1) // 2] + ordered[count // 2])
+    bound = np.concatenate(([-np.inf], ordered, [np.inf]))  # bound[i + 1] is ordered[i]
+    half = count // 2
+    if count % 2:  # one more value makes an even count: the mean of the two middle ones
+        level = 0.5 * (
+            np.clip(own[out], bound[half], bound[half + 1]) + np.clip(own[out], bound[half + 1], bound[half + 2])
+        )
+    else:
+        level = np.clip(own[out], bound[half], bound[half + 1])
+    residuals[out] = own[out] - level
+    return residuals
 
 
 def _independence(resid: np.ndarray) -> float:
@@ -800,7 +867,8 @@ def _summary(episode: _Episode, ev: dict[str, Any]) -> str:
             f"step {episode.start_step}, every rank together; {who} {peers}, not blamed on this evidence"
         )
     node = " (slow node)" if episode.scope == "host" else ""
-    return f"{who} {peers}, {since}{node}; {cost}"
+    back = f", back to its baseline from step {ev['recovered_step']}" if ev.get("recovered_step") is not None else ""
+    return f"{who} {peers}, {since}{node}{back}; {cost}"
 
 
 def _cost(ev: dict[str, Any]) -> str:
