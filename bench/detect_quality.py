@@ -70,6 +70,7 @@ def scenarios(quick: bool) -> list[tuple[str, list[str]]]:
     for factor in (1.1, 2.0) if quick else (1.02, 1.05, 1.1, 1.5, 2.0):
         out.append((f"straggler x{factor}", [f"straggler:rank=5,factor={factor},from=400"]))
     out.append(("straggler node x1.3", ["straggler:host=1,factor=1.3,from=400"]))
+    out.append(("straggler node x1.5 recovers", ["straggler:host=1,factor=1.5,from=300,steps=1000"]))
     out.append(("straggler intermittent x2", ["straggler:rank=2,factor=2,from=400,every=5"]))
     for scale in (4, 20) if quick else (1, 2, 4, 8, 20):
         out.append((f"sdc grad 2^{scale}", [f"sdc_grad:rank=6,step=700,scale_log2={scale}"]))
