@@ -34,7 +34,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from bedside.collectors.query import open_for_reading
-    from bedside.collectors.runs import find_runs
+    from bedside.collectors.runs import newest_runs
 
     from .dashboard.ledger import concentration, host_ledger
     from .output import print_frame, warn
@@ -42,7 +42,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
     if not args.dir.is_dir():
         raise BedsideError(f"no such directory: {args.dir}")
-    runs = sorted(find_runs(args.dir), key=lambda p: p.stat().st_mtime, reverse=True)[: args.last]
+    runs = newest_runs(args.dir)[: args.last]
     if not runs:
         raise BedsideError(f"no runs found in {args.dir}")
     ledgers, hosts = {}, set()

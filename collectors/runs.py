@@ -46,6 +46,11 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and is_run_dir(p))
 
 
+def newest_runs(root: Path) -> list[Path]:
+    """``find_runs``, the most recently changed run folder first."""
+    return sorted(find_runs(root), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
 def summarize_run(run_dir: Path, now: float | None = None) -> RunSummary:
     """Status, last step and last record time of a run, from run.json and the files' tails."""
     layout = RunLayout(run_dir)

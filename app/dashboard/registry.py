@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bedside.collectors.errors import BedsideError, StoreCorruptError, StoreError
-from bedside.collectors.runs import find_runs
+from bedside.collectors.runs import newest_runs
 
 from ..service.alerts.config import AlertSettings, settings_for
 from ..service.log import warn
@@ -71,7 +71,7 @@ class Desk:
 
     def runs(self) -> list[Path]:
         """The run directories served: the target itself, or the runs in it, newest first."""
-        return sorted(find_runs(self.target), key=lambda p: p.stat().st_mtime, reverse=True)
+        return newest_runs(self.target)
 
     def data(self, run_dir: Path) -> RunData:
         """The run's data layer (one per run and process, shared by every browser session); a read-only one
