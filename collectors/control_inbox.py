@@ -194,24 +194,25 @@ class RequestInbox:
                 if examined == MAX_ENTRIES_PER_LOOK or len(taken) == MAX_TAKEN_PER_LOOK:
                     return taken, False
                 if entry.name.startswith(".") or not entry.name.endswith(".json"):
-                    complete &= self._set_aside_stray(requests, processed, entry.name, taken)
-                elif (request := self._take_safely(requests, processed, entry.name, handled)) is not None:
+                    gone, request = self._set_aside_stray(requests, processed, entry.name)
+                    complete &= gone
+                else:
+                    request = self._take_safely(requests, processed, entry.name, handled)
+                if request is not None:
                     taken.append(request)
         return taken, complete
 
-    def _set_aside_stray(self, requests: int, processed: int, name: str, taken: list[Request]) -> bool:
-        """Set aside an entry that no request can be once it is ``STRAY_AGE_S`` old; whether it is gone."""
+    def _set_aside_stray(self, requests: int, processed: int, name: str) -> tuple[bool, Request | None]:
+        """Set aside an entry that no request can be once it is ``STRAY_AGE_S`` old: whether it is gone, and
+        the answer for it (None when it is young, or went away meanwhile)."""
         try:
             age_s = time.time() - os.stat(name, dir_fd=requests, follow_symlinks=False).st_mtime
             if age_s < STRAY_AGE_S:
-                return False  # perhaps a writer's hidden file, about to be renamed into a request
+                return False, None  # perhaps a writer's hidden file, about to be renamed into a request
             problem = f"not a request: {short(name, 80)} is no <request id>.json name ({age_s:.0f} s old)"
-            request = self._set_aside(requests, processed, name, _id_of(name), problem)
+            return True, self._set_aside(requests, processed, name, _id_of(name), problem)
         except Exception as error:  # nothing an entry is can leave the boundary
-            request = Request(_id_of(name), problem=f"could not be set aside: {type(error).__name__}")
-        if request is not None:
-            taken.append(request)
-        return True
+            return True, Request(_id_of(name), problem=f"could not be set aside: {type(error).__name__}")
 
     def _take_safely(self, requests: int, processed: int, name: str, handled: set[str]) -> Request | None:
         """``_take``, which no request can make raise: whatever goes wrong is that request's problem, so
