@@ -11,7 +11,7 @@ from bedside.collectors.control import ACTION_ARGS
 from bedside.collectors.layout import RunLayout
 from bedside.detectors.incidents import concerns_training
 
-from .common import age, number
+from .formats import age, number
 
 ACTION_LABELS = {
     "rewind": "rewind to a checkpoint",

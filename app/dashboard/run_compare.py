@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 from pandas.io.formats.style import Styler
 from plotly.colors import qualitative
 
-from .common import STATUS_LABELS, number
 from .figures import FADED, MAX_POINTS, apply_layout
+from .formats import STATUS_LABELS, number
 
 X_AXES = {"step": "step", "tokens": "tokens spent", "flops": "FLOPs spent", "time": "wall time"}
 """The x axes a comparison can use (the ``compare_series`` query's ``$x``), with their titles."""

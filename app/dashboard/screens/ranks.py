@@ -16,6 +16,8 @@ HEATMAP_COLUMNS, HEATMAP_CELLS = 400, 160_000
 BAND_ABOVE, HEATMAP_ROWS = 2048, 512
 RECENT_STEPS = 200
 TIME_COLUMNS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
+WHOLE_TIMELINE = {"first_step": 0, "last_step": None}
+"""The heatmap's steps: every one of the timeline's (the post-mortem report draws an incident's window)."""
 
 live.preload_plotly()  # its charts need plotly.js: fetched while the queries run
 data = current_run()
@@ -70,7 +72,14 @@ def heatmap(timeline: int, last: int, phase: str, flagged: list[int]) -> None:
     band = 1 if len(rows) <= BAND_ABOVE else -(-len(rows) // HEATMAP_ROWS)
     bucket = max(1, -(-(last + 1) // heatmap_columns(-(-len(rows) // band))))
     cells = data.frame(
-        "rank_heatmap", bucket=bucket, timeline=timeline, phase=phase, band=band, first_row=0, last_row=len(rows)
+        "rank_heatmap",
+        **WHOLE_TIMELINE,
+        bucket=bucket,
+        timeline=timeline,
+        phase=phase,
+        band=band,
+        first_row=0,
+        last_row=len(rows),
     )
     figure = rank_view.rank_heatmap(cells, rows, phase, band=band, flagged=flagged)
     live.chart(figure, "rank_heatmap", revision=f"{timeline} {phase}")
@@ -93,7 +102,14 @@ def band_heatmap(rows: pd.DataFrame, band: int, flagged: list[int], *, bucket: i
     first = int(bands.loc[bands["band"] == chosen, "first_row"].iloc[0])
     last = min(first + band, len(rows))
     cells = data.frame(
-        "rank_heatmap", bucket=bucket, timeline=timeline, phase=phase, band=1, first_row=first, last_row=last
+        "rank_heatmap",
+        **WHOLE_TIMELINE,
+        bucket=bucket,
+        timeline=timeline,
+        phase=phase,
+        band=1,
+        first_row=first,
+        last_row=last,
     )
     figure = rank_view.rank_heatmap(cells, rows.iloc[first:last], phase, flagged=flagged)
     live.chart(figure, "rank_band_heatmap", revision=f"{timeline} {phase} {chosen}")
