@@ -16,8 +16,8 @@ HEATMAP_COLUMNS, HEATMAP_CELLS = 400, 160_000
 BAND_ABOVE, HEATMAP_ROWS = 2048, 512
 RECENT_STEPS = 200
 TIME_COLUMNS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
+# The heatmap's steps: every one of the timeline's (the post-mortem report draws an incident's window).
 WHOLE_TIMELINE = {"first_step": 0, "last_step": None}
-"""The heatmap's steps: every one of the timeline's (the post-mortem report draws an incident's window)."""
 
 live.preload_plotly()  # its charts need plotly.js: fetched while the queries run
 data = current_run()
