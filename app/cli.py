@@ -26,6 +26,7 @@ from . import (
     import_run,
     ledger,
     query,
+    report,
     runs,
     serve,
     simulate,
@@ -33,7 +34,23 @@ from . import (
     watch,
 )
 
-COMMANDS = (collect, import_run, query, runs, ledger, train, action, audit, demo, detect, simulate, watch, alert, serve)
+COMMANDS = (
+    collect,
+    import_run,
+    query,
+    report,
+    runs,
+    ledger,
+    train,
+    action,
+    audit,
+    demo,
+    detect,
+    simulate,
+    watch,
+    alert,
+    serve,
+)
 """The command modules, in the order ``bedside --help`` lists them."""
 
 
