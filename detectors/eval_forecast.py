@@ -16,10 +16,13 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import special
+
+if TYPE_CHECKING:
+    from scipy import optimize
 
 Curve = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(x, params) -> values at the normalised computes x, or the rows of d log L / d params there."""
@@ -112,7 +115,7 @@ class Forecast:
 @functools.lru_cache(maxsize=4096)
 def t_quantile(band_z: float, dof: int) -> float:
     """Student t's quantile with ``dof`` degrees of freedom at the normal tail of ``band_z``."""
-    return float(stats.t.ppf(stats.norm.cdf(band_z), max(dof, 1)))
+    return float(special.stdtrit(max(dof, 1), special.ndtr(band_z)))
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,8 @@ def _levenberg_marquardt(
     ends anywhere not finite. scipy's ``leastsq`` directly, with the tolerances and evaluation budget of
     ``least_squares(method="lm")``, which runs the same MINPACK routine behind a wrapper that cost half the time
     of these small fits."""
+    from scipy import optimize  # imported by the first fit: half a second that a process with no evals never pays
+
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
@@ -268,6 +273,8 @@ def _least_squares(
     **options: Any,
 ) -> optimize.OptimizeResult | None:
     """scipy's ``least_squares``; None when it fails or ends anywhere not finite."""
+    from scipy import optimize
+
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")

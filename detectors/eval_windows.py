@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
+import pandas as pd
 
 from .eval_forecast import Forecast, forecast_evals, t_quantile
 from .finding import Finding
@@ -110,7 +110,14 @@ class WindowJudge:
         recent = np.array([e[2] for e in evals[-self.trend_evals :]])
         if len(recent) < self.trend_evals or math.log(recent[0] / recent[-1]) <= width:
             return False
-        return bool(stats.spearmanr(np.arange(len(recent)), recent).statistic < 0.0)
+        return falling_in_rank(recent)
+
+
+def falling_in_rank(values: np.ndarray) -> bool:
+    """Whether Spearman's rank correlation of ``values`` with their order is negative: the sign of the covariance
+    of their average ranks with their positions."""
+    ranks = pd.Series(values).rank().to_numpy()
+    return bool(np.dot(ranks - ranks.mean(), np.arange(len(values)) - (len(values) - 1) / 2) < 0.0)
 
 
 def capped(excess: np.ndarray, width: np.ndarray | float) -> np.ndarray:
