@@ -99,7 +99,7 @@ class Cusum:
 
     def update(self, z: np.ndarray) -> np.ndarray:
         """Add one observation per series (NaN: no observation); True where the alarm is raised."""
-        z = np.clip(np.nan_to_num(z, nan=self.k), -self.clip, self.clip)
+        z = np.minimum(np.maximum(np.where(np.isnan(z), self.k, z), -self.clip), self.clip)  # one pass per step
         self.s = np.maximum(0.0, self.s + z - self.k)
         return self.s > self.h
 

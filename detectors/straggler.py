@@ -424,6 +424,8 @@ class StragglerDetector(CrossRankDetector):
         learned from ``MIN_VERDICT_STEPS`` steps, and for every other rank)."""
         known = np.flatnonzero(self._claimed & (self._slow_n >= MIN_VERDICT_STEPS))
         z = np.full(len(r), np.nan)
+        if not len(known):
+            return z
         z[known] = self._reference.scores(r[known] - self._slow_sum[known] / self._slow_n[known]) * self._z_scale
         return z
 
@@ -432,6 +434,9 @@ class StragglerDetector(CrossRankDetector):
         alarm (learned from ``MIN_VERDICT_STEPS`` steps on, and while calm), by at least as much again as that
         level's excess: the episode ends where the rise began and a new one starts there, so that the escalation
         has its own onset."""
+        if not self._claimed.any():  # no episode: nothing can rise, and every rise statistic rests at zero
+            self._rise.s[:], self._rise_sum[:], self._rise_n[:] = 0.0, 0.0, 0
+            return []
         level_known = ~np.isnan(z)
         was_zero = self._rise.s == 0
         alarm = self._rise.update(z) & level_known
