@@ -22,6 +22,8 @@ from bedside.collectors.errors import BedsideError
 from bedside.detectors import finding
 from bedside.detectors.finding import Severity
 
+from ..playbooks.rules import PlaybookSettings, parse_playbooks
+
 CONFIG_NAME = "bedside.toml"
 NOTIFIER_TYPES = ("slack", "discord", "webhook", "command", "log")
 _HTTP_TYPES = ("slack", "discord", "webhook")
@@ -101,6 +103,7 @@ class AlertSettings:
     digest_window_s: float = 300.0
     digest_min_findings: int = 10
     source: Path | None = None
+    playbooks: PlaybookSettings = field(default_factory=PlaybookSettings)
 
     def notifier(self, name: str) -> NotifierConfig:
         for notifier in self.notifiers:
@@ -150,7 +153,7 @@ def parse_settings(
 ) -> AlertSettings:
     """Settings from a parsed TOML document; errors name ``source`` and the bad key."""
     where = str(source or CONFIG_NAME)
-    _only_keys(document, ("alerts", "notifiers"), where, "")
+    _only_keys(document, ("alerts", "notifiers", "playbooks"), where, "")
     alerts = _table(document.get("alerts", {}), where, "alerts")
     _only_keys(alerts, _ALERTS_KEYS, where, "alerts")
     notifiers = _table(document.get("notifiers", {}), where, "notifiers")
@@ -168,6 +171,7 @@ def parse_settings(
             reader.number(alerts, "alerts", "digest_min_findings", AlertSettings.digest_min_findings, integer=True)
         ),
         source=source,
+        playbooks=parse_playbooks(document.get("playbooks"), where),
     )
     return settings
 
