@@ -4,16 +4,25 @@ disagree, a straggler, an eval stall that is never acted on), and the guardrails
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bedside.app.service.alerts.config import parse_settings
+from bedside.app.service.detection import StoreDetection
 from bedside.app.service.playbooks.decide import AutoAction, Decision, History, Request, decide, guard
 from bedside.app.service.playbooks.rules import BUILTIN_RULES, PlaybookConfigError, PlaybookSettings, parse_playbooks
+from bedside.app.service.schema import SCHEMAS
+from bedside.collectors.ingest import Collector
+from bedside.collectors.layout import RunLayout
+from bedside.collectors.store import Store
 from bedside.detectors.finding import Finding, Severity, SuggestedAction
 from bedside.detectors.incidents import Incident, IncidentBook
 
+SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
 CHECKPOINTS = {0: [0, 100, 200, 300]}
 
 
@@ -60,13 +69,13 @@ def test_defaults_and_own_rules_first() -> None:
     assert parse_settings({}, {}).playbooks == PlaybookSettings()
     settings = parse_playbooks(
         {
-            "mode": "auto",
+            "mode": "off",
             "max_actions_per_hour": 5,
             "rules": {"spike": {"kinds": ["loss_spike"], "action": "page", "evidence_min": {"peak_z": 50}}},
         },
         "bedside.toml",
     )
-    assert (settings.mode, settings.max_actions_per_hour, settings.configured) == ("auto", 5, True)
+    assert (settings.mode, settings.max_actions_per_hour, settings.configured) == ("off", 5, True)
     assert [r.name for r in settings.rules] == ["spike"] + [r.name for r in BUILTIN_RULES if r.name != "spike"]
     assert parse_playbooks({"builtin_rules": False}, "x").rules == ()
 
@@ -167,3 +176,18 @@ def test_guard_escalates_after_recurring_faults_until_a_human_steps_in() -> None
     assert (verdict.allowed, verdict.escalate) == (False, True)
     assert "came back after 2 automatic recoveries" in verdict.why
     assert guard(REWIND, "c", History(actions=actions, human_at=5000.0), AUTO, now=20000.0).allowed
+
+
+def test_suggest_mode_puts_the_decision_on_the_stored_incident(tmp_path: Path) -> None:
+    """A recorded run with a non-finite step: its incident, as stored, suggests the playbook's rewind."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE_RUNS / "tiny-faults", run)
+    layout = RunLayout(run)
+    with Store.open(layout.store, schemas=SCHEMAS) as store:
+        Collector(run, store, warn=lambda text: None).ingest_available()
+        detection = StoreDetection(store, playbooks=parse_playbooks({"mode": "suggest"}, "bedside.toml"))
+        detection.update()
+        detection.finish()
+        suggested = [json.loads(s) for s in store.fetch_named("api_incidents")["suggested_action"]]
+    playbook = [s for s in suggested if s["why"].startswith("playbook spike: rewind to step")]
+    assert playbook and all(s["action"] == "rewind" and s["args"]["to_step"] <= 140 for s in playbook)

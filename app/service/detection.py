@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bedside.collectors.audit import AuditKeeper
@@ -29,6 +30,8 @@ from bedside.detectors.runner import DetectorRunner
 from .alerts.router import AlertRouter, OutboxWrite
 from .feed import StoreFeed
 from .log import warn
+from .playbooks.decide import decide
+from .playbooks.rules import PlaybookSettings
 from .schema import SCHEMAS
 from .sink import load_book, save, save_acknowledgement, save_resolution
 
@@ -43,8 +46,10 @@ class StoreDetection:
         *,
         persist: bool = True,
         alerts: AlertRouter | None = None,
+        playbooks: PlaybookSettings | None = None,
     ) -> None:
         self.store = store
+        self.playbooks = playbooks
         self.persist = persist and not store.read_only
         if alerts and not self.persist:
             raise BedsideError("alerts need the store's owner: this detection only reads the store")
@@ -118,6 +123,7 @@ class StoreDetection:
         left = self.book.went_on(self.runner.run.newest_timeline)
         incidents = self.book.add(changed) if changed else []
         incidents += [i for i in left if i.incident_id not in {j.incident_id for j in incidents}]
+        incidents = [self._suggest(i) for i in incidents]
         if incidents:
             now = time.time() if now is None else now
             alerts = self.alerts
@@ -127,6 +133,14 @@ class StoreDetection:
             if alerts and outbox:
                 alerts.committed()
         return changed
+
+    def _suggest(self, incident: Incident) -> Incident:
+        """The incident carrying its playbook's decision as the suggested action, where a configured rule
+        matches it (docs/playbooks.md); else as the detectors suggested."""
+        if self.playbooks is None or not self.playbooks.configured:
+            return incident
+        decision = decide(incident, self.runner.run.good_checkpoints, self.playbooks)
+        return incident if decision.rule is None else replace(incident, suggested_action=decision.suggestion())
 
     def _send(self, alerts: AlertRouter, outbox: OutboxWrite) -> None:
         if outbox:
@@ -168,8 +182,15 @@ class LiveDetection:
     change's messages go to the outbox with it. ``ran_at`` is when detection last went over the store.
     """
 
-    def __init__(self, store: Store, *, quiet: bool = False, alerts: AlertRouter | None = None) -> None:
-        self.detection = StoreDetection(store, alerts=alerts)
+    def __init__(
+        self,
+        store: Store,
+        *,
+        quiet: bool = False,
+        alerts: AlertRouter | None = None,
+        playbooks: PlaybookSettings | None = None,
+    ) -> None:
+        self.detection = StoreDetection(store, alerts=alerts, playbooks=playbooks)
         self.quiet = quiet
         self.ran_at: float | None = None
         self._said: dict[str, tuple[bool, str]] = {}

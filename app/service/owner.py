@@ -74,7 +74,7 @@ def alerting_detection(
         return None, None
     sender = OutboxSender(store, settings.alerts, warn=warn)
     router = AlertRouter(store, settings.alerts, on_commit=sender.wake) if settings.alerts.notifiers else None
-    return LiveDetection(store, quiet=settings.quiet, alerts=router), sender
+    return LiveDetection(store, quiet=settings.quiet, alerts=router, playbooks=settings.alerts.playbooks), sender
 
 
 class RunOwner:

@@ -18,7 +18,8 @@ from bedside.collectors.errors import BedsideError
 from bedside.detectors import finding
 from bedside.detectors.finding import Severity
 
-MODES = ("suggest", "auto", "off")
+MODES = ("suggest", "off")
+"""What ``playbooks.mode`` accepts; ``decide.guard`` also judges ``auto``, which the live service does not file yet."""
 RECIPES = ("rewind", "quarantine", "notify", "page")
 _SETTING_KEYS = ("mode", "max_actions_per_hour", "escalate_after_failed_recoveries", "min_steps_before_onset")
 _TOP_KEYS = (*_SETTING_KEYS, "builtin_rules", "rules")
