@@ -85,8 +85,8 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
 
 def check_before_launch(args: argparse.Namespace) -> None:
     """Refuse a bad preset, override or fault spec here, once, rather than in every rank."""
-    from bedside.trainer.config import preset  # torch is needed by this command only
-    from bedside.trainer.train import fault_plan
+    from bedside.trainer.config import preset  # the trainer is needed by this command only (and not torch, yet)
+    from bedside.trainer.faults import fault_plan
 
     try:
         config = preset(

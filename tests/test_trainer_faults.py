@@ -131,6 +131,29 @@ def test_the_trainer_refuses_a_bad_spec_before_starting_and_the_cli_passes_specs
     assert torchrun_command(args)[-4:] == ["--inject", "nan:rank=0,step=2", "--inject", "x:y=1"]
 
 
+def test_bedside_train_checks_the_preset_and_every_spec_without_importing_torch() -> None:
+    """``bedside train`` refuses a bad plan in one line before torchrun starts, and its checks never import torch
+    (about 3 s a launch, paid before any rank could start): the plan's faults touch tensors only when they fire."""
+    check = (
+        "import sys\n"
+        "from bedside.app.cli import build_parser\n"
+        "from bedside.app.train import check_before_launch\n"
+        "from bedside.collectors.errors import BedsideError\n"
+        "spec = 'straggler:rank=1,from=5,factor=0.5'\n"
+        "args = build_parser().parse_args(['train', '--out', 'run', '--inject', 'nan:rank=1,step=3'])\n"
+        "check_before_launch(args)\n"
+        "args = build_parser().parse_args(['train', '--out', 'run', '--inject', spec])\n"
+        "try:\n"
+        "    check_before_launch(args)\n"
+        "except BedsideError as refused:\n"
+        "    print(refused)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "bad fault spec 'straggler:rank=1,from=5,factor=0.5': factor must be > 1, got 0.5"
+
+
 # -- the hooks ----------------------------------------------------------------------------
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bedside.collectors.kit import flops_per_token, mfu
-from bedside.trainer.model import ModelConfig, Transformer, parameter_count, tiny_model_config
+from bedside.trainer.model import Transformer, parameter_count
+from bedside.trainer.model_config import ModelConfig, tiny_model_config
 
 SMALL = ModelConfig(vocab_size=32, seq_len=16, d_model=32, n_layers=2, n_heads=4)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .model import ModelConfig, tiny_model_config
+from .model_config import ModelConfig, tiny_model_config
 
 PARALLELISMS = ("ddp", "fsdp")
 

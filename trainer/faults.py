@@ -20,13 +20,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from bedside.collectors.kit.grads import local
 from bedside.collectors.kit.runqueue import RunQueueClock, waited_between
 from bedside.collectors.writer import RunLogger
 from bedside.detectors.faults import (
@@ -40,11 +37,16 @@ from bedside.detectors.faults import (
     window_of,
 )
 
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from .config import TrainConfig
+
 CALIBRATION_STEPS = 10  # a factor straggler's reference: the median of its last (at most) this many computes
 MIN_CALIBRATION = 3  # ... and it needs at least this many measured steps before it slows down
 TRACKED_STEPS = 5  # inside its window, the reference follows the median of its last this many computes
 HANG_SLEEP_S = 3600.0
-_INTS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Recorder:
@@ -334,7 +336,6 @@ class GradBitflip(_Bitflip):
 
     fault_type, default_bit = TRAINER_FAULTS["grad_bitflip"], 30
 
-    @torch.no_grad()
     def corrupt(self, step: int, flat_grads: Tensor) -> None:
         if self.window.covers(step):
             index = self.element(step, flat_grads.numel())
@@ -348,10 +349,11 @@ class ParamBitflip(_Bitflip):
 
     fault_type, default_bit = TRAINER_FAULTS["param_bitflip"], 22
 
-    @torch.no_grad()
     def corrupt(self, step: int, module: torch.nn.Module) -> None:
         if not self.window.covers(step):
             return
+        from bedside.collectors.kit.grads import local
+
         named = [(name, local(p)) for name, p in module.named_parameters()]
         index = self.element(step, sum(p.numel() for _, p in named))
         for name, param in named:
@@ -363,13 +365,18 @@ class ParamBitflip(_Bitflip):
 
 
 def flip_bit(flat: Tensor, index: int, bit: int) -> tuple[float, float]:
-    """Flip ``bit`` (0 = least significant) of ``flat[index]`` in place; the value before and after."""
+    """Flip ``bit`` (0 = least significant) of ``flat[index]`` in place, outside autograd; the value before and
+    after. torch is imported here, where a fault first touches a tensor: a launcher parses and checks a plan
+    without it."""
+    import torch
+
     width = flat.element_size() * 8
     if bit >= width:
         raise ValueError(f"bit {bit} does not exist in a {flat.dtype} element")
-    ints = flat.view(_INTS[flat.element_size()])
+    ints = flat.detach().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
     before = float(flat[index])
-    ints[index] ^= (1 << bit) if bit < width - 1 else -(1 << bit)  # the sign bit as the signed int
+    with torch.no_grad():
+        ints[index] ^= (1 << bit) if bit < width - 1 else -(1 << bit)  # the sign bit as the signed int
     return before, float(flat[index])
 
 
@@ -473,3 +480,17 @@ class FaultPlan:
         """After a (finite) optimizer step: flips in this replica's parameters."""
         for fault in self._params:
             fault.corrupt(step, module)
+
+
+def fault_plan(
+    specs: list[str], config: TrainConfig, *, rank: int, world_size: int, logger: RunLogger | None = None
+) -> FaultPlan:
+    """This rank's fault plan for a run of ``config``, with the corpus layout that bad_shard needs."""
+    return FaultPlan.parse(
+        specs,
+        rank=rank,
+        world_size=world_size,
+        logger=logger,
+        samples_per_shard=config.data.samples_per_shard,
+        vocab_size=config.data.vocab_size,
+    )
