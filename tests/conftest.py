@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -124,8 +125,29 @@ def machine_share(config: pytest.Config) -> MachineShare:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A test marked ``alone`` runs with no other test beside it (setup and teardown included, so the module fixtures
     it starts too); the rest share the machine (``MachineShare``)."""
+    item.stash[CPU_AT] = cpu_seconds()
     with machine_share(item.config).held(alone=item.get_closest_marker("alone") is not None):
         return (yield)
+
+
+CPU_AT = pytest.StashKey[float]()
+
+
+def cpu_seconds() -> float:
+    """The CPU this process used, and the processes it started and reaped (a test's torchrun, CLI, browser): what a
+    test costs the machine, which a busy machine does not inflate the way it inflates wall time."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Each phase's report carries the CPU seconds of that phase."""
+    report = yield
+    now = cpu_seconds()
+    report.user_properties.append(("cpu", now - item.stash.get(CPU_AT, now)))
+    item.stash[CPU_AT] = now
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -154,6 +176,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 _seconds: dict[str, float] = {}
+_cpu: dict[str, float] = {}
 _reasons: dict[str, str] = {}
 _started: list[float] = []
 
@@ -164,19 +187,25 @@ def pytest_sessionstart() -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+    _cpu[report.nodeid] = _cpu.get(report.nodeid, 0.0) + dict(report.user_properties).get("cpu", 0.0)
     _reasons.update((report.nodeid, value) for name, value in report.user_properties if name == "slow")
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     """The tests past the per-test budget (module fixtures count to the first test that asks for them), each
-    with its reason or the lack of one, and the suite's time against its budget."""
+    with its CPU seconds and its reason or the lack of one; the suite's time against its budget, and its CPU (a
+    figure that the machine's load moves far less than wall time, to compare runs on different days)."""
     over = sorted(((s, n) for n, s in _seconds.items() if s > TEST_BUDGET_S), reverse=True)
     if over:
         terminalreporter.section(f"tests over the {TEST_BUDGET_S:.0f} s budget")
         for seconds, nodeid in over:
-            terminalreporter.write_line(f"{seconds:6.1f} s {nodeid}: {_reasons.get(nodeid, 'NO REASON GIVEN')}")
+            reason = _reasons.get(nodeid, "NO REASON GIVEN")
+            terminalreporter.write_line(f"{seconds:6.1f} s ({_cpu.get(nodeid, 0.0):5.1f} s CPU) {nodeid}: {reason}")
     took = time.monotonic() - _started[0]
-    terminalreporter.write_line(f"bedside suite: {took:.0f} s of its {SUITE_BUDGET_S:.0f} s budget on two busy cores")
+    terminalreporter.write_line(
+        f"bedside suite: {took:.0f} s of its {SUITE_BUDGET_S:.0f} s budget on two busy cores;"
+        f" the tests used {sum(_cpu.values()):.0f} s of CPU"
+    )
 
 
 def pytest_report_header(config) -> str:
