@@ -7,11 +7,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from dashboard_app import FAULTS, SAMPLE_RUNS
 from playwright.sync_api import expect
 from test_dashboard_browser import ARTIFACTS, browser, page, serve  # noqa: F401  (the browser tests' fixtures)
 
 from bedside.app.dashboard.curves import PANELS
+
+pytestmark = pytest.mark.slow(reason="bedside serve driven from Chromium")
 
 DRAWN_S = 60
 TRAINING_CHART = "document.querySelectorAll('.js-plotly-plot')[1]"

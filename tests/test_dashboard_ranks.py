@@ -177,6 +177,7 @@ def test_above_2048_ranks_the_heatmap_draws_bands_that_name_the_flagged_rank_and
     assert chart(app, "rank_band_heatmap")["data"][0]["y"] == [f"rank {r}" for r in range(8)]
 
 
+@pytest.mark.slow(reason="bedside serve driven from Chromium, the heatmap read pixel by pixel")
 def test_in_the_browser_the_stragglers_row_of_pixels_is_the_reddest_after_its_onset(short: Path, request) -> None:
     chromium = request.getfixturevalue("browser")
     registry.close_all()  # no store of this process's in the way

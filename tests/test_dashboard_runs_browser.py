@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from dashboard_app import FAULTS, REWIND, copy_run
 from test_dashboard_browser import (  # noqa: F401 (browser, page and serve are fixtures)
     INCIDENT_S,
@@ -19,6 +20,8 @@ from test_dashboard_browser import (  # noqa: F401 (browser, page and serve are 
 )
 
 from bedside.collectors import RunLogger
+
+pytestmark = pytest.mark.slow(reason="bedside serve and a live run driven from Chromium")
 
 BARE = "bare-live"
 HEADER_PX = ROW_PX = 35

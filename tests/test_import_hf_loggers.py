@@ -18,6 +18,8 @@ TRAIN = """
 import sys, torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+pytestmark = pytest.mark.slow(reason="a transformers Trainer run that reports to W&B and TensorBoard")
+
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, count, seed):
         self.ids = torch.randint(0, 64, (count, 16), generator=torch.Generator().manual_seed(seed))

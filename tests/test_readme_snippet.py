@@ -14,6 +14,8 @@ import pytest
 from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 
+pytestmark = pytest.mark.slow(reason="the README's snippets run as written, one of them on two torchrun ranks")
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 200
 

@@ -13,6 +13,8 @@ from bedside.collectors.store import Store
 from bedside.trainer.config import OptimConfig, preset
 from bedside.trainer.schedule import lr_at
 
+pytestmark = pytest.mark.slow(reason="the module fixture trains two-rank runs under torchrun")
+
 STEPS = 40
 
 

@@ -118,6 +118,7 @@ def hung_run(tmp_path_factory) -> HungRun:
     store.close()
 
 
+@pytest.mark.slow(reason="a hung two-rank run under torchrun, stopped with SIGTERM")
 def test_a_hung_rank_keeps_the_job_alive_until_sigterm_to_torchrun_ends_every_rank(hung_run: HungRun) -> None:
     assert hung_run.alive_while_hung
     assert hung_run.returncode != 0 and hung_run.left_running == []
