@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from .playbooks.rules import PlaybookSettings
 from .schema import SCHEMAS
 from .sink import load_book, save, save_acknowledgement, save_resolution
 
+Acting = Callable[[list[Incident], Mapping[int, Sequence[int]], float], None]
+"""What the live service does with the incidents detection recorded (``playbooks.auto.AutoPlaybook.consider``)."""
+
 
 class StoreDetection:
     """Detectors kept up to date with one store; ``persist`` False only reads (a store held elsewhere)."""
@@ -47,9 +51,11 @@ class StoreDetection:
         persist: bool = True,
         alerts: AlertRouter | None = None,
         playbooks: PlaybookSettings | None = None,
+        act: Acting | None = None,
     ) -> None:
         self.store = store
         self.playbooks = playbooks
+        self.act = act
         self.persist = persist and not store.read_only
         if alerts and not self.persist:
             raise BedsideError("alerts need the store's owner: this detection only reads the store")
@@ -132,6 +138,8 @@ class StoreDetection:
                 save(self.store, self.book, changed, incidents, outbox, now)
             if alerts and outbox:
                 alerts.committed()
+            if self.act:
+                self.act(incidents, self.runner.run.good_checkpoints, now)
         return changed
 
     def _suggest(self, incident: Incident) -> Incident:
@@ -189,8 +197,9 @@ class LiveDetection:
         quiet: bool = False,
         alerts: AlertRouter | None = None,
         playbooks: PlaybookSettings | None = None,
+        act: Acting | None = None,
     ) -> None:
-        self.detection = StoreDetection(store, alerts=alerts, playbooks=playbooks)
+        self.detection = StoreDetection(store, alerts=alerts, playbooks=playbooks, act=act)
         self.quiet = quiet
         self.ran_at: float | None = None
         self._said: dict[str, tuple[bool, str]] = {}

@@ -33,9 +33,10 @@ from bedside.collectors.store import Store
 from .alerts.config import AlertSettings
 from .alerts.router import AlertRouter
 from .alerts.sender import OutboxSender
-from .detection import LiveDetection
+from .detection import Acting, LiveDetection
 from .log import warn as log_warning
 from .owner_health import HealthNotices, OwnerHealth, describe
+from .playbooks.auto import AutoPlaybook
 from .schema import SCHEMAS
 
 OWNER_DRAIN_S = 5.0
@@ -66,7 +67,7 @@ class OwnerSettings:
 
 
 def alerting_detection(
-    store: Store, settings: OwnerSettings, *, warn: Callable[[str], None]
+    store: Store, settings: OwnerSettings, *, warn: Callable[[str], None], act: Acting | None = None
 ) -> tuple[LiveDetection | None, OutboxSender | None]:
     """Live detection whose incident changes go to the notifiers of ``settings``, and the sender (not started);
     neither when the settings say not to detect."""
@@ -74,7 +75,8 @@ def alerting_detection(
         return None, None
     sender = OutboxSender(store, settings.alerts, warn=warn)
     router = AlertRouter(store, settings.alerts, on_commit=sender.wake) if settings.alerts.notifiers else None
-    return LiveDetection(store, quiet=settings.quiet, alerts=router, playbooks=settings.alerts.playbooks), sender
+    live = LiveDetection(store, quiet=settings.quiet, alerts=router, playbooks=settings.alerts.playbooks, act=act)
+    return live, sender
 
 
 class RunOwner:
@@ -226,7 +228,7 @@ class RunOwner:
     def _build(self) -> None:
         """Detection, alerts and the collector over the open store (detection replays what the store holds)."""
         self.live, self._follower = None, None
-        live, self.sender = alerting_detection(self.store, self.settings, warn=self.warn)
+        live, self.sender = alerting_detection(self.store, self.settings, warn=self.warn, act=self._playbook_act())
         self.collector = Collector(self.layout.root, self.store, batch_bytes=self.settings.batch_bytes, warn=self.warn)
         self._follower = Follower(
             self.collector,
@@ -238,6 +240,13 @@ class RunOwner:
         )
         self.live = live
         self.finished = False
+
+    def _playbook_act(self) -> Acting | None:
+        """``auto`` playbooks' hook on recorded incidents (docs/playbooks.md), or None in other modes."""
+        playbooks = self.settings.alerts.playbooks
+        if not playbooks.configured or playbooks.mode != "auto":
+            return None
+        return AutoPlaybook(self.layout, playbooks, self.notices, warn=self.warn).consider
 
     def _restart(self) -> None:
         """A new store connection, collector and detection, after a failure."""

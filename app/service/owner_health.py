@@ -88,21 +88,33 @@ class HealthNotices:
 
     def _send(self, health: OwnerHealth) -> None:
         assert health.failed_at is not None
-        run, now = self._run(), time.time()
+        failed_at = health.failed_at
         state = "failed" if health.next_retry_at else "recovered"
-        for notifier in self.settings.notifiers:
-            payload = owner_payload(
-                f"{run.run_id or run.name}/{notifier.name}/owner/{state}/{int(health.failed_at * 1000)}",
+
+        def payload(notifier: NotifierConfig, run: RunRef, now: float) -> dict:
+            return owner_payload(
+                f"{run.run_id or run.name}/{notifier.name}/owner/{state}/{int(failed_at * 1000)}",
                 run,
                 notifier=notifier.name,
                 error=health.error,
-                failed_at=health.failed_at,
+                failed_at=failed_at,
                 restarts=health.restarts,
                 next_retry_at=health.next_retry_at,
                 now=now,
             )
+
+        self.announce(payload)
+
+    def announce(self, payload: Callable[[NotifierConfig, RunRef, float], dict]) -> None:
+        """Send ``payload(notifier, run, now)`` straight to every notifier, each in its own thread, whatever its
+        severity and kind filters (up to ``NOTICE_ATTEMPTS`` attempts)."""
+        run, now = self._run(), time.time()
+        for notifier in self.settings.notifiers:
             thread = threading.Thread(
-                target=self._deliver, args=(notifier, payload), daemon=True, name=f"owner-notice-{notifier.name}"
+                target=self._deliver,
+                args=(notifier, payload(notifier, run, now)),
+                daemon=True,
+                name=f"notice-{notifier.name}",
             )
             thread.start()
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]

@@ -30,6 +30,8 @@ EVENT_WORDS = {
     "test": "Test message",
     "owner_failed": "Monitoring stopped",
     "owner_recovered": "Monitoring resumed",
+    "playbook_acted": "Playbook acted",
+    "playbook_stopped": "Playbook stopped",
 }
 """Every event a message can announce, and how a message names it."""
 KEY_EVIDENCE = 8
@@ -162,6 +164,24 @@ def owner_payload(
         else f"ingestion and detection caught up again after: {error}"
     )
     return payload | {"owner": owner}
+
+
+def playbook_payload(
+    message_id: str, run: RunRef, *, notifier: str, playbook: dict[str, Any], stopped: bool, now: float
+) -> dict[str, Any]:
+    """An automatic playbook filed ``playbook["requests"]`` (``playbook_acted``), or stopped and pages a human
+    (``playbook_stopped``, critical)."""
+    event, severity = ("playbook_stopped", "critical") if stopped else ("playbook_acted", "warning")
+    payload = _envelope(message_id, event, run, notifier, now, severity)
+    filed = "; ".join(
+        f"{r['action']} ({', '.join(f'{k}={v}' for k, v in r['args'].items())}) as {r['request_id']}"
+        for r in playbook["requests"]
+    )
+    payload["text"] = (
+        f"[{severity.upper()}] {run.name}: {EVENT_WORDS[event]}: rule {playbook['rule']} on incident "
+        f"{playbook['incident_id']}: " + (playbook["reason"] if stopped else f"filed {filed}: {playbook['reason']}")
+    )
+    return payload | {"playbook": playbook}
 
 
 def _envelope(

@@ -131,7 +131,8 @@ def checkpoint_before(checkpoints: Mapping[int, Sequence[int]], timeline: int, l
 
 @dataclass(frozen=True)
 class AutoAction:
-    """An automatic action recorded in the audit trail: when, for which incident, by which rule."""
+    """An automatic request recorded in the audit trail: when, for which incident, by which rule (one decision
+    may file several; the guardrails count incidents)."""
 
     time: float
     incident_id: str
@@ -150,9 +151,7 @@ class History:
     def failed_recoveries(self, rule: str | None, incident_id: str) -> int:
         """Automatic actions by ``rule`` on other incidents since a human last stepped in: the fault came back
         after each of them, since another incident of the same rule is open now."""
-        return sum(
-            1 for a in self.actions if a.time >= self.human_at and a.rule == rule and a.incident_id != incident_id
-        )
+        return len({a.incident_id for a in self.actions if a.time >= self.human_at and a.rule == rule} - {incident_id})
 
 
 @dataclass(frozen=True)
@@ -162,6 +161,8 @@ class Verdict:
     allowed: bool
     why: str = ""
     escalate: bool = False
+    done: bool = False
+    """Refused because a playbook already acted on the incident (nothing new to say)."""
 
 
 def guard(decision: Decision, incident_id: str, history: History, settings: PlaybookSettings, now: float) -> Verdict:
@@ -171,7 +172,7 @@ def guard(decision: Decision, incident_id: str, history: History, settings: Play
     if not history.enabled:
         return Verdict(False, "playbooks are switched off for this run (bedside playbook on RUN)")
     if any(a.incident_id == incident_id for a in history.actions):
-        return Verdict(False, f"a playbook already acted on incident {incident_id}")
+        return Verdict(False, f"a playbook already acted on incident {incident_id}", done=True)
     failed = history.failed_recoveries(decision.rule, incident_id)
     if failed >= settings.escalate_after_failed_recoveries:
         return Verdict(
@@ -180,7 +181,7 @@ def guard(decision: Decision, incident_id: str, history: History, settings: Play
             "automation stops and a human decides",
             escalate=True,
         )
-    recent = sum(1 for a in history.actions if now - a.time < HOUR_S)
+    recent = len({a.incident_id for a in history.actions if now - a.time < HOUR_S})
     if recent >= settings.max_actions_per_hour:
         return Verdict(False, f"{recent} automatic actions in the last hour (max_actions_per_hour)")
     return Verdict(True)

@@ -10,6 +10,7 @@ when ``skip_window``), ``quarantine`` (the shard the finding names, then a rewin
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,11 +19,11 @@ from bedside.collectors.errors import BedsideError
 from bedside.detectors import finding
 from bedside.detectors.finding import Severity
 
-MODES = ("suggest", "off")
-"""What ``playbooks.mode`` accepts; ``decide.guard`` also judges ``auto``, which the live service does not file yet."""
+MODES = ("suggest", "auto", "off")
 RECIPES = ("rewind", "quarantine", "notify", "page")
 _SETTING_KEYS = ("mode", "max_actions_per_hour", "escalate_after_failed_recoveries", "min_steps_before_onset")
 _TOP_KEYS = (*_SETTING_KEYS, "builtin_rules", "rules")
+_RULE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,48}$")
 _RULE_KEYS = ("kinds", "min_severity", "evidence_min", "evidence_max", "action", "skip_window", "rewind")
 
 
@@ -114,6 +115,8 @@ def parse_playbooks(table: Any, where: str) -> PlaybookSettings:
 
 def _rule(name: str, body: Any, where: str) -> Rule:
     key = f"playbooks.rules.{name}"
+    if not _RULE_NAME.match(name):
+        raise _fail(where, key, "a rule's name is 1 to 48 letters, digits, '.', '_' or '-'")
     body = _table(body, where, key)
     _only_keys(body, _RULE_KEYS, where, key)
     action = body.get("action")
