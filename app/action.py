@@ -33,7 +33,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--last-batch", type=integer_in(0), metavar="B", help="skip: last global batch index (inclusive)")
     p.add_argument("--shard", type=integer_in(0), metavar="S", help="quarantine: the data shard to stop reading")
     p.add_argument("--reason", required=True, help="why (kept with the request and its acknowledgement)")
-    p.add_argument("--operator", default=_default_operator(), help="who asks (default: $USER)")
+    p.add_argument("--operator", default=default_operator(), help="who asks (default: $USER)")
     p.add_argument(
         "--wait",
         type=positive_seconds,
@@ -43,7 +43,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_action)
 
 
-def _default_operator() -> str:
+def default_operator() -> str:
     try:
         return os.environ.get("USER") or getpass.getuser()
     except (KeyError, OSError):

@@ -10,7 +10,7 @@ from bedside.collectors.display_text import visible
 from bedside.collectors.errors import BedsideError
 from bedside.collectors.layout import RunLayout, require_run_dir
 
-from .action import _default_operator
+from .action import default_operator
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("verb", choices=("on", "off", "status"), metavar="VERB", help="on, off or status")
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("--reason", help="on, off: why (kept in the audit trail; default: says who switched)")
-    p.add_argument("--operator", default=_default_operator(), help="on, off: who switches (default: $USER)")
+    p.add_argument("--operator", default=default_operator(), help="on, off: who switches (default: $USER)")
     p.add_argument(
         "--config",
         type=Path,

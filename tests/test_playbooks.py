@@ -188,6 +188,8 @@ def test_suggest_mode_puts_the_decision_on_the_stored_incident(tmp_path: Path) -
         detection = StoreDetection(store, playbooks=parse_playbooks({"mode": "suggest"}, "bedside.toml"))
         detection.update()
         detection.finish()
-        suggested = [json.loads(s) for s in store.fetch_named("api_incidents")["suggested_action"]]
-    playbook = [s for s in suggested if s["why"].startswith("playbook spike: rewind to step")]
-    assert playbook and all(s["action"] == "rewind" and s["args"]["to_step"] <= 140 for s in playbook)
+        incidents = store.fetch_named("api_incidents")
+    suggested = {kinds[0]: json.loads(s) for kinds, s in zip(incidents["kinds"], incidents["suggested_action"])}
+    assert suggested["nonfinite"]["action"] == "rewind" and suggested["nonfinite"]["args"]["to_step"] <= 140
+    assert suggested["nonfinite"]["why"].startswith("playbook spike: rewind to step")
+    assert suggested["straggler"]["action"] == "evict"  # the straggler rule notifies: the detector's suggestion stays

@@ -144,11 +144,13 @@ class StoreDetection:
 
     def _suggest(self, incident: Incident) -> Incident:
         """The incident carrying its playbook's decision as the suggested action, where a configured rule
-        matches it (docs/playbooks.md); else as the detectors suggested."""
+        matches it and does more than notify (docs/playbooks.md); else as the detectors suggested."""
         if self.playbooks is None or not self.playbooks.configured:
             return incident
         decision = decide(incident, self.runner.run.good_checkpoints, self.playbooks)
-        return incident if decision.rule is None else replace(incident, suggested_action=decision.suggestion())
+        if decision.rule is None or decision.recipe == "notify":  # a notice keeps the detector's own suggestion
+            return incident
+        return replace(incident, suggested_action=decision.suggestion())
 
     def _send(self, alerts: AlertRouter, outbox: OutboxWrite) -> None:
         if outbox:
