@@ -123,3 +123,26 @@ def test_once_per_incident_kill_switch_and_escalation(tiny_faults: Path, receive
     assert [m["event"] for m in messages] == ["playbook_acted"] * 3 + ["playbook_stopped"]
     assert messages[-1]["severity"] == "critical" and "automation stops" in messages[-1]["text"]
     assert audit.verify(layout).broken is None
+
+
+def test_a_broken_trail_reads_as_switched_off_and_nothing_is_filed(
+    tiny_faults: Path, receiver: Receiver, bedside
+) -> None:
+    layout = RunLayout(tiny_faults)
+    settings = load_settings(write_config(tiny_faults.parent, receiver), {})
+    said: list[str] = []
+    playbook = AutoPlaybook(
+        layout, settings.playbooks, HealthNotices(layout, settings, warn=said.append), warn=said.append
+    )
+    audit.audit_path(layout).write_text('{"seq": 0, "what": "rewind"}\n')  # no hash: the chain is broken
+    playbook.consider([spike(150)], CHECKPOINTS, time.time())
+    assert said == [
+        "playbook spike did not act on incident nonfinite@0:150: "
+        "playbooks are switched off for this run (bedside playbook on RUN)"
+    ]
+    assert not list(layout.control_requests.glob("req-*.json")) and receiver.requests == []
+    assert (
+        bedside("playbook", "status", tiny_faults)
+        .stdout.splitlines()[1]
+        .startswith("switch: off (the audit trail's chain is broken: ")
+    )

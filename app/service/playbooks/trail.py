@@ -33,7 +33,10 @@ class Switch:
 
 def read_switch(layout: RunLayout) -> Switch:
     """The switch as the newest ``playbook_on`` or ``playbook_off`` entry left it; off when the chain is broken."""
-    report = audit.verify(layout)
+    return _switch(audit.verify(layout))
+
+
+def _switch(report: audit.ChainReport) -> Switch:
     if report.broken:
         return Switch(False, None, report.broken)
     entry = next((e for e in reversed(report.entries) if e.get("what") in SWITCHES), None)
@@ -55,7 +58,7 @@ def read_history(layout: RunLayout) -> History:
         for e in entries
         if not _automatic(e) and (e.get("request_id") or e.get("what") == "playbook_on")
     ]
-    switch = read_switch(layout)
+    switch = _switch(report)
     return History(actions=actions, human_at=max(human, default=0.0), enabled=switch.enabled)
 
 
