@@ -13,12 +13,12 @@ import pytest
 
 from bedside.collectors.importers import import_tensorboard, import_wandb
 
+pytestmark = pytest.mark.slow(reason="a transformers Trainer run that reports to W&B and TensorBoard")
+
 STEPS = 10
 TRAIN = """
 import sys, torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
-pytestmark = pytest.mark.slow(reason="a transformers Trainer run that reports to W&B and TensorBoard")
 
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, count, seed):
