@@ -36,18 +36,23 @@ class AutoPlaybook:
         self.notices = notices
         self.warn = warn
         self._said: set[tuple[str, str]] = set()
+        self._acted: set[str] = set()  # incidents the trail says a playbook acted on: never again, so never reread
 
     def consider(self, incidents: Iterable[Incident], checkpoints: Mapping[int, Sequence[int]], now: float) -> None:
         """Decide for each open incident of the newest timeline; file, escalate or say why not."""
         incidents = [i for i in incidents if not i.resolved]
         newest = max((i.timeline for i in incidents), default=0)
         for incident in (i for i in incidents if i.timeline == newest):
+            if incident.incident_id in self._acted:
+                continue
             decision = decide(incident, checkpoints, self.settings)
             if decision.acts:
                 self._act(incident, decision, now)
 
     def _act(self, incident: Incident, decision: Decision, now: float) -> None:
         verdict = guard(decision, incident.incident_id, read_history(self.layout), self.settings, now)
+        if verdict.done:
+            self._acted.add(incident.incident_id)
         if verdict.escalate:
             self._stop(incident, decision, verdict.why)
         elif verdict.allowed:
