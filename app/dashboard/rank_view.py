@@ -35,6 +35,16 @@ ROW_PX, MIN_PLOT_PX, MAX_PLOT_PX, AROUND_PX = 14, 240, 680, 140
 NO_PHASES = "This run reports no phase times (data, compute, communication, optimizer): only its step times."
 PHASE_RANKS = 32
 """The phase chart shows the ranks slowest in compute against their peers, this many, and every flagged rank."""
+BAND_ABOVE, HEATMAP_ROWS = 2048, 512
+"""Above ``BAND_ABOVE`` ranks the heatmap's rows are bands of consecutive ranks, at most ``HEATMAP_ROWS`` of them."""
+INCIDENT_MARGIN = 30
+"""Steps drawn before and after an incident around its evidence (the Incidents page, the post-mortem report)."""
+
+
+def band_size(rank_rows: int) -> int:
+    """Ranks per heatmap row for ``rank_rows`` ranks: one each up to ``BAND_ABOVE``, else bands that make at most
+    ``HEATMAP_ROWS`` rows."""
+    return 1 if rank_rows <= BAND_ABOVE else -(-rank_rows // HEATMAP_ROWS)
 
 
 def reported_phases(phases: pd.DataFrame) -> list[str]:

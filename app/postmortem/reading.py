@@ -40,11 +40,8 @@ QUERIES: dict[str, dict[str, Any]] = {
     "abandoned": {},
 }
 """The dashboard's queries (``dash_<name>``) a report reads, with their parameters."""
-WINDOW_MARGIN = 30
-"""Steps drawn before and after a straggler incident in its rank heatmap (as the Incidents page's evidence)."""
 HEATMAP_COLUMNS = 200
-BAND_ABOVE, HEATMAP_ROWS = 2048, 512
-"""Above ``BAND_ABOVE`` ranks a heatmap row is a band of consecutive ranks, at most ``HEATMAP_ROWS`` bands."""
+"""Step buckets of a straggler incident's heatmap at most."""
 
 
 @dataclass(frozen=True)
@@ -103,13 +100,13 @@ def read_run(run_dir: Path) -> RunRecord:
 
 
 def rank_window(store: Store, incident: pd.Series, findings: pd.DataFrame) -> RankWindow:
-    """Each rank's compute time over its peers' (step time for a run without phases) from ``WINDOW_MARGIN`` steps
+    """Each rank's compute time over its peers' (step time for a run without phases) from ``rank_view.INCIDENT_MARGIN`` steps
     before a straggler incident to as many after it."""
     timeline = int(incident["timeline"])
-    first = max(0, int(incident["start_step"]) - WINDOW_MARGIN)
-    last = int(incident["end_step"]) + WINDOW_MARGIN
+    first = max(0, int(incident["start_step"]) - rank_view.INCIDENT_MARGIN)
+    last = int(incident["end_step"]) + rank_view.INCIDENT_MARGIN
     rows = store.fetch_named("dash_rank_rows", {"timeline": timeline})
-    band = 1 if len(rows) <= BAND_ABOVE else -(-len(rows) // HEATMAP_ROWS)
+    band = rank_view.band_size(len(rows))
     params = {"timeline": timeline, "first_step": first, "last_step": last, "band": band}
     params |= {"bucket": max(1, -(-(last - first + 1) // HEATMAP_COLUMNS)), "first_row": 0, "last_row": len(rows)}
     for phase in ("compute", "step"):

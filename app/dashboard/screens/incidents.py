@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import figures, live, summaries
+from bedside.app.dashboard import figures, live, rank_view, summaries
 from bedside.app.dashboard.actions import ACTION_LABELS, onset, prefilled_args, request_status, what_is_lost
 from bedside.app.dashboard.common import SEVERITY_MARKS, age, clock, current_run, is_operator, prefilled_number
 from bedside.app.dashboard.registry import desk
@@ -16,7 +16,6 @@ from bedside.collectors.errors import BedsideError
 from bedside.collectors.format import RUN_END_STATUSES
 from bedside.detectors.incidents import concerns_training, id_ranges
 
-WINDOW_MARGIN = 30
 INCIDENT_COLUMNS = {
     "onset": st.column_config.DatetimeColumn("onset (UTC)", format="YYYY-MM-DD HH:mm:ss", timezone="UTC"),
     "age": st.column_config.TextColumn("age", help="since the onset: the step the fault began at"),
@@ -110,8 +109,8 @@ if concerns_training(incident["kinds"]) and (
 ):
     st.caption(cost)
 
-first = int(incident["start_step"]) - WINDOW_MARGIN
-last = int(incident["end_step"]) + WINDOW_MARGIN
+first = int(incident["start_step"]) - rank_view.INCIDENT_MARGIN
+last = int(incident["end_step"]) + rank_view.INCIDENT_MARGIN
 ranks = (
     data.frame("window_ranks", timeline=int(incident["timeline"]), first=first, last=last)
     if len(incident["ranks"])

@@ -12,8 +12,6 @@ from bedside.app.dashboard.common import current_run
 
 # At most this many step buckets, and fewer when the rows are many: the browser draws cells, not rows.
 HEATMAP_COLUMNS, HEATMAP_CELLS = 400, 160_000
-# Above this many ranks the heatmap's rows are bands of consecutive ranks, at most HEATMAP_ROWS of them.
-BAND_ABOVE, HEATMAP_ROWS = 2048, 512
 RECENT_STEPS = 200
 TIME_COLUMNS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
 # The heatmap's steps: every one of the timeline's (the post-mortem report draws an incident's window).
@@ -69,7 +67,7 @@ def heatmap_columns(drawn_rows: int) -> int:
 
 def heatmap(timeline: int, last: int, phase: str, flagged: list[int]) -> None:
     rows = data.frame("rank_rows", timeline=timeline)
-    band = 1 if len(rows) <= BAND_ABOVE else -(-len(rows) // HEATMAP_ROWS)
+    band = rank_view.band_size(len(rows))
     bucket = max(1, -(-(last + 1) // heatmap_columns(-(-len(rows) // band))))
     cells = data.frame(
         "rank_heatmap",
