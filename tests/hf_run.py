@@ -14,6 +14,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from bedside.collectors.integrations.huggingface import BedsideCallback
+from bedside.trainer.train import exit_without_teardown
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -59,3 +60,4 @@ def main(run_dir: str, steps: int, out: Path | None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[4]) if sys.argv[3:4] == ["--control"] else None)
+    exit_without_teardown()  # torch's teardown has aborted a finished rank (terminate called without ...)

@@ -21,6 +21,7 @@ from torch.utils.data import BatchSampler, SequentialSampler
 
 from bedside.collectors.kit import Action, ControlClient, SkippingSampler
 from bedside.collectors.writer import RunLogger
+from bedside.trainer.train import exit_without_teardown
 
 MAX_STEPS = 3000
 
@@ -63,3 +64,4 @@ def main(run: Path, out: Path, restart: bool) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]), "--restart" in sys.argv[3:])
+    exit_without_teardown()  # torch's teardown has aborted a finished rank (terminate called without ...)

@@ -444,17 +444,27 @@ def test_a_straggler_slows_its_compute_by_the_factor_and_makes_its_peer_wait(fau
     delay, reference = json.loads(args)["delay_s"], json.loads(args)["reference_compute_s"]
     assert delay == pytest.approx(3 * reference)
     medians = dict(
-        ((rank, after), (compute, comm))
-        for rank, after, compute, comm in rows(
+        ((rank, after), compute)
+        for rank, after, compute in rows(
             faulty,
-            "SELECT rank, step >= 15, median(compute_time - cpu_wait_time), median(comm_time) FROM rank_step_metrics "
+            "SELECT rank, step >= 15, median(compute_time - cpu_wait_time) FROM rank_step_metrics "
             "WHERE step > 1 GROUP BY ALL",
         )
     )
     # the delay follows the rank's own recent work, its compute less its wait for a CPU (docs/faults.md), so that
     # work reads 1 + 3 = 4x its peer's however loaded the machine is (with the wait in the reference, 15x was seen)
-    assert 2.5 < medians[1, True][0] / medians[0, True][0] < 4 * 2.5
-    assert medians[0, True][1] - medians[0, False][1] > 0.4 * delay
+    assert 2.5 < medians[1, True] / medians[0, True] < 4 * 2.5
+    # the peer waits in the all-reduce for the straggler's sleep, less the time the two ranks' waits for a CPU moved
+    # them apart: a peer queued for a CPU reaches the all-reduce later and waits that much less (seen on a loaded
+    # CI host: its wait grew by only 0.29 of the delay), a straggler queued for one arrives later still
+    [(before, after)] = rows(
+        faulty,
+        "SELECT median(peer.comm_time + peer.cpu_wait_time - slow.cpu_wait_time) FILTER (WHERE step < 15), "
+        "median(peer.comm_time + peer.cpu_wait_time - slow.cpu_wait_time) FILTER (WHERE step >= 15) "
+        "FROM rank_step_metrics peer JOIN rank_step_metrics slow USING (step) "
+        "WHERE peer.rank = 0 AND slow.rank = 1 AND step > 1",
+    )
+    assert after - before > 0.6 * delay
 
 
 def test_a_bad_shard_raises_the_loss_of_the_rank_that_reads_it(faulty: Store) -> None:
