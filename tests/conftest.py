@@ -29,6 +29,7 @@ CLI_TIMEOUT_S = 120
 REPORTED_LIBRARIES = ("duckdb", "pyarrow", "pandas", "torch", "watchdog")
 TEST_BUDGET_S = 20.0  # a test's setup, call and teardown together; past it the test says why (see slow below)
 SUITE_BUDGET_S = 20 * 60.0  # the README's test command on two busy cores (docs/performance.md)
+HEAVIEST_FILES = 25  # the summary names the files that used the most CPU, where a cut of the suite's time starts
 
 
 def _version(distribution: str) -> str:
@@ -201,6 +202,14 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         for seconds, nodeid in over:
             reason = _reasons.get(nodeid, "NO REASON GIVEN")
             terminalreporter.write_line(f"{seconds:6.1f} s ({_cpu.get(nodeid, 0.0):5.1f} s CPU) {nodeid}: {reason}")
+    files: dict[str, float] = {}
+    for nodeid, cpu in _cpu.items():
+        files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + cpu
+    heaviest = sorted(((cpu, name) for name, cpu in files.items()), reverse=True)[:HEAVIEST_FILES]
+    if len(files) > 1:
+        terminalreporter.section(f"the {len(heaviest)} files that used the most CPU")
+        for cpu, name in heaviest:
+            terminalreporter.write_line(f"{cpu:6.1f} s CPU {name}")
     took = time.monotonic() - _started[0]
     terminalreporter.write_line(
         f"bedside suite: {took:.0f} s of its {SUITE_BUDGET_S:.0f} s budget on two busy cores;"
