@@ -18,9 +18,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
-from .telemetry import numbers
+from .telemetry import TelemetryBatch
 
 
 @dataclass
@@ -42,13 +41,13 @@ class TrainingRecord:
     def __init__(self) -> None:
         self._timelines: dict[int, _Timeline] = {}
 
-    def take(self, steps: pd.DataFrame) -> None:
+    def take(self, batch: TelemetryBatch) -> None:
         """Take the step rows of a batch: a step written again (a restart resumed from an earlier checkpoint)
         replaces what followed it; a new timeline starts from its parent's progress before its first step."""
-        if not len(steps):
+        if not len(batch.steps):
             return
-        columns = {name: steps[name].to_numpy(np.int64) for name in ("timeline", "step")}
-        columns |= {name: numbers(steps[name]) for name in ("loss", "lr", "tokens")}
+        columns = {name: batch.ints("steps", name) for name in ("timeline", "step")}
+        columns |= {name: batch.floats("steps", name) for name in ("loss", "lr", "tokens")}
         timelines = columns["timeline"]
         distinct = np.unique(timelines).tolist()
         for timeline in distinct:

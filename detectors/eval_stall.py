@@ -93,7 +93,7 @@ class EvalStallDetector(Detector):
         self._train = TrainingRecord()
 
     def update(self, batch: TelemetryBatch) -> list[Finding]:
-        self._train.take(batch.steps)
+        self._train.take(batch)
         evals = batch.evals
         if evals.empty:
             return []

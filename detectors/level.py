@@ -14,7 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+
+from .robust import windows
 
 LEVEL_POINTS = 10
 
@@ -114,8 +115,8 @@ class LowestLevel:
             return np.empty(0), np.empty(0)
         now = self._now
         values = np.array([y for _, y in now.recent] + list(ys), float)
-        levels = np.median(sliding_window_view(values, self.points), axis=1) if len(values) >= self.points else []
+        levels = np.median(windows(values, self.points), axis=1) if len(values) >= self.points else []
         levels = np.asarray(levels, float)[-len(ys) :]
         window = np.concatenate([np.asarray(now.levels, float), levels])
-        held = sliding_window_view(window, self.points).max(axis=1) if len(window) >= self.points else []
+        held = windows(window, self.points).max(axis=1) if len(window) >= self.points else []
         return levels, np.asarray(held, float)[-len(levels) :] if len(levels) else np.empty(0)

@@ -33,6 +33,8 @@ ACTION_COLUMNS = ("timeline", "step", "time", "rank", "request_id", "action", "s
 FILED_COLUMNS = ("time", "request_id", "action", "operator")
 TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
 FrameName = Literal["steps", "rank_steps", "evals", "checkpoints", "events", "actions", "filed"]
+FRAME_NAMES: tuple[FrameName, ...] = ("steps", "rank_steps", "evals", "checkpoints", "events", "actions", "filed")
+Rows = slice | np.ndarray  # a frame's rows in a batch: consecutive, or their positions
 
 
 class Place(TypedDict, total=False):
@@ -94,6 +96,9 @@ class TelemetryBatch:
     actions: pd.DataFrame = field(default_factory=lambda: empty_frame(ACTION_COLUMNS))
     filed: pd.DataFrame = field(default_factory=lambda: empty_frame(FILED_COLUMNS))
     _arrays: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _whole: tuple[TelemetryBatch, dict[str, Rows]] | None = field(default=None, init=False, repr=False, compare=False)
+    """For a piece of a larger batch (``split``, ``split_by_time``): that batch and each frame's rows in it, so
+    a column is converted once for the whole and each piece takes its rows of that array."""
 
     def floats(self, frame: FrameName, name: str) -> np.ndarray:
         """Column ``name`` of ``frame`` as floats (``numbers``: missing and unparseable values NaN), read-only:
@@ -107,8 +112,12 @@ class TelemetryBatch:
     def _array(self, frame: FrameName, name: str, kind: Literal["float", "int"]) -> np.ndarray:
         key = (frame, name, kind)
         if key not in self._arrays:
-            column = getattr(self, frame)[name]
-            values = numbers(column) if kind == "float" else column.to_numpy(dtype=np.int64)
+            if self._whole is not None:
+                whole, rows = self._whole
+                values = whole._array(frame, name, kind)[rows[frame]]
+            else:
+                column = getattr(self, frame)[name]
+                values = numbers(column) if kind == "float" else column.to_numpy(dtype=np.int64)
             values.setflags(write=False)
             self._arrays[key] = values
         return self._arrays[key]
@@ -118,28 +127,32 @@ class TelemetryBatch:
 
     def frames(self) -> tuple[pd.DataFrame, ...]:
         """Every frame, in the order of the fields."""
-        return self.steps, self.rank_steps, self.evals, self.checkpoints, self.events, self.actions, self.filed
+        return tuple(getattr(self, name) for name in FRAME_NAMES)
 
     def split_by_time(self, parts: int) -> list[TelemetryBatch]:
         """This batch cut at the same ``parts - 1`` times in every frame, as a live feed reads all files up to now."""
         times = np.concatenate([f["time"].to_numpy(float) for f in self.frames()])
         cuts = np.quantile(times, np.linspace(0, 1, parts + 1)[1:-1]) if len(times) else []
         bounds = [-np.inf, *cuts, np.inf]
+        frame_times = {name: self.floats(name, "time") for name in FRAME_NAMES}
         return [
-            TelemetryBatch(*(f[(f["time"] > lo) & (f["time"] <= hi)] for f in self.frames()))
+            self._piece({name: np.flatnonzero((t > lo) & (t <= hi)) for name, t in frame_times.items()})
             for lo, hi in itertools.pairwise(bounds)
         ]
 
     def split(self, parts: int) -> list[TelemetryBatch]:
         """This batch cut into ``parts`` consecutive pieces, each frame at its own row counts (a feed whose
         files lag each other), to replay it in chunks."""
+        bounds = {name: np.linspace(0, len(getattr(self, name)), parts + 1).astype(int) for name in FRAME_NAMES}
+        return [self._piece({name: slice(b[i], b[i + 1]) for name, b in bounds.items()}) for i in range(parts)]
 
-        def cut(frame: pd.DataFrame) -> list[pd.DataFrame]:
-            bounds = np.linspace(0, len(frame), parts + 1).astype(int)
-            return [frame.iloc[a:b] for a, b in itertools.pairwise(bounds)]
-
-        frames = [cut(f) for f in self.frames()]
-        return [TelemetryBatch(*(f[i] for f in frames)) for i in range(parts)]
+    def _piece(self, rows: dict[str, Rows]) -> TelemetryBatch:
+        """The batch of ``rows`` of each frame; an empty frame is shared, not copied (frames are read, never
+        written), and the piece's columns are its rows of this batch's arrays."""
+        frames = {name: getattr(self, name) for name in FRAME_NAMES}
+        piece = TelemetryBatch(**{name: f.iloc[rows[name]] if len(f) else f for name, f in frames.items()})
+        piece._whole = (self, rows)
+        return piece
 
 
 def _path(value: object) -> str | None:
@@ -177,10 +190,10 @@ class RunState:
     def observe(self, batch: TelemetryBatch) -> None:
         """Take the newest timeline, the checkpoints saved or verified, less those found corrupt (by path), and
         the restarts, from ``batch``."""
-        ck, ev = batch.checkpoints, batch.events
-        seen = [int(f["timeline"].max()) for f in (batch.steps, batch.rank_steps) if not f.empty]
+        seen = [int(t.max()) for f in ("steps", "rank_steps") if len(t := batch.ints(f, "timeline"))]
         if seen:
             self.newest_timeline = max(seen + ([] if self.newest_timeline is None else [self.newest_timeline]))
+        ck, ev = batch.checkpoints, batch.events
         if not ck.empty:
             for row in ck.itertuples(index=False):
                 if row.event in ("saved", "verified"):

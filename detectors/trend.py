@@ -30,9 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from numpy.lib.stride_tricks import sliding_window_view
 
-from .robust import MAD_TO_SIGMA, RollingQuantile, dense_row_median, mad_sigma, median
+from .robust import MAD_TO_SIGMA, RollingQuantile, dense_row_median, mad_sigma, median, windows
 
 GAUSSIAN_UPPER_Q995 = 2.5758
 """The 99.5th percentile of normal data in sigmas: the yardstick for the tail factor."""
@@ -214,12 +213,12 @@ class Lookahead:
         y = np.concatenate([[p[2] for p in points], self.ys])
         run = _halves_apart(x, n, window)
         self.slopes = np.where(run > 0, _halves_apart(y, n, window) / np.where(run > 0, run, 1.0), 0.0)
-        wx, wy = sliding_window_view(x, window)[:n], sliding_window_view(y, window)[:n]
+        wx, wy = windows(x, window)[:n], windows(y, window)[:n]
         self.levels = dense_row_median(wy - self.slopes[:, None] * wx)
         self.predicted = self.levels + self.slopes * np.asarray(self.xs)
         self.errors = self.ys - self.predicted
         errors = np.concatenate([np.fromiter(trend._residuals, float, len(trend._residuals)), self.errors])
-        spread = sliding_window_view(errors, trend.memory)[:n]
+        spread = windows(errors, trend.memory)[:n]
         center = _window_medians(errors, trend.memory, trend.memory - 1, len(errors) - trend.memory)
         self.sigmas = np.maximum(MAD_TO_SIGMA * dense_row_median(np.abs(spread - center[:, None])), trend.sigma_floor)
         self.z = self.errors / self.sigmas
@@ -256,7 +255,7 @@ def _window_medians(values: np.ndarray, width: int, first: int, count: int) -> n
     (``dense_row_median``); many, or any NaN: pandas' rolling skip list. The same numbers either way."""
     span = values[first - width + 1 : first + count]
     if count * width <= DENSE_MEDIAN_VALUES and not np.isnan(span).any():
-        return dense_row_median(sliding_window_view(span, width))
+        return dense_row_median(windows(span, width))
     return pd.Series(span).rolling(width).median().to_numpy()[width - 1 :]
 
 

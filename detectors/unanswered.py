@@ -70,12 +70,16 @@ class UnansweredRequestDetector(Detector):
 
     def _take_answers(self, batch: TelemetryBatch) -> list[Finding]:
         """Each request's first answer time; the open findings an answer clears."""
+        if not len(batch.actions):
+            return []
         times = batch.floats("actions", "time")
         for request_id, time in zip(batch.actions["request_id"].astype(str), times.tolist()):
             self._answers[request_id] = min(time, self._answers.get(request_id, time))
         return [self._cleared(self._open.pop(i)) for i in [i for i in self._open if i in self._answers]]
 
     def _take_filings(self, batch: TelemetryBatch) -> None:
+        if not len(batch.filed):
+            return
         for row in batch.filed.itertuples(index=False):
             request_id = str(row.request_id)
             if request_id not in self._judged:

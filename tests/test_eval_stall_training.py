@@ -11,6 +11,7 @@ import pytest
 from bedside.detectors import detect
 from bedside.detectors.datasets import SimulationConfig, simulate
 from bedside.detectors.eval_progress import TrainingRecord
+from bedside.detectors.telemetry import TelemetryBatch
 
 NOISES = ("gaussian", "student", "lognormal")
 
@@ -61,19 +62,19 @@ def test_progress_is_the_sum_of_lr_times_tokens_in_any_batching_and_after_a_rewi
     tokens = np.full(100, 4096.0)
     frame = steps_frame(step, lr, tokens)
     whole, parts = TrainingRecord(), TrainingRecord()
-    whole.take(frame)
+    whole.take(TelemetryBatch(steps=frame))
     for chunk in np.array_split(np.arange(100), 7):
-        parts.take(frame.iloc[chunk])
+        parts.take(TelemetryBatch(steps=frame.iloc[chunk]))
     filled = pd.Series(lr).ffill().to_numpy()
     assert whole.progress(0, 80) == parts.progress(0, 80)
     assert whole.progress(0, 80)[0] == pytest.approx(float(np.sum(filled[:80] * 4096.0)))
     assert whole.progress(0, 80)[1] == "lr_tokens"
     # a rewind to step 50: the new timeline starts from its parent's progress after step 49
-    whole.take(steps_frame(np.arange(50, 61), np.full(11, 1e-4), np.full(11, np.nan), timeline=1))
+    whole.take(TelemetryBatch(steps=steps_frame(np.arange(50, 61), np.full(11, 1e-4), np.full(11, np.nan), timeline=1)))
     expected = float(np.sum(filled[:49] * 4096.0)) + 11 * 1e-4
     assert whole.progress(1, 60)[0] == pytest.approx(expected)
     no_lr = TrainingRecord()
-    no_lr.take(steps_frame(step, np.full(100, np.nan), tokens))
+    no_lr.take(TelemetryBatch(steps=steps_frame(step, np.full(100, np.nan), tokens)))
     assert no_lr.progress(0, 80) is None
 
 
@@ -84,9 +85,9 @@ def test_a_batch_whose_rows_interleave_two_timelines_takes_each_timeline_alone()
     second = steps_frame(np.arange(20, 31), np.full(11, 2e-4), np.full(11, 10.0), timeline=1)
     mixed = pd.concat([first.iloc[:30], second, first.iloc[30:]], ignore_index=True)
     together, apart = TrainingRecord(), TrainingRecord()
-    together.take(mixed)
-    apart.take(first)
-    apart.take(second)
+    together.take(TelemetryBatch(steps=mixed))
+    apart.take(TelemetryBatch(steps=first))
+    apart.take(TelemetryBatch(steps=second))
     for timeline, step in ((0, 40), (1, 30)):
         assert together.progress(timeline, step) == apart.progress(timeline, step)
     assert together.progress(0, 40)[0] == pytest.approx(40 * 1e-4 * 10.0)
