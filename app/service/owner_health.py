@@ -107,19 +107,24 @@ class HealthNotices:
 
     def announce(self, payload: Callable[[NotifierConfig, RunRef, float], dict]) -> None:
         """Send ``payload(notifier, run, now)`` straight to every notifier, each in its own thread, whatever its
-        severity and kind filters (up to ``NOTICE_ATTEMPTS`` attempts)."""
+        severity and kind filters (up to ``NOTICE_ATTEMPTS`` attempts). A notifier gets its notices in the order
+        they were announced: each waits for the one before it to that notifier (a playbook's "stopped" never
+        reaches a chat before the recovery it stops after)."""
         run, now = self._run(), time.time()
         for notifier in self.settings.notifiers:
+            before = next((t for t in reversed(self._threads) if t.name == f"notice-{notifier.name}"), None)
             thread = threading.Thread(
                 target=self._deliver,
-                args=(notifier, payload(notifier, run, now)),
+                args=(notifier, payload(notifier, run, now), before),
                 daemon=True,
                 name=f"notice-{notifier.name}",
             )
             thread.start()
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
-    def _deliver(self, notifier: NotifierConfig, payload: dict) -> None:
+    def _deliver(self, notifier: NotifierConfig, payload: dict, before: threading.Thread | None) -> None:
+        if before is not None:
+            before.join()
         for attempt in range(NOTICE_ATTEMPTS):
             outcome = deliver(notifier, payload)
             if outcome.delivered or not outcome.retry:

@@ -133,7 +133,8 @@ class _Worker(threading.Thread):
             self._record(message, "delivered", 1, now, None, delivered_at=self.sender.clock())
         elif outcome.retry:
             delay = outcome.retry_after_s if outcome.retry_after_s is not None else self.sender.backoff_s(attempts + 1)
-            self._record(message, "pending", 1, now + delay, outcome.detail)
+            answered = self.sender.clock()  # a Retry-After counts from the response, not from the request
+            self._record(message, "pending", 1, answered + delay, outcome.detail)
         else:
             self._record(message, "failed", 1, now, outcome.detail)
         self._say(message, outcome)
