@@ -52,15 +52,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 class MachineShare:
     """Under xdist, who runs beside whom. One lock file per run of the suite (``folder``: xdist gives each worker a
-    folder in it): every test holds it shared, a test marked ``alone`` exclusive, and so does a fixture while it
-    builds something whose timing it checks (``alone()``). A turnstile before the exclusive hold keeps it from being
-    starved by the others' shared holds. Not under xdist (``folder`` None): nothing to share, nothing held."""
+    folder in it): every test holds it shared, a test marked ``alone`` exclusive. A turnstile before the exclusive
+    hold keeps it from being starved by the others' shared holds. Not under xdist (``folder`` None): nothing to
+    share, nothing held."""
 
     def __init__(self, folder: Path | None) -> None:
         self.files = (
             None if folder is None else (_lock_file(folder / "alone.lock"), _lock_file(folder / "turnstile.lock"))
         )
-        self.exclusive = False
 
     @contextmanager
     def held(self, *, alone: bool) -> Iterator[None]:
@@ -70,21 +69,6 @@ class MachineShare:
             yield
         finally:
             self._let_go()
-
-    @contextmanager
-    def alone(self) -> Iterator[None]:
-        """Within a test: no other test beside this block (the shared hold let go first, so two workers asking at once
-        cannot wait on each other)."""
-        if self.files is None or self.exclusive:
-            yield
-            return
-        self._let_go()
-        self._take(alone=True)
-        try:
-            yield
-        finally:
-            self._let_go()
-            self._take(alone=False)
 
     def _take(self, *, alone: bool) -> None:
         if self.files is None:
@@ -96,7 +80,6 @@ class MachineShare:
         else:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
             fcntl.flock(lock, fcntl.LOCK_SH)
-        self.exclusive = alone
 
     def _let_go(self) -> None:
         if self.files is None:
@@ -104,7 +87,6 @@ class MachineShare:
         lock, turnstile = self.files
         fcntl.flock(lock, fcntl.LOCK_UN)
         fcntl.flock(turnstile, fcntl.LOCK_UN)
-        self.exclusive = False
 
 
 def _lock_file(path: Path) -> int:
@@ -151,13 +133,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
-@pytest.fixture(scope="session")
-def machine(request: pytest.FixtureRequest) -> MachineShare:
-    """This worker's share of the machine: ``with machine.alone():`` builds what a fixture times with no test beside
-    it (the tests that only read what it built then share the machine)."""
-    return machine_share(request.config)
-
-
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: three workers a core, at most eight. Much of a worker's time in the heavy tests is spent
     waiting on the processes it started (torchrun ranks, the CLI, a browser, a server) or sleeping in a poll,
@@ -167,13 +142,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with a slow test first (xdist hands out whole files in this order, so the longest start first and
-    none is left to run alone at the end); a slow test's reason travels with its reports, for the summary."""
-    slow_files = set()
+    none is left to run by itself at the end), and files with a test marked ``alone`` last: such a test waits for
+    every test in flight to end, and the workers that finish meanwhile wait idle; at the end there is nothing
+    left to wait for. A slow test's reason travels with its reports, for the summary."""
+    slow_files, alone_files = set(), set()
     for item in items:
         if (marker := item.get_closest_marker("slow")) is not None:
             item.user_properties.append(("slow", marker.kwargs.get("reason") or marker.args[0]))
             slow_files.add(item.path)
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's tests keep their order
+        if item.get_closest_marker("alone") is not None:
+            alone_files.add(item.path)
+    # stable: each file's tests keep their order
+    items.sort(key=lambda item: (item.path in alone_files, item.path not in slow_files))
 
 
 _seconds: dict[str, float] = {}

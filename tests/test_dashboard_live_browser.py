@@ -126,7 +126,6 @@ def console_errors(tab) -> list[str]:
     return errors
 
 
-@pytest.mark.alone(reason="a live zoom must outlast the run's live updates")
 def test_a_live_zoom_lasts_spreads_and_reloads_and_pause_holds(live_run: LiveRun, serve, page) -> None:  # noqa: F811
     run = live_run.run
     errors = console_errors(page)

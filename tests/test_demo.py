@@ -48,10 +48,10 @@ def hook() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-def demo_output(tmp_path_factory, bedside, hook: Receiver, machine) -> str:
-    """The demo's output, run with no test beside it: a test beside it dilutes the injected 2x straggler that the
-    demo's store must show (rank 1's compute against rank 0's on the same two cores; issue 24: the demo on a busy
-    machine)."""
+def demo_output(tmp_path_factory, bedside, hook: Receiver) -> str:
+    """The demo's output, run beside the other tests as on any busy machine: its straggler's delay follows the
+    rank's own work less its wait for a CPU (docs/faults.md), so the store shows it beside five CPU-bound
+    processes on two cores (it once read 1.36x for 2x beside other tests, when its delay was fixed)."""
     out = tmp_path_factory.mktemp("demo")
     (out / "bedside.toml").write_text(f'''
 [notifiers.hook]
@@ -60,8 +60,7 @@ url = "{hook.url}/alerts"
 secret = "${{DEMO_SECRET}}"
 min_severity = "info"
 ''')
-    with machine.alone():
-        done = bedside("demo", "--out", out, "--steps", STEPS, timeout=DEMO_TIMEOUT_S, env={"DEMO_SECRET": SECRET})
+    done = bedside("demo", "--out", out, "--steps", STEPS, timeout=DEMO_TIMEOUT_S, env={"DEMO_SECRET": SECRET})
     assert done.returncode == 0, done.stderr
     return done.stdout
 
