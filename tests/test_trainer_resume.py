@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,10 +69,21 @@ def resume_to_the_end(run: Path) -> Store:
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory) -> tuple[Store, Path, Path]:
-    run = tmp_path_factory.mktemp("resume") / "run"
-    crashed = train(run, "--inject", f"crash:rank=1,step={CRASH}")
-    assert crashed.returncode != 0
+def crashed(tmp_path_factory) -> Path:
+    """A run whose rank 1 crashed at step 25 (checkpoints at 10 and 20 on timeline 0), trained once: each fixture
+    below resumes its own copy (a run's folder holds no absolute path: it can be moved or copied)."""
+    run = tmp_path_factory.mktemp("crashed") / "run"
+    assert train(run, "--inject", f"crash:rank=1,step={CRASH}").returncode != 0
+    return run
+
+
+def copy_of(run: Path, tmp_path_factory) -> Path:
+    return Path(shutil.copytree(run, tmp_path_factory.mktemp("copy") / "run", symlinks=True))
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory, crashed: Path) -> tuple[Store, Path, Path]:
+    run = copy_of(crashed, tmp_path_factory)
     victim = corrupt_one_byte(run / "checkpoints" / "step-00000020-t0")
     store = resume_to_the_end(run)
     yield store, victim, run
@@ -128,7 +140,7 @@ def test_run_json_records_the_mesh_and_each_ranks_coordinates(resumed) -> None:
 
 # -- a request across crashes: applied once to the history the run continues -----------------
 @pytest.fixture(scope="module")
-def rewound_across_crashes(tmp_path_factory) -> tuple[Store, str]:
+def rewound_across_crashes(tmp_path_factory, crashed: Path) -> tuple[Store, str]:
     """A rewind to step 10, filed after a crash at step 25 (checkpoints at 10 and 20 on timeline 0), then:
 
     1. resumed from step 20 (timeline 1): the rewind is applied (timeline 2), and rank 1 crashes at step
@@ -138,9 +150,8 @@ def rewound_across_crashes(tmp_path_factory) -> tuple[Store, str]:
     3. the request's file is put back where a crash between applying and archiving it would leave it,
        and the run resumed from step 20 of timeline 4, whose state holds the rewind: it is not applied.
     """
-    run = tmp_path_factory.mktemp("rewound") / "run"
+    run = copy_of(crashed, tmp_path_factory)
     layout = RunLayout(run)
-    assert train(run, "--inject", f"crash:rank=1,step={CRASH}").returncode != 0
     rewind = request_action(layout, "rewind", {"to_step": EVERY}, operator="tester", reason="before the spike")
     for crash in ("rank=1,step=15", "rank=0,step=29,save=kept"):
         assert train(run, "--resume", "--inject", f"crash:{crash}").returncode != 0
