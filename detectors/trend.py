@@ -119,9 +119,8 @@ class RobustTrend:
         points = self._points.get(self._timeline)
         if points is None or len(points) < (self.min_points if min_points is None else min_points):
             return None
-        recent = list(points)[-self._young(self.window, self.min_points) :]
-        steps = np.fromiter((x for _, x, _ in recent), float, len(recent))
-        ys = np.fromiter((v for _, _, v in recent), float, len(recent))
+        recent = np.array(list(points)[-self._young(self.window, self.min_points) :], float)
+        steps, ys = recent[:, 1], recent[:, 2]
         half = len(ys) // 2
         run = median(steps[half:]) - median(steps[:half])
         slope = (median(ys[half:]) - median(ys[:half])) / run if run > 0 else 0.0
