@@ -86,6 +86,7 @@ def test_alerts_carry_the_head_and_a_copy_from_chat_catches_a_consistent_rewrite
     assert "(checked against no head: no store; the chain alone was checked (--no-head)" in accepted.stdout
 
 
+@pytest.mark.slow(reason="bedside watch follows a whole sample run to its end, then the store is rebuilt")
 def test_after_a_rebuild_verify_has_no_recorded_head_and_says_so(
     tiny_faults: Path, tmp_path: Path, receiver: Receiver, bedside
 ) -> None:

@@ -151,6 +151,7 @@ def test_the_straggler_of_1024_ranks_stands_out_of_the_heatmap_and_is_in_the_pha
     assert f"rank {BIG_SLOW}*" in bars and len(bars) == PHASE_RANKS + 1  # its median over the window is not slow yet
 
 
+@pytest.mark.slow(reason="its module fixture simulates a 4,096-rank run and the page detects and draws it")
 def test_above_2048_ranks_the_heatmap_draws_bands_that_name_the_flagged_rank_and_one_opens(huge: Path) -> None:
     serve(huge)
     app = open_page("ranks")
