@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal, Required, TypedDict
+from typing import Literal, Required, TypedDict, get_args
 
 import numpy as np
 import pandas as pd
@@ -33,7 +33,7 @@ ACTION_COLUMNS = ("timeline", "step", "time", "rank", "request_id", "action", "s
 FILED_COLUMNS = ("time", "request_id", "action", "operator")
 TOPOLOGY_COLUMNS = ("rank", "host", "local_rank", "dp", "tp", "pp")
 FrameName = Literal["steps", "rank_steps", "evals", "checkpoints", "events", "actions", "filed"]
-FRAME_NAMES: tuple[FrameName, ...] = ("steps", "rank_steps", "evals", "checkpoints", "events", "actions", "filed")
+FRAME_NAMES: tuple[FrameName, ...] = get_args(FrameName)
 Rows = slice | np.ndarray  # a frame's rows in a batch: consecutive, or their positions
 
 
@@ -131,10 +131,10 @@ class TelemetryBatch:
 
     def split_by_time(self, parts: int) -> list[TelemetryBatch]:
         """This batch cut at the same ``parts - 1`` times in every frame, as a live feed reads all files up to now."""
-        times = np.concatenate([f["time"].to_numpy(float) for f in self.frames()])
+        frame_times = {name: self.floats(name, "time") for name in FRAME_NAMES}
+        times = np.concatenate(list(frame_times.values()))
         cuts = np.quantile(times, np.linspace(0, 1, parts + 1)[1:-1]) if len(times) else []
         bounds = [-np.inf, *cuts, np.inf]
-        frame_times = {name: self.floats(name, "time") for name in FRAME_NAMES}
         return [
             self._piece({name: np.flatnonzero((t > lo) & (t <= hi)) for name, t in frame_times.items()})
             for lo, hi in itertools.pairwise(bounds)
