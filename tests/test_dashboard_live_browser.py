@@ -71,6 +71,19 @@ def step_tile(tab) -> str:
     return step_value(tab).inner_text()
 
 
+def held_tile(tab, quiet_s: float = 3.0) -> str:
+    """The Step tile once it has stayed the same for ``quiet_s``: pausing reruns the page, which draws every panel
+    once more, and on a loaded machine that rerun can end seconds after the click."""
+    deadline = time.monotonic() + INCIDENT_S
+    shown, since = step_tile(tab), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "the Step tile never held still after the pause"
+        tab.wait_for_timeout(200)
+        if (now := step_tile(tab)) != shown:
+            shown, since = now, time.monotonic()
+    return shown
+
+
 def trained(run) -> int:
     """Rank 0's newest step record."""
     return max((r["step"] for r in records(run, 0) if r["kind"] == "step"), default=0)
@@ -148,8 +161,7 @@ def test_a_live_zoom_lasts_spreads_and_reloads_and_pause_holds(live_run: LiveRun
     assert not [what for what, wrong in problems.items() if wrong], (zoomed, ranges, page.url, samples)
 
     page.get_by_text("Pause live updates").click()
-    page.wait_for_timeout(2000)  # a refresh under way ends
-    held, since = step_tile(page), trained(run)
+    held, since = held_tile(page), trained(run)
     wait_for(lambda: trained(run) >= since + 5, "the run to train 5 more steps", INCIDENT_S)
     page.wait_for_timeout(1500)
     assert step_tile(page) == held, "a panel refreshed while paused"
