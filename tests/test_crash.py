@@ -31,11 +31,11 @@ from bedside.collectors.runinfo import RunInfo, write_run_info
 from bedside.collectors.store import Store
 
 pytestmark = pytest.mark.slow(
-    reason="SIGKILLs `bedside collect` 8 times over 4 ranks x 40,000 lines; every restart pays Python's and DuckDB's start"
+    reason="SIGKILLs `bedside collect` 8 times over 4 ranks x 20,000 lines; every restart pays Python's and DuckDB's start"
 )
 
 WORLD = 4
-PREWRITTEN_LINES = 30_000
+PREWRITTEN_LINES = 10_000
 APPENDED_LINES = 10_000
 BATCH_KILLS = int(os.environ.get("BEDSIDE_HARNESS_COLLECT_KILLS", "6"))  # bench/harness.py --long raises these
 FOLLOW_KILLS = int(os.environ.get("BEDSIDE_HARNESS_FOLLOW_KILLS", "2"))

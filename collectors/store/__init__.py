@@ -19,15 +19,17 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
 import pyarrow as pa
 
 from .. import failpoints
 from ..errors import StoreCorruptError, StoreError, StoreLockedError, StoreTamperedError
 from ..safefile import special_file
+
+if TYPE_CHECKING:  # the writers (collect, watch) never load pandas: a DataFrame is only made on a read
+    import pandas as pd
 
 STORE_CONFIG: dict[str, str | bool | int | float | list[str]] = {  # every connection, a store's included: no
     # file but its own database, no network, extensions or Python objects; its configuration locked
