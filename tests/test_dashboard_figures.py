@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import plotly.io as pio
 import pytest
 
 from bedside.app.dashboard.curves import eval_vs_compute, training_curves
@@ -116,6 +117,11 @@ ACTIONS = pd.DataFrame(
         "step": [60, 60, 120, 130, None],
     }
 )
+
+
+def test_the_dashboard_s_figures_are_drawn_on_the_white_template() -> None:
+    fig = training_curves(two_timelines(), INCIDENTS.iloc[:0], ACTIONS.iloc[:0])
+    assert fig.layout.template == pio.templates["plotly_white"]
 
 
 def test_training_curves_draw_each_timeline_of_each_metric_with_the_abandoned_one_faded() -> None:
