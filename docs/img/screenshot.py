@@ -48,10 +48,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_serving(run: Path, port: int, log: Path, *, demo: bool = False) -> subprocess.Popen:
-    """``bedside serve RUN`` in a process group of its own, once it answers (panels never refresh: a still page);
-    with ``demo``, ``bedside demo --serve --out RUN`` instead (a live run)."""
-    command = [sys.executable, "-m", "bedside.app.cli", "serve", str(run), "--port", str(port), "--refresh", "3600"]
+def start_serving(run: Path, port: int, log: Path, *, demo: bool = False, refresh_s: float = 3600) -> subprocess.Popen:
+    """``bedside serve RUN`` in a process group of its own, once it answers (by default panels never refresh: a
+    still page); with ``demo``, ``bedside demo --serve --out RUN`` instead (a live run)."""
+    command = [sys.executable, "-m", "bedside.app.cli", "serve", str(run), "--port", str(port)]
+    command += ["--refresh", f"{refresh_s:g}"]
     if demo:
         command = [sys.executable, "-m", "bedside.app.cli", "demo", "--serve", "--nproc", "4"]
         command += ["--out", str(run), "--port", str(port)]
