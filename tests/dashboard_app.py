@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import streamlit.config
 from streamlit.components.v2 import manifest_scanner
 from streamlit.testing.v1 import AppTest
 
 import bedside.app.dashboard as dashboard
 from bedside.app.dashboard import live, registry
+from bedside.app.dashboard.server import SCRIPT_SETTINGS
 from bedside.app.simulation import SimulationConfig, simulate_run
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "sample_runs"
@@ -34,6 +36,8 @@ RUN_TIMEOUT_S = 60
 # Every AppTest scans each installed distribution for Streamlit components (about 0.27 s, hundreds of times a
 # run). What is installed does not change while the suite runs: one scan a process serves every session.
 manifest_scanner.scan_component_manifests = functools.cache(manifest_scanner.scan_component_manifests)
+for option, value in SCRIPT_SETTINGS.items():  # the scripts run as the server runs them
+    streamlit.config.set_option(option, value)
 
 
 def copy_run(name: str, into: Path, as_name: str | None = None) -> Path:

@@ -12,6 +12,14 @@ from ..service.alerts.config import find_config
 
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"
+SCRIPT_SETTINGS = {
+    # Streamlit runs a full gc.collect(2) after every script run, each live fragment's refresh included: with
+    # pandas, pyarrow, DuckDB and plotly loaded that was two thirds of the server's CPU (0.45 of a core for one
+    # viewer of the Overview at --refresh 1, bench/serve_cpu.py). Python's own collector still runs as objects
+    # are allocated.
+    "runner.postScriptGC": False,
+}
+"""How the pages' scripts run, wherever they run: this server, and the tests' AppTest sessions."""
 
 
 def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, refresh_s: float, token: str) -> None:
@@ -41,10 +49,7 @@ def serve_dashboard(target: Path, *, host: str, port: int, config: Path | None, 
         "server.runOnSave": False,
         "global.developmentMode": False,
         "client.toolbarMode": "viewer",
-        # Streamlit runs a full gc.collect(2) after every script run, each live fragment's refresh included: with
-        # pandas, pyarrow, DuckDB and plotly loaded that was two thirds of the server's CPU (0.8 of a core for one
-        # viewer at --refresh 1). Python's own collector still runs as objects are allocated.
-        "runner.postScriptGC": False,
+        **SCRIPT_SETTINGS,
     }
     app = st.App(Path(__file__).parent / "main.py", routes=exports.routes())  # Streamlit's routes and the downloads'
     try:
