@@ -391,6 +391,7 @@ def detect_run(
         return store.cursor().execute("SELECT * FROM outbox ORDER BY seq").df()
 
 
+@pytest.mark.slow(reason="detects a whole sample run three times, twice in 4 KiB batches")
 def test_a_restarted_owner_replays_the_run_and_sends_nothing_twice(tiny_faults: Path) -> None:
     settings = alert_settings({"digest_window_s": 3600}, ops={"burst": 100})
     first = detect_run(tiny_faults, settings, batch_bytes=4096, ack="nonfinite@0:150")

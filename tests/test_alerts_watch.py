@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 import pandas as pd
+import pytest
 from receiver import HANG, Receiver
 
 from bedside.app.service.alerts.config import load_settings
@@ -269,6 +270,7 @@ def test_messages_pending_when_watch_is_killed_are_delivered_once_after_a_restar
     assert "still pending" not in stderr.text()
 
 
+@pytest.mark.slow(reason="two bedside watch runs over a whole sample run, the receiver down for the first")
 def test_watch_stopped_during_an_outage_says_what_is_left_and_the_next_watch_sends_it(
     tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside
 ) -> None:

@@ -71,6 +71,7 @@ JSON_VALUES = st.recursive(
 )
 
 
+@pytest.mark.slow(reason="200 hypothesis examples of nested JSON, each parsed by the bounded reader and by json")
 @given(JSON_VALUES)
 @settings(max_examples=200, deadline=None)
 def test_any_json_value_is_read_back_or_refused_by_name(value: object) -> None:

@@ -177,6 +177,7 @@ def test_bedside_query_refuses_every_attack_from_the_raw_telemetry_too(
     assert not (tmp_path / "out.csv").exists()
 
 
+@pytest.mark.slow(reason="seven CLI processes: a collect, then one bedside query per attack family")
 def test_bedside_query_refuses_attacks_in_one_line(tiny_faults: Path, tmp_path: Path, bedside) -> None:
     """The real CLI on a collected store, a few attacks of each family."""
     assert bedside("collect", tiny_faults, "--quiet").returncode == 0
