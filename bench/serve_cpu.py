@@ -4,7 +4,7 @@ server with no viewer.
 Run:  OMP_NUM_THREADS=1 python bench/serve_cpu.py [--seconds 30] [--refresh 1] [--workdir DIR]
 
 ``sample_runs/tiny-faults`` is copied and collected, ``bedside serve`` serves it in a process of its own, and for
-each page a new tab opens it and waits 10 s (the first draw and the caches), then the server's CPU seconds
+each page main.py navigates (``bench/dashboard.py``) a new tab opens it and waits 10 s (the first draw and the caches), then the server's CPU seconds
 (user + system, from ``/proc``) are read over ``--seconds``. The first row is the server with no tab open over the
 same time: what a viewer adds is the difference. On-call dashboards stay open for hours, so this is the cost
 that matters more than one page's load (``bench/page_load.py``).
@@ -20,12 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from dashboard import PAGES  # type: ignore[import-not-found]  (bench/dashboard.py, run from here)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "docs" / "img")]
 from chromium import launch  # noqa: E402  (Debian's chromium as the browser tests launch it)
 from screenshot import free_port, start_serving, stop  # noqa: E402  (bedside serve as the pictures start it)
 
-PAGES = ("overview", "ranks", "incidents", "checkpoints")
 SETTLE_S = 10.0
 
 

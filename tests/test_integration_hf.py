@@ -3,9 +3,11 @@ torchrun, then the run collected into a store."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from torchrun_runs import FRAMEWORK_STEPS as STEPS
 from torchrun_runs import assert_replica_signals, rows, train_and_collect
 
 from bedside.collectors.store import Store
@@ -13,19 +15,15 @@ from bedside.collectors.store import Store
 pytestmark = pytest.mark.slow(reason="Hugging Face Trainer runs on two torchrun ranks")
 
 
-STEPS = 12
-"""Evaluations and saves every 6 steps, checksums every 5: two of each, on cadences that do not coincide."""
-
-
 @pytest.fixture(scope="module")
-def hf_run(tmp_path_factory) -> tuple[Store, int]:
+def hf_run(tmp_path_factory) -> Iterator[Store]:
     store = train_and_collect("hf_run.py", tmp_path_factory.mktemp("hf") / "run", STEPS)
-    yield store, STEPS
+    yield store
     store.close()
 
 
-def test_every_rank_writes_its_step_times_and_the_job_rank_the_steps(hf_run: tuple[Store, int]) -> None:
-    store, steps = hf_run
+def test_every_rank_writes_its_step_times_and_the_job_rank_the_steps(hf_run: Store) -> None:
+    store, steps = hf_run, STEPS
     per_rank = rows(
         store,
         "SELECT rank, count(*), count(compute_time), count(optimizer_time), bool_and(step_time >= compute_time),"
@@ -39,8 +37,8 @@ def test_every_rank_writes_its_step_times_and_the_job_rank_the_steps(hf_run: tup
     assert rows(store, "SELECT count(*) FROM rejected") == [(0,)]
 
 
-def test_evaluations_carry_the_compute_spent_and_saves_are_checkpoint_records(hf_run: tuple[Store, int]) -> None:
-    store, steps = hf_run
+def test_evaluations_carry_the_compute_spent_and_saves_are_checkpoint_records(hf_run: Store) -> None:
+    store, steps = hf_run, STEPS
     evals = rows(store, "SELECT step, name, cum_tokens, cum_flops > 0 FROM eval_scores ORDER BY step")
     assert evals == [(steps // 2, "loss", steps // 2 * 128, True), (steps // 2 * 2, "loss", steps // 2 * 2 * 128, True)]
     saved = rows(store, "SELECT step, event, path FROM checkpoint_events ORDER BY step")
@@ -48,6 +46,6 @@ def test_evaluations_carry_the_compute_spent_and_saves_are_checkpoint_records(hf
     assert all(Path(path).is_dir() for _, _, path in saved)
 
 
-def test_every_rank_carries_its_local_gradient_norm_and_the_replicas_share_each_checksum(hf_run) -> None:
-    store, steps = hf_run
+def test_every_rank_carries_its_local_gradient_norm_and_the_replicas_share_each_checksum(hf_run: Store) -> None:
+    store, steps = hf_run, STEPS
     assert_replica_signals(store, steps, checksum_every=5)

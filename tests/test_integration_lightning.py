@@ -3,7 +3,10 @@ ranks under torchrun, then the run collected into a store."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+from torchrun_runs import FRAMEWORK_STEPS as STEPS
 from torchrun_runs import assert_replica_signals, rows, train_and_collect
 
 from bedside.collectors.store import Store
@@ -11,19 +14,15 @@ from bedside.collectors.store import Store
 pytestmark = pytest.mark.slow(reason="Lightning fits on two torchrun ranks")
 
 
-STEPS = 12
-"""Evaluations and saves every 6 steps, checksums every 5: two of each, on cadences that do not coincide."""
-
-
 @pytest.fixture(scope="module")
-def fitted_run(tmp_path_factory) -> tuple[Store, int]:
+def fitted_run(tmp_path_factory) -> Iterator[Store]:
     store = train_and_collect("lightning_run.py", tmp_path_factory.mktemp("lightning") / "run", STEPS)
-    yield store, STEPS
+    yield store
     store.close()
 
 
-def test_every_rank_writes_rank_step_and_one_rank_the_job_step(fitted_run: tuple[Store, int]) -> None:
-    store, steps = fitted_run
+def test_every_rank_writes_rank_step_and_one_rank_the_job_step(fitted_run: Store) -> None:
+    store, steps = fitted_run, STEPS
     per_rank = rows(
         store,
         "SELECT rank, count(*), count(compute_time), count(optimizer_time), count(extra['local_loss']),"
@@ -36,8 +35,8 @@ def test_every_rank_writes_rank_step_and_one_rank_the_job_step(fitted_run: tuple
     assert rows(store, "SELECT count(*) FROM rejected") == [(0,)]
 
 
-def test_validation_ends_are_evals_and_saves_are_checkpoint_records(fitted_run: tuple[Store, int]) -> None:
-    store, steps = fitted_run
+def test_validation_ends_are_evals_and_saves_are_checkpoint_records(fitted_run: Store) -> None:
+    store, steps = fitted_run, STEPS
     half = steps // 2
     assert rows(store, "SELECT step, name FROM eval_scores ORDER BY step") == [
         (half, "val_loss"),
@@ -47,6 +46,6 @@ def test_validation_ends_are_evals_and_saves_are_checkpoint_records(fitted_run: 
     assert (2 * half, "save_started") in saves
 
 
-def test_every_rank_carries_its_local_gradient_norm_and_the_replicas_share_each_checksum(fitted_run) -> None:
-    store, steps = fitted_run
+def test_every_rank_carries_its_local_gradient_norm_and_the_replicas_share_each_checksum(fitted_run: Store) -> None:
+    store, steps = fitted_run, STEPS
     assert_replica_signals(store, steps, checksum_every=5)

@@ -19,6 +19,9 @@ from bedside.collectors.store import Store
 
 HERE = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+FRAMEWORK_STEPS = 12
+"""A framework run's length: ``hf_run.py`` and ``lightning_run.py`` evaluate and save every ``steps // 2`` steps,
+the kit checksums every 5, so two of each on cadences that do not coincide."""
 
 
 def train_and_collect(script: str, run: Path, steps: int, *, args: tuple[str, ...] = (), nproc: int = 2) -> Store:
