@@ -62,7 +62,10 @@ def test_the_live_run_leads_and_a_click_opens_its_overview(tmp_path: Path, serve
         click_row(page, 1)
         expect(page.get_by_role("heading", name=REWIND, exact=True)).to_be_visible(timeout=INCIDENT_S * 1000)
         expect(page).to_have_url(re.compile(rf"/\?run={REWIND}$"))
-        expect_visible(page.locator(".js-plotly-plot").first)  # the Overview's charts
+        try:
+            expect_visible(page.locator(".js-plotly-plot").first)  # the Overview's charts
+        except AssertionError as blank:
+            raise AssertionError(f"the Overview drew no chart; the page's errors: {errors}") from blank
         assert not errors, errors
         assert page.get_by_role("combobox", name="Run").input_value() == REWIND, errors
         assert not errors, errors

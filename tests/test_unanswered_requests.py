@@ -56,10 +56,11 @@ def test_a_deleted_and_a_hidden_request_are_reported_not_applied_and_an_answered
     (control_run.control_requests / f".{hidden['request_id']}.json").write_text(
         json.dumps(hidden)
     )  # a dot-file: unread
+    filed_by = time.time()  # the filings above take seconds each on a loaded machine
     telemetry(
         control_run,
         now - 5.0,
-        steps=60,
+        steps=60 + int(filed_by - now),  # the run goes on for 55 s and 55 steps past the last filing
         period_s=1.0,
         actions=[
             {"time": now + 1.5, "step": 6, "action": "pause", "status": "requested", "request_id": answered},
