@@ -191,14 +191,12 @@ def summary_tables(faults: DemoFaults, *, alerts: bool = False) -> list[Summary]
 def _start_training(
     run_dir: Path, nproc: int, steps: int, specs: list[str], extra: tuple[str, ...] = ()
 ) -> subprocess.Popen:
-    """``bedside train`` with the fault plan, as a child process (its ranks are torchrun's)."""
-    parser = argparse.ArgumentParser()
-    train.add_parser(parser.add_subparsers())
-    options = ["train", "--out", str(run_dir), "--nproc", str(nproc), "--steps", str(steps), *extra]
-    args = parser.parse_args(options + [option for spec in specs for option in ("--inject", spec)])
+    """``bedside train`` with the fault plan, as a child process."""
+    options = ["--out", str(run_dir), "--nproc", str(nproc), "--steps", str(steps), *extra]
+    options += [option for spec in specs for option in ("--inject", spec)]
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     return subprocess.Popen(
-        train.torchrun_command(args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        train.train_command(options), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
 
 

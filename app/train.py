@@ -1,10 +1,9 @@
-"""``bedside train``: launch the instrumented trainer under torchrun."""
+"""``bedside train``: launch the instrumented trainer's ranks on this node, as torchrun would."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -60,21 +59,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_train)
 
 
-def torchrun_command(args: argparse.Namespace) -> list[str]:
-    """The torchrun command line that ``bedside train`` runs."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={args.nproc}",
-        "-m",
-        TRAINER_MODULE,
-        "--preset",
-        args.preset,
-        "--out",
-        str(args.out),
-    ]
+def train_command(options: list[str]) -> list[str]:
+    """The command line of ``bedside train OPTIONS`` run by this interpreter (a child process)."""
+    return [sys.executable, "-m", "bedside.app.cli", "train", *options]
+
+
+def rank_argv(args: argparse.Namespace) -> list[str]:
+    """What each rank's ``bedside.trainer.train`` is given: the arguments after ``-m TRAINER_MODULE`` of the
+    torchrun command that ``bedside train`` stands for."""
+    command = ["--preset", args.preset, "--out", str(args.out)]
     command += ["--steps", str(args.steps)] if args.steps else []
     command += ["--parallelism", args.parallelism] if args.parallelism else []
     command += ["--checkpoint-every", str(args.checkpoint_every)] if args.checkpoint_every else []
@@ -111,5 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ensure_control_key(RunLayout(args.out))
     except ControlKeyError as exc:
         raise BedsideError(str(exc)) from exc
-    env = {"OMP_NUM_THREADS": "1", **os.environ}
-    return subprocess.run(torchrun_command(args), env=env, check=False).returncode
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # read once, as torch loads its OpenMP runtime
+    from bedside.trainer.launch import launch
+
+    return launch(rank_argv(args), args.nproc)

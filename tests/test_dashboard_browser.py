@@ -32,10 +32,9 @@ from dashboard_app import store_facts
 from receiver import answers, free_port
 from sql_attacks import ATTACKS, SAMPLE
 
-from bedside.app.cli import build_parser
 from bedside.app.service.schema import SCHEMAS
 from bedside.app.simulation import SimulationConfig, simulate_run
-from bedside.app.train import torchrun_command
+from bedside.app.train import train_command
 from bedside.collectors.control import request_action
 from bedside.collectors.errors import QueryError
 from bedside.collectors.layout import RunLayout
@@ -213,23 +212,20 @@ def live_run(tmp_path: Path) -> Iterator[LiveRun]:
     Stopped at teardown: SIGTERM to torchrun, which stops its ranks (they run in sessions of their own).
     """
     run, log = tmp_path / "run", tmp_path / "train.log"
-    args = build_parser().parse_args(
-        [
-            "train",
-            "--nproc",
-            "2",
-            "--out",
-            str(run),
-            "--steps",
-            str(STEPS),
-            "--checkpoint-every",
-            str(CHECKPOINT_EVERY),
-            *(option for spec in FAULTS for option in ("--inject", spec)),
-        ]
-    )
+    options = [
+        "--nproc",
+        "2",
+        "--out",
+        str(run),
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        *(option for spec in FAULTS for option in ("--inject", spec)),
+    ]
     with log.open("w") as out:
         trainer = subprocess.Popen(
-            torchrun_command(args), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            train_command(options), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
         )
     try:
         wait_for(

@@ -182,16 +182,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def rank_process(trainer: subprocess.Popen, rank: int) -> int | None:
-    """The pid of torchrun's worker of ``rank`` (RANK in its environment), if it runs."""
-    for pid in descendants(trainer.pid):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
-            return pid
-    return None
+def rank_process(trainer: subprocess.Popen, run: Path, rank: int) -> int | None:
+    """The pid of ``trainer``'s process of ``rank``, if it runs: the one that the rank's newest ``rank_info``
+    record names (each launch writes one), among the trainer's descendants."""
+    lines = RunLayout(run).rank_file(rank).read_bytes().splitlines()
+    infos = [json.loads(line) for line in lines if line.startswith(b'{"kind":"rank_info"') and line.endswith(b"}")]
+    return infos[-1]["pid"] if infos and infos[-1]["pid"] in descendants(trainer.pid) else None
 
 
 def last_step(run: Path, rank: int) -> int:
@@ -224,7 +220,7 @@ def kill_rank_at_random(run: Path, resume: bool, rng: random.Random) -> int:
         while last_step(run, 1) < target and trainer.poll() is None:
             assert time.monotonic() < deadline, "rank 1 did not reach its step"
             time.sleep(0.02)
-        victim = rank_process(trainer, 1)
+        victim = rank_process(trainer, run, 1)
         assert trainer.poll() is None and victim, "the run ended before rank 1 could be killed"
         os.kill(victim, signal.SIGKILL)
         assert trainer.wait(FINISH_S) != 0

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bedside.app.cli import build_parser
 from bedside.app.cli import main as bedside
-from bedside.app.train import torchrun_command
+from bedside.app.train import train_command
 from bedside.collectors.control import ACTIONS, REQUEST_LIFETIME_S, build_request, check_args, request_action
 from bedside.collectors.control_inbox import RETAKEN_NOTE
 from bedside.collectors.controlkey import (
@@ -63,10 +62,9 @@ def reached_step(run: Path, step: int) -> bool:
 
 
 def start_training(run: Path, *options: str) -> subprocess.Popen:
-    """The torchrun command of ``bedside train --nproc 2 --out RUN ...``, in the background."""
-    args = build_parser().parse_args(["train", "--nproc", "2", "--out", str(run), *options])
+    """``bedside train --nproc 2 --out RUN ...``, in the background."""
     return subprocess.Popen(
-        torchrun_command(args),
+        train_command(["--nproc", "2", "--out", str(run), *options]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

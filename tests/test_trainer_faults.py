@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bedside.app.cli import build_parser
-from bedside.app.train import torchrun_command
+from bedside.app.train import rank_argv
 from bedside.collectors.ingest import Collector
 from bedside.collectors.store import Store
 from bedside.collectors.writer import RunLogger
@@ -128,7 +128,7 @@ def test_the_trainer_refuses_a_bad_spec_before_starting_and_the_cli_passes_specs
     assert refused.value.code == 2
     assert "bad fault spec 'nan:rank=1,step=1': rank 1 is out of range for world size 1" in capsys.readouterr().err
     args = build_parser().parse_args(["train", "--out", "run", "--inject", "nan:rank=0,step=2", "--inject", "x:y=1"])
-    assert torchrun_command(args)[-4:] == ["--inject", "nan:rank=0,step=2", "--inject", "x:y=1"]
+    assert rank_argv(args)[-4:] == ["--inject", "nan:rank=0,step=2", "--inject", "x:y=1"]
 
 
 def test_bedside_train_checks_the_preset_and_every_spec_without_importing_torch() -> None:

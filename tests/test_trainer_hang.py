@@ -1,11 +1,12 @@
 """Ranks that stop: the hang and crash hooks in a bare process, and a hung rank in a real two-rank
-gloo run under torchrun, which the test ends as an operator would (SIGTERM to torchrun): each rank
+gloo run of `bedside train`, which the test ends as an operator would (SIGTERM to it): each rank
 records that it was stopped."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,8 +16,7 @@ from typing import NamedTuple
 
 import pytest
 
-from bedside.app.cli import build_parser
-from bedside.app.train import torchrun_command
+from bedside.app.train import train_command
 from bedside.collectors.ingest import Collector
 from bedside.collectors.layout import RunLayout
 from bedside.collectors.store import Store
@@ -85,21 +85,21 @@ def test_a_hang_stops_stepping_and_stays_alive_and_a_crash_exits_with_its_code(t
 # -- a hung rank in a real run ----------------------------------------------------------------
 class HungRun(NamedTuple):
     store: Store
-    alive_while_hung: bool  # torchrun and both ranks, once the hang had fired
-    returncode: int  # torchrun's, after the test's SIGTERM
-    left_running: list[int]  # rank processes still alive after torchrun exited
+    alive_while_hung: bool  # the launcher and both ranks, once the hang had fired
+    own_sessions: bool  # each rank leads a session of its own, as torchrun's ranks do
+    returncode: int  # the launcher's, after the test's SIGTERM
+    left_running: list[int]  # rank processes still alive after the launcher exited
 
 
 @pytest.fixture(scope="module")
 def hung_run(tmp_path_factory) -> HungRun:
-    """Rank 1 hangs at step HANG; once its ground truth is on disk, torchrun gets SIGTERM."""
+    """Rank 1 hangs at step HANG; once its ground truth is on disk, `bedside train` gets SIGTERM."""
     run = tmp_path_factory.mktemp("hang") / "run"
     layout = RunLayout(run)
-    args = build_parser().parse_args(
-        ["train", "--nproc", "2", "--steps", str(STEPS), "--out", str(run), "--inject", f"hang:rank=1,step={HANG}"]
-    )
     job = subprocess.Popen(
-        torchrun_command(args),
+        train_command(
+            ["--nproc", "2", "--steps", str(STEPS), "--out", str(run), "--inject", f"hang:rank=1,step={HANG}"]
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -109,19 +109,20 @@ def hung_run(tmp_path_factory) -> HungRun:
         time.sleep(SETTLE_S)
         ranks = [json.loads(layout.rank_file(rank).read_text().split("\n", 1)[0])["pid"] for rank in (0, 1)]
         alive_while_hung = job.poll() is None and all(map(alive, ranks))
+        own_sessions = [os.getsid(pid) for pid in ranks] == ranks
     finally:
         job.terminate()
         job.wait(timeout=120)
     store = Store.open(layout.store)
     Collector(run, store).ingest_available()
-    yield HungRun(store, alive_while_hung, job.returncode, [pid for pid in ranks if alive(pid)])
+    yield HungRun(store, alive_while_hung, own_sessions, job.returncode, [pid for pid in ranks if alive(pid)])
     store.close()
 
 
-@pytest.mark.slow(reason="a hung two-rank run under torchrun, stopped with SIGTERM")
-def test_a_hung_rank_keeps_the_job_alive_until_sigterm_to_torchrun_ends_every_rank(hung_run: HungRun) -> None:
-    assert hung_run.alive_while_hung
-    assert hung_run.returncode != 0 and hung_run.left_running == []
+@pytest.mark.slow(reason="a hung two-rank run of `bedside train`, stopped with SIGTERM")
+def test_a_hung_rank_keeps_the_job_alive_until_sigterm_to_the_launcher_ends_every_rank(hung_run: HungRun) -> None:
+    assert hung_run.alive_while_hung and hung_run.own_sessions
+    assert hung_run.returncode == 128 + signal.SIGTERM and hung_run.left_running == []
 
 
 def test_the_hung_rank_and_its_peer_stop_recording_at_the_step_before_and_end_when_stopped(hung_run: HungRun) -> None:

@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 -m bedside.trainer.train --preset tiny_cpu --out runs/r1 --steps 200
 
-``bedside train`` runs exactly this. Backend: nccl when CUDA is available, else gloo.
+``bedside train`` runs ``main`` in ranks it starts itself (``launch.py``). Backend: nccl when CUDA is available,
+else gloo.
 """
 
 from __future__ import annotations
