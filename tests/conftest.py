@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
+import cli_zygote
 import pytest
 from receiver import Receiver
 
@@ -120,7 +121,7 @@ def cpu_seconds() -> float:
     """The CPU this process used, and the processes it started and reaped (a test's torchrun, CLI, browser): what a
     test costs the machine, which a busy machine does not inflate the way it inflates wall time."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + cli_zygote.children_cpu()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -251,18 +252,23 @@ def _cli(*args: str | Path) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def bedside() -> Callable[..., subprocess.CompletedProcess]:
-    """Run the real ``bedside`` CLI in a new process and wait for it (text output captured)."""
+def bedside() -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """Run the real ``bedside`` CLI in a new process and wait for it (text output captured): forked from a process
+    that has imported its libraries (``cli_zygote``), or a new interpreter where the environment differs."""
+    zygote = cli_zygote.Zygote()
 
     def run(
         *args: str | Path, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess:
         """``env`` adds to (or overrides) this process's environment."""
+        if env is None and (done := zygote.run([str(arg) for arg in args], timeout)) is not None:
+            return done
         return subprocess.run(
             _cli(*args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
         )
 
-    return run
+    yield run
+    zygote.close()
 
 
 @pytest.fixture
