@@ -1,4 +1,4 @@
-"""``bedside demo``: train ``tiny_cpu`` under torchrun with one fault of each kind, follow
+"""``bedside demo``: train ``tiny_cpu`` on two ranks (``bedside train``) with one fault of each kind, follow
 the run live into its store, and print what the store shows of each incident."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "demo",
         help="train a small model with injected faults, follow it into a store, query it",
-        description="Train tiny_cpu under torchrun with one fault of each kind (a straggler, a "
+        description="Train tiny_cpu on two ranks (bedside train) with one fault of each kind (a straggler, a "
         "bad data shard, bit flips in a gradient and in a replica, a NaN), follow "
         "the run live into its store, and print what the store shows.",
     )
