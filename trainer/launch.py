@@ -1,21 +1,22 @@
 """Start one node's training ranks, as ``torchrun --standalone`` does, with torch's elastic agent in this process.
 
 torchrun starts each rank as a new interpreter, which imports torch and the trainer again: about 2.5 s of CPU a
-rank before its first step, paid on every launch and every restart. Here the ranks are forked from the agent,
-which has imported both already. Where CUDA is present they are spawned instead (a process that forks after
-touching CUDA cannot use it in the child; the agent's device count may touch it), and pay the import as under
-torchrun. Either way each rank runs in a session of its own, as torchrun's do: Ctrl-C or SIGTERM reaches the
-agent, which stops the ranks with that signal, and ``kill -9`` of the agent alone leaves them running.
+rank before its first step, paid on every launch and every resume. Here the ranks are forked from a fork server
+that imports them once (``multiprocessing``'s forkserver, preloaded with this module): one import a launch
+however many ranks it starts. The server is a fresh single-threaded interpreter that never touches CUDA, so a
+forked rank inherits no lock held by another thread (the agent's rendezvous and store threads run by then) and
+can use CUDA. Each rank runs in a session of its own, as torchrun's do: Ctrl-C or SIGTERM reaches the agent,
+which stops the ranks with that signal, and ``kill -9`` of the agent alone leaves them running.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
 import uuid
 
-import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -35,8 +36,9 @@ def launch(argv: list[str], nproc: int) -> int:
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
         max_restarts=0,
-        start_method="spawn" if torch.cuda.is_available() else "fork",
+        start_method="forkserver",
     )
+    multiprocessing.set_forkserver_preload([__name__])
     try:
         elastic_launch(config, training_rank)(argv)
     except ChildFailedError as failed:
@@ -48,8 +50,8 @@ def launch(argv: list[str], nproc: int) -> int:
 
 
 def training_rank(argv: list[str]) -> None:
-    """One rank, in a process the agent started: out of the agent's session and rid of its signal handlers (a
-    forked rank inherits both), then the trainer's entry point."""
+    """One rank, in a process the fork server started: out of the launcher's session and rid of the signal
+    handlers it was forked with, then the trainer's entry point."""
     os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in (signal.SIGHUP, signal.SIGQUIT):
