@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import sys
 import uuid
 
@@ -50,10 +49,7 @@ def launch(argv: list[str], nproc: int) -> int:
 
 
 def training_rank(argv: list[str]) -> None:
-    """One rank, in a process the fork server started: out of the launcher's session and rid of the signal
-    handlers it was forked with, then the trainer's entry point."""
+    """One rank, in a process the fork server started: out of the launcher's session (the fork server is in it),
+    then the trainer's entry point."""
     os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in (signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_DFL)
     train.main(argv)
