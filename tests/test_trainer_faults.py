@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -454,17 +455,20 @@ def test_a_straggler_slows_its_compute_by_the_factor_and_makes_its_peer_wait(fau
     # the delay follows the rank's own recent work, its compute less its wait for a CPU (docs/faults.md), so that
     # work reads 1 + 3 = 4x its peer's however loaded the machine is (with the wait in the reference, 15x was seen)
     assert 2.5 < medians[1, True] / medians[0, True] < 4 * 2.5
-    # the peer waits in the all-reduce for the straggler's sleep, less the time the two ranks' waits for a CPU moved
-    # them apart: a peer queued for a CPU reaches the all-reduce later and waits that much less (seen on a loaded
-    # CI host: its wait grew by only 0.29 of the delay), a straggler queued for one arrives later still
-    [(before, after)] = rows(
+    # the all-reduce lines the two ranks up, so the peer waits in it what the straggler arrives late: the straggler's
+    # compute (its sleep included) less the peer's. Both are wall times, so the relation holds however loaded the
+    # machine is, where a fixed share of the delay does not: a peer queued for a CPU reaches the all-reduce later and
+    # waits that much less (seen on a loaded CI host: its wait grew by only 0.29, then 0.49, of the delay)
+    after = rows(
         faulty,
-        "SELECT median(peer.comm_time + peer.cpu_wait_time - slow.cpu_wait_time) FILTER (WHERE step < 15), "
-        "median(peer.comm_time + peer.cpu_wait_time - slow.cpu_wait_time) FILTER (WHERE step >= 15) "
+        "SELECT peer.comm_time - slow.comm_time, slow.compute_time - peer.compute_time "
         "FROM rank_step_metrics peer JOIN rank_step_metrics slow USING (step) "
-        "WHERE peer.rank = 0 AND slow.rank = 1 AND step > 1",
+        "WHERE peer.rank = 0 AND slow.rank = 1 AND step >= 15",
     )
-    assert after - before > 0.6 * delay
+    assert statistics.median(abs(waited - late) for waited, late in after) < 0.25 * delay
+    # and it is the peer that waits: the straggler's sleep is 3x its own work, so only a peer starved of a CPU for
+    # longer than that arrives after it
+    assert sum(waited > 0 for waited, _ in after) >= 0.8 * len(after)
 
 
 def test_a_bad_shard_raises_the_loss_of_the_rank_that_reads_it(faulty: Store) -> None:
