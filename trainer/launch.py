@@ -2,8 +2,8 @@
 
 torchrun starts each rank as a new interpreter, which imports torch and the trainer again: about 2.5 s of CPU a
 rank before its first step, paid on every launch and every resume. Here the ranks are forked from a fork server
-that imports them once (``multiprocessing``'s forkserver, preloaded with this module): one import a launch
-however many ranks it starts. The server is a fresh single-threaded interpreter that never touches CUDA, so a
+that imports them once (``multiprocessing``'s forkserver, preloaded with the trainer): one import a launch
+however many ranks it starts, and none in this process, which only waits on them. The server is a fresh single-threaded interpreter that never touches CUDA, so a
 forked rank inherits no lock held by another thread (the agent's rendezvous and store threads run by then) and
 can use CUDA. Each rank runs in a session of its own, as torchrun's do: Ctrl-C or SIGTERM reaches the agent,
 which stops the ranks with that signal, and ``kill -9`` of the agent alone leaves them running.
@@ -11,6 +11,7 @@ which stops the ranks with that signal, and ``kill -9`` of the agent alone leave
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import sys
@@ -20,7 +21,11 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from . import train
+TRAINER = "bedside.trainer.train"
+"""What the fork server imports for its ranks, and this process never does: the agent only waits on them."""
+PRELOADED = (TRAINER, "torch._dynamo", __name__)
+"""The fork server's imports, each once a launch rather than once a rank: the trainer, this module (the ranks'
+entry point), and ``torch._dynamo``, which DDP imports when it wraps a model (about 1.2 s of CPU)."""
 
 
 def launch(argv: list[str], nproc: int) -> int:
@@ -37,7 +42,7 @@ def launch(argv: list[str], nproc: int) -> int:
         max_restarts=0,
         start_method="forkserver",
     )
-    multiprocessing.set_forkserver_preload([__name__])
+    multiprocessing.set_forkserver_preload(list(PRELOADED))
     try:
         elastic_launch(config, training_rank)(argv)
     except ChildFailedError as failed:
@@ -52,4 +57,4 @@ def training_rank(argv: list[str]) -> None:
     """One rank, in a process the fork server started: out of the launcher's session (the fork server is in it),
     then the trainer's entry point."""
     os.setsid()
-    train.main(argv)
+    importlib.import_module(TRAINER).main(argv)
