@@ -7,6 +7,7 @@ world-size-1 gloo group inside the test process.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
 import re
 from concurrent.futures import Future
@@ -138,7 +139,11 @@ def _two_rank_worker(rank: int, workdir: str, parallelism: str) -> None:
 def two_ranks(request, tmp_path_factory) -> tuple[Path, list[dict]]:
     """Two gloo ranks train, save twice, train on, then load the latest into a fresh model (DDP, FSDP2)."""
     work = tmp_path_factory.mktemp(f"two_ranks_{request.param}")
-    mp.spawn(_two_rank_worker, args=(str(work), request.param), nprocs=2, join=True)
+    # forked from a server that imports once what each spawned rank would import again
+    multiprocessing.set_forkserver_preload([__name__, "torch._dynamo"])  # DDP imports it on wrapping
+    mp.start_processes(
+        _two_rank_worker, args=(str(work), request.param), nprocs=2, join=True, start_method="forkserver"
+    )
     return work, [torch.load(work / f"rank-{rank}.pt", weights_only=False) for rank in range(2)]
 
 
