@@ -29,6 +29,7 @@ from streamlit.testing.v1 import AppTest
 
 from bedside.app.dashboard import registry
 from bedside.app.dashboard.actions import onset, prefilled_args, request_status
+from bedside.app.service.playbooks.trail import read_switch
 from bedside.collectors import audit
 from bedside.collectors.controlkey import ensure_control_key
 from bedside.collectors.errors import BedsideError
@@ -40,7 +41,14 @@ OPERATOR = "alice"
 REASON = "NaN at step 185 after bit flips: back to the last good checkpoint"
 WAITING = "filed, waiting for the trainer's next step"
 NEVER = "not applied: the run has ended (a resumed run would take it)"
-ACTION_BUTTONS = {"Acknowledge", "Review request", "Confirm rewind", "Cancel"}
+ACTION_BUTTONS = {
+    "Acknowledge",
+    "Review request",
+    "Confirm rewind",
+    "Cancel",
+    "Switch playbooks off",
+    "Switch playbooks on",
+}
 EVENTUALLY_S = 60.0
 
 
@@ -736,3 +744,65 @@ def test_a_suggestion_without_arguments_reads_without_empty_braces(tmp_path: Pat
     assert_rendered(app)
     [line] = [text for text in texts(app).splitlines() if "Suggested action:" in text]
     assert line.startswith("**Suggested action:** `investigate` look for ") and "{}" not in line
+
+
+# -- the kill switch of automatic playbooks -----------------------------------------------------------------------
+
+
+def playbooks_panel(app: AppTest):
+    [panel] = [e for e in app.expander if e.label.startswith("Automatic playbooks")]
+    return panel
+
+
+def switch_playbooks(app: AppTest, label: str, reason: str) -> AppTest:
+    app.text_input(key="playbook_reason").set_value(reason)
+    return next(b for b in app.button if b.label == label).click().run()
+
+
+def test_an_operator_switches_automatic_playbooks_off_and_on_again_and_the_trail_keeps_both(
+    run: Path, operator: AppTest, bedside: Callable
+) -> None:
+    """What the page records is what the live service and ``bedside playbook status`` read: the trail's switch."""
+    assert playbooks_panel(operator).label.startswith("Automatic playbooks: switched on")
+    off = switch_playbooks(operator, "Switch playbooks off", "the rewinds replay the bad shard: by hand from here")
+    assert_rendered(off)
+    switch = read_switch(RunLayout(run))
+    assert not switch.enabled and switch.entry is not None
+    assert (switch.entry["operator"], switch.entry["reason"]) == (
+        OPERATOR,
+        "the rewinds replay the bad shard: by hand from here",
+    )
+    assert playbooks_panel(off).label.startswith("Automatic playbooks: switched off")
+    assert f"Playbooks switched off by {OPERATOR}." in [s.value for s in off.success]
+    status = bedside("playbook", "status", run)
+    assert status.returncode == 0 and f"switch: off, by {OPERATOR}" in status.stdout, status.stderr
+    on = switch_playbooks(off, "Switch playbooks on", "shard 3 quarantined")
+    assert_rendered(on)
+    assert read_switch(RunLayout(run)).enabled and audit.verify(RunLayout(run)).intact
+    assert [e["what"] for e in audit.verify(RunLayout(run)).entries] == ["playbook_off", "playbook_on"]
+
+
+def test_switching_playbooks_without_a_reason_records_nothing_and_says_why(run: Path, operator: AppTest) -> None:
+    app = switch_playbooks(operator, "Switch playbooks off", "   ")
+    assert_rendered(app)
+    assert "A reason is required." in [e.value for e in app.error]
+    assert read_switch(RunLayout(run)).enabled and audit.verify(RunLayout(run)).entries == []
+
+
+def test_a_viewer_sees_the_playbooks_switch_but_cannot_change_it(critical: pd.Series) -> None:
+    app = open_page("incidents")
+    assert_rendered(app)
+    assert playbooks_panel(app).label.startswith("Automatic playbooks: switched on")
+    assert "Switching is locked" in " ".join(c.value for c in app.caption)
+    assert not {"Switch playbooks off", "Switch playbooks on"} & buttons(app)
+
+
+def test_a_broken_audit_chain_reads_as_playbooks_off_and_cannot_be_switched_on(run: Path, operator: AppTest) -> None:
+    switch_playbooks(operator, "Switch playbooks off", "first")
+    trail = RunLayout(run).control / "audit.jsonl"
+    trail.write_text(trail.read_text().replace('"what":"playbook_off"', '"what":"playbook_on"'))
+    app = operator.run()
+    assert_rendered(app)
+    assert playbooks_panel(app).label.startswith("Automatic playbooks: switched off")
+    assert any("chain is broken" in w.value for w in app.warning)
+    assert next(b for b in app.button if b.label == "Switch playbooks on").disabled

@@ -30,6 +30,7 @@ from bedside.collectors.store.console import (
 )
 
 from ..service.owner import RunOwner
+from ..service.playbooks.trail import Switch, read_switch, set_switch
 from ..service.schema import SCHEMAS
 
 CACHED_VERSIONS = 1
@@ -176,6 +177,19 @@ class RunData:
             raise BedsideError("say why the incident is resolved: the note goes to the audit trail and the alerts")
         self.owner.resolve(incident_id, operator, note.strip())
         self._audit(operator=operator, what="resolve", reason=note.strip(), incident_id=incident_id)
+
+    def playbook_switch(self) -> Switch:
+        """The kill switch of automatic playbooks as the trail last recorded it (off when the chain is broken)."""
+        return read_switch(self.layout)
+
+    def switch_playbooks(self, enabled: bool, *, operator: str, reason: str) -> None:
+        """Turn automatic playbooks on or off for the run, as ``bedside playbook on|off`` does: an audit entry,
+        which the live service reads before each automatic action."""
+        try:
+            set_switch(self.layout, enabled, operator=operator, reason=reason.strip())
+        except (ValueError, OSError) as exc:
+            raise BedsideError(f"playbooks not switched {'on' if enabled else 'off'}: {exc}") from exc
+        self._keep_audit_head()
 
     def audit_trail(self) -> tuple[pd.DataFrame, audit.ChainReport]:
         """The trail, newest first, and its chain checked (against the heads the store recorded, when owned)."""

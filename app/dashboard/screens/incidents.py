@@ -80,6 +80,53 @@ def pick(incidents: pd.DataFrame) -> str | None:
     return chosen
 
 
+def playbooks_switch() -> None:
+    """The kill switch of automatic playbooks (``bedside playbook off RUN``): its state for anyone, the switch for
+    an operator. The state is the audit trail's, read as the service reads it before each automatic action."""
+    settings = desk().settings.playbooks
+    switch = data.playbook_switch()
+    state = "on" if switch.enabled else "off"
+    mode = settings.mode if settings.configured else "none configured"
+    with st.expander(f"Automatic playbooks: switched {state} (mode: {mode})", icon=":material/smart_toy:"):
+        if "playbooks_switched" in st.session_state:
+            st.success(st.session_state.pop("playbooks_switched"))
+        if switch.broken:
+            st.warning(
+                f"The audit trail's chain is broken ({switch.broken}): playbooks read as off and cannot be switched "
+                f"on until the trail is whole again (bedside audit verify)."
+            )
+        elif switch.entry is not None:
+            st.caption(f"Switched {state} by {switch.entry.get('operator')}: {switch.entry.get('reason')}")
+        if mode != "auto":
+            st.caption("Nothing is done automatically in this mode: the switch matters once the mode is auto.")
+        if not desk().operator_token:
+            st.caption("Read-only: no operator token is configured, so the switch cannot be changed here.")
+            return
+        if not is_operator():
+            st.caption("Switching is locked: enter your name and the operator token in the sidebar.")
+            return
+        turn_on = not switch.enabled
+        with st.form("playbook_switch", clear_on_submit=True):
+            reason = st.text_input("Reason (required, recorded in the audit trail)", key="playbook_reason")
+            if st.form_submit_button(
+                "Switch playbooks on" if turn_on else "Switch playbooks off", disabled=bool(switch.broken)
+            ):
+                if not reason.strip():
+                    st.error("A reason is required.")
+                    return
+                operator = st.session_state["operator"]
+                try:
+                    data.switch_playbooks(turn_on, operator=operator, reason=reason)
+                except BedsideError as exc:
+                    st.error(str(exc))
+                else:
+                    st.session_state["playbooks_switched"] = (
+                        f"Playbooks switched {'on' if turn_on else 'off'} by {operator}."
+                    )
+                    st.rerun()
+
+
+playbooks_switch()
 st.session_state["incident_building"] = True  # the page's own run: what the list picks, the page shows
 chosen = incident_list()
 st.session_state["incident_building"] = False
