@@ -106,12 +106,26 @@ def _text(path: Path) -> str:
 
 
 # -- the zygote ------------------------------------------------------------------------------------------------
+def _know_our_store_code() -> None:
+    """What a command's first store open computes once a process, computed once for every child: the views and
+    macros our migrations define (``catalog``), built in an in-memory store. DuckDB's threads end with it, so the
+    children fork from a process no more threaded than before."""
+    from bedside.app.service.schema import SCHEMAS
+    from bedside.collectors.store import Store, catalog
+
+    with Store.open(None, schemas=SCHEMAS) as store:
+        versions = store.versions()
+    catalog.expected_catalog(versions)
+    catalog.definitions(versions)
+
+
 def serve() -> None:
     """Answer each request line on stdin with a line on stdout, one command at a time, until stdin closes."""
     import importlib
 
     for name in PRELOADED:
         importlib.import_module(name)
+    _know_our_store_code()
     gc.freeze()  # a child's collections leave the preloaded objects alone, and their pages shared
     requests, answers = sys.stdin, sys.stdout
     while line := requests.readline():

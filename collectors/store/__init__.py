@@ -158,10 +158,13 @@ class Store:
             self._versions = self._read_versions()
             if self.read_only and seen is not None and catalog.checked_before(self.path, seen, self._versions):
                 return
+            found = None
             if not self.read_only:
                 with self.transaction() as con:
-                    catalog.restore(con, self._versions, catalog.read_catalog(con))
-            catalog.check_catalog(self._con, self._versions, self.path, seen)
+                    found = catalog.read_catalog(con)
+                    if catalog.restore(con, self._versions, found):
+                        found = None  # ours put back: what the check reads is the catalog now
+            catalog.check_catalog(self._con, self._versions, self.path, seen, found)
         except duckdb.Error as exc:
             self._con.close()
             raise (
