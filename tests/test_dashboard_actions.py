@@ -41,14 +41,8 @@ OPERATOR = "alice"
 REASON = "NaN at step 185 after bit flips: back to the last good checkpoint"
 WAITING = "filed, waiting for the trainer's next step"
 NEVER = "not applied: the run has ended (a resumed run would take it)"
-ACTION_BUTTONS = {
-    "Acknowledge",
-    "Review request",
-    "Confirm rewind",
-    "Cancel",
-    "Switch playbooks off",
-    "Switch playbooks on",
-}
+SWITCH_BUTTONS = {"Switch playbooks off", "Switch playbooks on"}
+ACTION_BUTTONS = {"Acknowledge", "Review request", "Confirm rewind", "Cancel"} | SWITCH_BUTTONS
 EVENTUALLY_S = 60.0
 
 
@@ -559,11 +553,15 @@ def test_a_run_whose_store_another_process_holds_is_shown_read_only(
     unlock(go_to(app, "incidents"), OPERATOR, TOKEN)
     assert_rendered(app)
     assert not app.success and "another process holds this run's store" in app.warning[0].value
-    assert not buttons(app) & ACTION_BUTTONS
+    assert not buttons(app) & (ACTION_BUTTONS - SWITCH_BUTTONS)
 
     with pytest.raises(BedsideError, match="acknowledging needs the store, which another process holds"):
         registry.desk().data(run).acknowledge("nonfinite@0:150", operator=OPERATOR, note="mine")
     assert audit_entries(run) == []
+    # the kill switch is kept in the audit trail, not the store: the process that holds the store (and runs the
+    # playbooks) reads it before each automatic action, so it is offered here too
+    assert_rendered(switch_playbooks(app, "Switch playbooks off", "the watch holds the store: stop its playbooks"))
+    assert [entry["what"] for entry in audit_entries(run)] == ["playbook_off"]
     assert collector.poll() is None
 
 

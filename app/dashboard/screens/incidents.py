@@ -107,7 +107,7 @@ def playbooks_switch() -> None:
             return
         turn_on = not switch.enabled
         with st.form("playbook_switch", clear_on_submit=True):
-            reason = st.text_input("Reason (required, recorded in the audit trail)", key="playbook_reason")
+            reason = st.text_input("Why (required, kept in the audit trail)", key="playbook_reason")
             if st.form_submit_button(
                 "Switch playbooks on" if turn_on else "Switch playbooks off", disabled=bool(switch.broken)
             ):
