@@ -249,6 +249,7 @@ def test_the_same_outage_in_process_leaves_ingestion_and_detection_unblocked(
     assert_each_message_delivered_once(tiny_faults, receiver)
 
 
+@pytest.mark.slow(reason="two bedside watch processes over a whole sample run, the first killed mid-delivery")
 def test_messages_pending_when_watch_is_killed_are_delivered_once_after_a_restart(
     tiny_faults: Path, tmp_path: Path, receiver: Receiver, start_bedside
 ) -> None:
