@@ -30,6 +30,7 @@ CLI_TIMEOUT_S = 120
 REPORTED_LIBRARIES = ("duckdb", "pyarrow", "pandas", "torch", "watchdog")
 TEST_BUDGET_S = 20.0  # a test's setup, call and teardown together; past it the test says why (see slow below)
 SUITE_BUDGET_S = 20 * 60.0  # the README's test command on two busy cores (docs/performance.md)
+TINY_FAULTS = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
 HEAVIEST_FILES = 25  # the summary names the files that used the most CPU, where a cut of the suite's time starts
 
 
@@ -271,20 +272,29 @@ def bedside() -> Iterator[Callable[..., subprocess.CompletedProcess]]:
     zygote.close()
 
 
-@pytest.fixture
-def start_bedside() -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start the real ``bedside`` CLI in the background (Popen options passed on); killed at teardown."""
+@contextmanager
+def bedside_processes() -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start the real ``bedside`` CLI in the background (Popen options passed on); killed on leaving."""
     started: list[subprocess.Popen] = []
 
     def start(*args: str | Path, **popen_options) -> subprocess.Popen:
         started.append(subprocess.Popen(_cli(*args), **popen_options))
         return started[-1]
 
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
+    try:
+        yield start
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def start_bedside() -> Iterator[Callable[..., subprocess.Popen]]:
+    """``bedside_processes`` for one test."""
+    with bedside_processes() as start:
+        yield start
 
 
 @pytest.fixture(scope="session")
@@ -307,18 +317,33 @@ def read_records() -> Callable[[Path], list[dict]]:
     return read
 
 
+def copy_of_tiny_faults(parent: Path, collected: Path | None = None) -> Path:
+    """A private copy of sample_runs/tiny-faults in ``parent`` with its control key: without a store, or as
+    ``collected`` (a copy that ``bedside collect`` ingested) left it."""
+    source, ignore = (collected, None) if collected else (TINY_FAULTS, shutil.ignore_patterns("bedside.duckdb*"))
+    run = Path(shutil.copytree(source, parent / "tiny-faults", ignore=ignore))
+    ensure_control_key(RunLayout(run))  # as its trainer did when it started: requests can be signed
+    return run
+
+
 @pytest.fixture
 def tiny_faults(tmp_path: Path) -> Path:
     """A private copy of sample_runs/tiny-faults (2 ranks, a bad shard, a straggler, bit flips, a NaN), no store."""
-    run = Path(
-        shutil.copytree(
-            Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults",
-            tmp_path / "tiny-faults",
-            ignore=shutil.ignore_patterns("bedside.duckdb*"),
-        )
-    )
-    ensure_control_key(RunLayout(run))  # as its trainer did when it started: requests can be signed
+    return copy_of_tiny_faults(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def _tiny_faults_collected(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = copy_of_tiny_faults(tmp_path_factory.mktemp("collected"))
+    subprocess.run(_cli("collect", run, "--quiet"), check=True, capture_output=True, timeout=CLI_TIMEOUT_S)
     return run
+
+
+@pytest.fixture
+def collected_tiny_faults(_tiny_faults_collected: Path, tmp_path: Path) -> Path:
+    """``tiny_faults`` as ``bedside collect`` left it (every line ingested, detection run, the store closed): a
+    private copy of a store collected once per test process."""
+    return copy_of_tiny_faults(tmp_path / "collected", _tiny_faults_collected)
 
 
 @pytest.fixture

@@ -177,10 +177,9 @@ def test_bedside_query_refuses_every_attack_from_the_raw_telemetry_too(
     assert not (tmp_path / "out.csv").exists()
 
 
-@pytest.mark.slow(reason="seven CLI processes: a collect, then one bedside query per attack family")
-def test_bedside_query_refuses_attacks_in_one_line(tiny_faults: Path, tmp_path: Path, bedside) -> None:
+@pytest.mark.slow(reason="six CLI processes: one bedside query per attack family")
+def test_bedside_query_refuses_attacks_in_one_line(collected_tiny_faults: Path, tmp_path: Path, bedside) -> None:
     """The real CLI on a collected store, a few attacks of each family."""
-    assert bedside("collect", tiny_faults, "--quiet").returncode == 0
     for name in (
         "delete in a CTE",
         "explain analyze delete",
@@ -189,10 +188,12 @@ def test_bedside_query_refuses_attacks_in_one_line(tiny_faults: Path, tmp_path: 
         "the outbox",
         "two statements",
     ):
-        done = bedside("query", tiny_faults, attack_text(ATTACKS[name], tmp_path, RunLayout(tiny_faults).store))
+        done = bedside(
+            "query", collected_tiny_faults, attack_text(ATTACKS[name], tmp_path, RunLayout(collected_tiny_faults).store)
+        )
         assert (done.returncode, done.stdout) == (2, ""), (name, done.stderr)
         assert done.stderr.startswith("bedside: error: ") and len(done.stderr.splitlines()) == 1, done.stderr
         assert SECRET not in done.stderr
-    done = bedside("query", tiny_faults, "SELECT step FROM step_metrics ORDER BY step", "--max-rows", "3")
+    done = bedside("query", collected_tiny_faults, "SELECT step FROM step_metrics ORDER BY step", "--max-rows", "3")
     assert done.returncode == 0 and done.stdout.split() == ["step", "1", "2", "3"]
     assert "result cut at 3 rows" in done.stderr

@@ -44,12 +44,11 @@ def overwrite(path: Path, at: int) -> None:
 
 
 @pytest.fixture(params=[cut_short, overwrite], ids=["cut-short", "overwritten"])
-def damaged(request: pytest.FixtureRequest, tiny_faults: Path, bedside: Callable) -> Path:
+def damaged(request: pytest.FixtureRequest, collected_tiny_faults: Path) -> Path:
     """tiny_faults collected by ``bedside collect``, then its store damaged where the rank_steps rows are."""
-    assert bedside("collect", tiny_faults, "--quiet").returncode == 0
-    store = RunLayout(tiny_faults).store
+    store = RunLayout(collected_tiny_faults).store
     request.param(store, rank_steps_block(store))
-    return tiny_faults
+    return collected_tiny_faults
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from conftest import bedside_processes, copy_of_tiny_faults
 
 import bedside
 from bedside.app.api import NoStoreError
@@ -25,13 +25,6 @@ DOC = ROOT / "docs" / "python.md"
 WATCH_WAIT_S = 120.0
 
 
-def collected(run: Path) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "bedside.app.cli", "collect", str(run)], check=True, capture_output=True, timeout=300
-    )
-    return run
-
-
 def eventually(check: Callable[[], bool], what: str, timeout_s: float = WATCH_WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -39,24 +32,36 @@ def eventually(check: Callable[[], bool], what: str, timeout_s: float = WATCH_WA
         time.sleep(0.2)
 
 
-@pytest.fixture
-def watched(tiny_faults: Path, start_bedside) -> tuple[Path, subprocess.Popen]:
-    """tiny-faults with ``bedside watch`` owning its store, once the owner has found its incidents."""
-    watch = start_bedside("watch", tiny_faults, "--rescan-every", "0.2", "--quiet", stderr=subprocess.DEVNULL)
+def watch_until_incidents(run: Path, start: Callable[..., subprocess.Popen]) -> tuple[Path, subprocess.Popen]:
+    """``run`` with ``bedside watch`` owning its store, once the owner has found its incidents."""
+    watch = start("watch", run, "--rescan-every", "0.2", "--quiet", stderr=subprocess.DEVNULL)
 
     def owned_with_incidents() -> bool:
         assert watch.poll() is None, "bedside watch exited"
-        if not RunLayout(tiny_faults).store.exists():
+        if not RunLayout(run).store.exists():
             return False
-        with bedside.open(tiny_faults) as run:
-            return run.source == "snapshot" and not run.incidents().empty
+        with bedside.open(run) as opened:
+            return opened.source == "snapshot" and not opened.incidents().empty
 
     eventually(owned_with_incidents, "bedside watch to ingest tiny-faults and open incidents")
-    return tiny_faults, watch
+    return run, watch
 
 
-def test_the_views_read_while_watch_holds_the_store(watched) -> None:
-    run_dir, watch = watched
+@pytest.fixture
+def watched(tiny_faults: Path, start_bedside) -> tuple[Path, subprocess.Popen]:
+    """tiny-faults watched, for a test that adds to it."""
+    return watch_until_incidents(tiny_faults, start_bedside)
+
+
+@pytest.fixture(scope="module")
+def watched_for_reading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.Popen]]:
+    """tiny-faults watched, shared by the tests that only read it (each checks that it wrote nothing)."""
+    with bedside_processes() as start:
+        yield watch_until_incidents(copy_of_tiny_faults(tmp_path_factory.mktemp("watched")), start)
+
+
+def test_the_views_read_while_watch_holds_the_store(watched_for_reading) -> None:
+    run_dir, watch = watched_for_reading
     with pytest.raises(StoreLockedError):  # what a plain read-only connection meets
         Store.open(RunLayout(run_dir).store, read_only=True).close()
     with bedside.open(run_dir) as run:
@@ -100,8 +105,8 @@ def test_refresh_sees_what_the_owner_ingested_since(watched) -> None:
         ("ATTACH '/tmp/x.duckdb' AS x", "only SELECT"),
     ],
 )
-def test_sql_goes_through_the_console_and_never_writes(watched, query: str, refusal: str | None) -> None:
-    run_dir, _ = watched
+def test_sql_goes_through_the_console_and_never_writes(watched_for_reading, query: str, refusal: str | None) -> None:
+    run_dir, _ = watched_for_reading
     with bedside.open(run_dir) as run:
         findings = run.findings()
         with pytest.raises(QueryError, match=refusal):
@@ -110,15 +115,15 @@ def test_sql_goes_through_the_console_and_never_writes(watched, query: str, refu
         assert len(run.refresh().findings()) >= len(findings)
 
 
-def test_a_store_nobody_holds_is_read_without_being_held(tiny_faults: Path) -> None:
-    run_dir = collected(tiny_faults)
+def test_a_store_nobody_holds_is_read_without_being_held(collected_tiny_faults: Path) -> None:
+    run_dir = collected_tiny_faults
     with bedside.open(run_dir) as run:
         assert run.source == "snapshot" and not run.steps().empty
         Store.open(RunLayout(run_dir).store).close()  # an owner can still take the store
 
 
-def test_a_damaged_store_falls_back_to_the_telemetry_with_a_warning(tiny_faults: Path) -> None:
-    run_dir = collected(tiny_faults)
+def test_a_damaged_store_falls_back_to_the_telemetry_with_a_warning(collected_tiny_faults: Path) -> None:
+    run_dir = collected_tiny_faults
     store = RunLayout(run_dir).store
     data = bytearray(store.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 64 * 1024] = b"\xff" * (64 * 1024)
@@ -129,7 +134,7 @@ def test_a_damaged_store_falls_back_to_the_telemetry_with_a_warning(tiny_faults:
     run.close()
 
 
-def test_clear_errors(tmp_path: Path, tiny_faults: Path) -> None:
+def test_clear_errors(tmp_path: Path, tiny_faults: Path, collected_tiny_faults: Path) -> None:
     with pytest.raises(RunDirError, match="no run directory"):
         bedside.open(tmp_path / "missing")
     (tmp_path / "plain").mkdir()
@@ -137,14 +142,14 @@ def test_clear_errors(tmp_path: Path, tiny_faults: Path) -> None:
         bedside.open(tmp_path / "plain")
     with pytest.raises(NoStoreError, match=r"no store yet .*bedside collect"):
         bedside.open(tiny_faults)
-    run = bedside.open(collected(tiny_faults))
+    run = bedside.open(collected_tiny_faults)
     run.close()
     with pytest.raises(StoreError, match="closed"):
         run.steps()
 
 
-def test_closing_deletes_the_snapshot(tiny_faults: Path) -> None:
-    run = bedside.open(collected(tiny_faults))
+def test_closing_deletes_the_snapshot(collected_tiny_faults: Path) -> None:
+    run = bedside.open(collected_tiny_faults)
     folder = Path(run._folder.name)
     assert (folder / "bedside.duckdb").exists()
     run.close()
@@ -155,8 +160,8 @@ def test_version_is_the_installed_distribution_s() -> None:
     assert bedside.__version__ == version("bedside")
 
 
-def test_the_example_of_docs_python_md_runs_as_written(tiny_faults: Path, capsys) -> None:
-    namespace = {"RUN": str(collected(tiny_faults))}
+def test_the_example_of_docs_python_md_runs_as_written(collected_tiny_faults: Path, capsys) -> None:
+    namespace = {"RUN": str(collected_tiny_faults)}
     for code in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
         exec(code, namespace)
     out = capsys.readouterr().out

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import os
 import resource
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -53,13 +52,6 @@ SNAPSHOT_FILE_LIMIT = 256 << 20
 """The most a process reading a snapshot may write to one file here: copying /dev/zero stops there."""
 
 
-def collect(run: Path) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "bedside.app.cli", "collect", str(run), "--quiet"], check=True, capture_output=True
-    )
-    return run
-
-
 def plant(run: Path, statement: str) -> None:
     """Write ``statement`` into the run's store as an attacker would: a plain DuckDB connection to the file."""
     con = duckdb.connect(str(RunLayout(run).store))
@@ -73,17 +65,17 @@ def environment_text(text: str) -> bool:
 
 
 @pytest.fixture(params=list(PLANTS), ids=list(PLANTS))
-def planted(request: pytest.FixtureRequest, tiny_faults: Path) -> tuple[Path, str]:
+def planted(request: pytest.FixtureRequest, collected_tiny_faults: Path) -> tuple[Path, str]:
     """tiny-faults collected by the real CLI, then one plant written into its store."""
-    plant(collect(tiny_faults), PLANTS[request.param])
-    return tiny_faults, request.param
+    plant(collected_tiny_faults, PLANTS[request.param])
+    return collected_tiny_faults, request.param
 
 
-def test_a_store_connection_reaches_no_file_extension_or_setting(tiny_faults: Path) -> None:
+def test_a_store_connection_reaches_no_file_extension_or_setting(collected_tiny_faults: Path) -> None:
     """The connection-level wall, under the console's statement check: even SQL run on a store's own connection
     (which only our named queries use) cannot read a file, install or load an extension, attach a database or
     unlock its configuration."""
-    store_path = RunLayout(collect(tiny_faults)).store
+    store_path = RunLayout(collected_tiny_faults).store
     for read_only in (True, False):
         with Store.open(store_path, read_only=read_only, schemas=SCHEMAS) as store:
             for name, statement in USER_SQL.items():
@@ -146,11 +138,11 @@ def test_the_sql_page_and_its_csv_never_return_the_environment(served_planted: t
     assert not environment_text(out.getvalue().decode()) and "tiny-faults" in out.getvalue().decode()
 
 
-def test_the_owner_puts_our_view_back_in_the_file(tiny_faults: Path) -> None:
-    store_path = RunLayout(collect(tiny_faults)).store
+def test_the_owner_puts_our_view_back_in_the_file(collected_tiny_faults: Path) -> None:
+    store_path = RunLayout(collected_tiny_faults).store
     with Store.open(store_path, read_only=True) as store:
         ours = store.cursor().execute("SELECT sql FROM duckdb_views() WHERE view_name = 'run'").fetchall()
-    plant(tiny_faults, PLANTS["our view reads the environment"])
+    plant(collected_tiny_faults, PLANTS["our view reads the environment"])
     with pytest.raises(StoreTamperedError, match=r"view 'run' is not bedside's\): it is not read"):
         Store.open(store_path, read_only=True)
     Store.open(store_path, schemas=SCHEMAS).close()
@@ -158,9 +150,9 @@ def test_the_owner_puts_our_view_back_in_the_file(tiny_faults: Path) -> None:
         assert store.cursor().execute("SELECT sql FROM duckdb_views() WHERE view_name = 'run'").fetchall() == ours
 
 
-def test_a_view_added_to_the_file_is_not_offered_to_the_console(tiny_faults: Path) -> None:
-    plant(collect(tiny_faults), "CREATE VIEW secrets AS SELECT 1 AS a")
-    with bedside.open(tiny_faults) as run:
+def test_a_view_added_to_the_file_is_not_offered_to_the_console(collected_tiny_faults: Path) -> None:
+    plant(collected_tiny_faults, "CREATE VIEW secrets AS SELECT 1 AS a")
+    with bedside.open(collected_tiny_faults) as run:
         assert run.source == "snapshot"
         with pytest.raises(QueryError, match="no view named 'secrets'"):
             run.sql("SELECT * FROM secrets")
@@ -190,8 +182,8 @@ def open_in_a_process(run: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("wal", ["a link to /dev/zero", "a FIFO", "a sparse file past the limit"])
-def test_a_snapshot_copies_only_a_regular_log_of_bounded_size(tiny_faults: Path, wal: str) -> None:
-    store_path = RunLayout(collect(tiny_faults)).store
+def test_a_snapshot_copies_only_a_regular_log_of_bounded_size(collected_tiny_faults: Path, wal: str) -> None:
+    store_path = RunLayout(collected_tiny_faults).store
     log = store_path.with_name(store_path.name + ".wal")
     log.unlink(missing_ok=True)
     if wal == "a link to /dev/zero":
@@ -201,7 +193,7 @@ def test_a_snapshot_copies_only_a_regular_log_of_bounded_size(tiny_faults: Path,
     else:
         with log.open("wb") as handle:
             handle.truncate(max(store_path.stat().st_size, MAX_WAL_BYTES) + 1)
-    done = open_in_a_process(tiny_faults)
+    done = open_in_a_process(collected_tiny_faults)
     assert done.returncode == 0, done.stderr
     source, warning = done.stdout.splitlines()[0], "\n".join(done.stdout.splitlines()[1:])
     assert source.startswith("raw telemetry ") and f"{log}: " in warning, done.stdout
@@ -222,14 +214,6 @@ SPECIAL_FILES = {
 """What someone who can write the run folder puts where the store or its log belongs, and what it is called."""
 
 
-@pytest.fixture(scope="module")
-def collected_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sample_runs/tiny-faults collected once by the real CLI (copy it before changing it)."""
-    sample = Path(__file__).resolve().parents[1] / "sample_runs" / "tiny-faults"
-    run = tmp_path_factory.mktemp("collected") / "run"
-    return collect(Path(shutil.copytree(sample, run, ignore=shutil.ignore_patterns("bedside.duckdb*"))))
-
-
 @pytest.mark.parametrize(
     ("file", "special"),
     [
@@ -241,12 +225,12 @@ def collected_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ],
 )
 def test_a_store_or_log_that_is_no_regular_file_is_refused_unopened(
-    collected_run: Path, tmp_path: Path, bedside: Callable, file: str, special: str
+    collected_tiny_faults: Path, bedside: Callable, file: str, special: str
 ) -> None:
     """DuckDB opens the store by name: a FIFO blocked query, collect and watch in open() until killed, a link was
     read and written through. Each is refused before DuckDB opens it, and named; a reader falls back to the
     telemetry, the owner stops with the error, and ``collect --rebuild`` moves it aside."""
-    run = Path(shutil.copytree(collected_run, tmp_path / "run"))
+    run = collected_tiny_faults
     target = run / file
     target.unlink(missing_ok=True)
     (run / "elsewhere").write_bytes(b"not a store")
