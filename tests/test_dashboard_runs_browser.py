@@ -67,7 +67,9 @@ def test_the_live_run_leads_and_a_click_opens_its_overview(tmp_path: Path, serve
         except AssertionError as blank:
             raise AssertionError(f"the Overview drew no chart; the page's errors: {errors}") from blank
         assert not errors, errors
-        assert page.get_by_role("combobox", name="Run").input_value() == REWIND, errors
+        # the sidebar's run box, found by its key, not its role: once (a busy run of the suite) no combobox named
+        # "Run" was in the accessibility tree for 30 s after the Overview had drawn its charts
+        expect(page.locator(".st-key-run input")).to_have_value(REWIND)
         assert not errors, errors
     finally:
         log.close()
