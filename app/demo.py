@@ -172,7 +172,8 @@ def summary_tables(faults: DemoFaults, *, alerts: bool = False) -> list[Summary]
             _named("demo_loss_spike", spike_step=faults.bad_shard_step),
         ),
         (
-            f"straggler, steps {first}-{last}: rank {faults.straggler_rank}'s own work slows (own_ms against own_before_ms)",
+            f"straggler, steps {first}-{last}: rank {faults.straggler_rank}'s own work slows"
+            " (own_ms against own_before_ms)",
             _named("demo_rank_times", first=first, last=last),
         ),
         (

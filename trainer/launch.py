@@ -4,9 +4,10 @@ torchrun starts each rank as a new interpreter, which imports torch and the trai
 rank before its first step, paid on every launch and every resume. Here the ranks are forked from a fork server
 that imports them once (``multiprocessing``'s forkserver, preloaded with the trainer): one import a launch
 however many ranks it starts, and none in this process, which only waits on them. The server is a fresh
-single-threaded interpreter that never touches CUDA, so a forked rank inherits no lock held by another thread (the agent's rendezvous and store threads run by then) and
-can use CUDA. Each rank runs in a session of its own, as torchrun's do: Ctrl-C or SIGTERM reaches the agent,
-which stops the ranks with that signal, and ``kill -9`` of the agent alone leaves them running.
+single-threaded interpreter that never touches CUDA, so a forked rank inherits no lock held by another thread
+(the agent's rendezvous and store threads run by then) and can use CUDA. Each rank runs in a session of its own,
+as torchrun's do: Ctrl-C or SIGTERM reaches the agent, which stops the ranks with that signal, and ``kill -9``
+of the agent alone leaves them running.
 """
 
 from __future__ import annotations
