@@ -24,7 +24,7 @@ from dashboard_app import (
 )
 from streamlit.testing.v1 import AppTest
 
-from bedside.app.dashboard import registry
+from bedside.app.dashboard import opening, registry
 from bedside.app.dashboard.figures import FADED
 from bedside.collectors import RunLogger
 
@@ -108,6 +108,10 @@ def test_clicking_a_row_opens_the_overview_of_that_run(served: Path, row: int) -
     app = open_page("runs", run=FAULTS)
     folder = table(app, "folder", "status")["folder"][row]
     app.session_state["runs_table"] = {"selection": {"rows": [row], "columns": []}}
+    app.run()  # the first step: no panel, no refresh timer, the component that asks for the next run
+    assert [c.value for c in app.caption] == [f"Opening {folder}…"]
+    assert not app.title and not app.dataframe
+    app.session_state[opening.READY] = True  # what the component's request sets, once the browser has drawn it
     app.run()
     assert_rendered(app)
     assert app.session_state["run"] == folder

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from bedside.app.dashboard import live
+from bedside.app.dashboard import live, opening
 from bedside.app.dashboard.common import narrow_screens, trouble_banner
 
 PAGES = Path(__file__).parent / "screens"  # not "pages": Streamlit would list that folder as pages of its own
@@ -25,5 +25,6 @@ page = st.navigation(
 )
 narrow_screens()
 live.steady()
-trouble_banner()
-page.run()
+if not opening.follow():  # a click that opens another page: taken before any panel starts a refresh timer
+    trouble_banner()
+    page.run()

@@ -8,13 +8,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from bedside.app.dashboard import ledger, live, run_compare
+from bedside.app.dashboard import ledger, live, opening, run_compare
 from bedside.app.dashboard.common import current_run
 from bedside.app.dashboard.data import RunData
 from bedside.app.dashboard.registry import desk
 
 OVERVIEW = "screens/overview.py"
-OPENING = "runs_opening"  # the session key of the run whose row was clicked, opened by the page's next full run
 COLUMNS = {
     "folder": st.column_config.TextColumn("run"),
     "last_loss": st.column_config.NumberColumn("last loss", help="the training loss of the latest step"),
@@ -27,17 +26,6 @@ COLUMNS = {
 }
 
 
-def open_clicked() -> None:
-    """The Overview of the run whose row was clicked, as a link to it opens it (the sidebar's pick giving way to
-    the link's run). Done from a full run of the page, never from the table's fragment: Streamlit's browser side
-    can lose the whole page (a blank tab, "Bad delta path index") when a fragment switches pages while another
-    fragment refreshes."""
-    if folder := st.session_state.pop(OPENING, None):
-        st.session_state.pop("run", None)
-        st.switch_page(OVERVIEW, query_params={"run": folder})
-
-
-open_clicked()
 current_run()
 live.preload_plotly()  # its chart needs plotly.js: fetched while the queries run
 st.title("Runs")
@@ -76,8 +64,8 @@ def table() -> None:
         selection_mode="single-row",
     )
     st.caption("Click a row to open that run.")
-    if picked.selection.rows:
-        st.session_state[OPENING] = str(shown["folder"].iloc[picked.selection.rows[0]])
+    if picked.selection.rows:  # its Overview, as a link to it opens it: the sidebar's pick gives way to the link's run
+        opening.request(OVERVIEW, {"run": str(shown["folder"].iloc[picked.selection.rows[0]])}, forget=("run",))
         st.rerun(scope="app")
 
 
