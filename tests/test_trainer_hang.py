@@ -56,6 +56,15 @@ def alive(pid: int) -> bool:
     return True
 
 
+def parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def command_line(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def start_rank(tmp_path: Path, spec: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", HANG_OR_CRASH, str(tmp_path), spec], stdout=subprocess.PIPE, text=True
@@ -87,6 +96,7 @@ class HungRun(NamedTuple):
     store: Store
     alive_while_hung: bool  # the launcher and both ranks, once the hang had fired
     own_sessions: bool  # each rank leads a session of its own, as torchrun's ranks do
+    forked_server: bool  # both ranks' parent is one fork of the launcher (no interpreter imported torch for them)
     returncode: int  # the launcher's, after the test's SIGTERM
     left_running: list[int]  # rank processes still alive after the launcher exited
 
@@ -110,18 +120,24 @@ def hung_run(tmp_path_factory) -> HungRun:
         ranks = [json.loads(layout.rank_file(rank).read_text().split("\n", 1)[0])["pid"] for rank in (0, 1)]
         alive_while_hung = job.poll() is None and all(map(alive, ranks))
         own_sessions = [os.getsid(pid) for pid in ranks] == ranks
+        servers = {parent(pid) for pid in ranks}
+        forked_server = len(servers) == 1 and all(
+            parent(server) == job.pid and command_line(server) == command_line(job.pid) for server in servers
+        )
     finally:
         job.terminate()
         job.wait(timeout=120)
     store = Store.open(layout.store)
     Collector(run, store).ingest_available()
-    yield HungRun(store, alive_while_hung, own_sessions, job.returncode, [pid for pid in ranks if alive(pid)])
+    yield HungRun(
+        store, alive_while_hung, own_sessions, forked_server, job.returncode, [pid for pid in ranks if alive(pid)]
+    )
     store.close()
 
 
 @pytest.mark.slow(reason="a hung two-rank run of `bedside train`, stopped with SIGTERM")
 def test_a_hung_rank_keeps_the_job_alive_until_sigterm_to_the_launcher_ends_every_rank(hung_run: HungRun) -> None:
-    assert hung_run.alive_while_hung and hung_run.own_sessions
+    assert hung_run.alive_while_hung and hung_run.own_sessions and hung_run.forked_server
     assert hung_run.returncode == 128 + signal.SIGTERM and hung_run.left_running == []
 
 

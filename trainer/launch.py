@@ -2,21 +2,28 @@
 
 torchrun starts each rank as a new interpreter, which imports torch and the trainer again: about 2.5 s of CPU a
 rank before its first step, paid on every launch and every resume. Here the ranks are forked from a fork server
-that imports them once (``multiprocessing``'s forkserver, preloaded with the trainer): one import a launch
-however many ranks it starts, and none in this process, which only waits on them. The server is a fresh
-single-threaded interpreter that never touches CUDA, so a forked rank inherits no lock held by another thread
-(the agent's rendezvous and store threads run by then) and can use CUDA. Each rank runs in a session of its own,
-as torchrun's do: Ctrl-C or SIGTERM reaches the agent, which stops the ranks with that signal, and ``kill -9``
-of the agent alone leaves them running.
+(``multiprocessing``'s forkserver protocol): one import a launch however many ranks it starts. The fork server is
+forked from this process as the launch starts, with torch and the trainer imported here once and before any
+thread of the agent's runs (its rendezvous and store threads come later), so a rank inherits no lock held by
+another thread; nothing here touches CUDA, so a rank can use it. Spawning the server instead, as
+``multiprocessing`` does, paid a new interpreter's import of torch and the trainer again (about 5 s of CPU a
+launch); where this process already runs a second thread or has used CUDA, or on a Python whose forkserver
+internals differ, the server is spawned that way. Each rank runs in a session of its own, as torchrun's do: Ctrl-C or SIGTERM reaches
+the agent, which stops the ranks with that signal, and ``kill -9`` of the agent alone leaves them running.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import multiprocessing
 import os
+import signal
+import socket
 import sys
+import threading
 import uuid
+from multiprocessing import connection, forkserver, resource_tracker, util
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -27,6 +34,9 @@ TRAINER = "bedside.trainer.train"
 PRELOADED = (TRAINER, "torch._dynamo", __name__)
 """The fork server's imports, each once a launch rather than once a rank: the trainer, this module (the ranks'
 entry point), and ``torch._dynamo``, which DDP imports when it wraps a model (about 1.2 s of CPU)."""
+SERVER_MAIN = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
+"""``multiprocessing.forkserver.main``'s parameters on the Pythons whose fork server this module forks (3.11 to
+3.13); another signature, and the server is spawned as ``multiprocessing`` does."""
 
 
 def launch(argv: list[str], nproc: int) -> int:
@@ -44,6 +54,7 @@ def launch(argv: list[str], nproc: int) -> int:
         start_method="forkserver",
     )
     multiprocessing.set_forkserver_preload(list(PRELOADED))
+    fork_the_fork_server()
     try:
         elastic_launch(config, training_rank)(argv)
     except ChildFailedError as failed:
@@ -59,3 +70,54 @@ def training_rank(argv: list[str]) -> None:
     then the trainer's entry point."""
     os.setsid()
     importlib.import_module(TRAINER).main(argv)
+
+
+def fork_the_fork_server() -> bool:
+    """Start ``multiprocessing``'s fork server as a fork of this process, with ``PRELOADED`` imported here first;
+    whether it was (if not, the first rank spawns one as usual)."""
+    server = forkserver._forkserver
+    if (
+        tuple(inspect.signature(forkserver.main).parameters) != SERVER_MAIN
+        or not hasattr(server, "_forkserver_pid")
+        or server._forkserver_pid is not None
+        or threading.active_count() > 1
+        or not os.path.isdir("/proc/self/task")
+        or len(os.listdir("/proc/self/task")) > 1  # a thread that no Python code started (a library's pool)
+    ):
+        return False
+    for name in PRELOADED:
+        importlib.import_module(name)
+    if sys.modules["torch"].cuda.is_initialized():  # a process that has used CUDA cannot hand it to a fork
+        return False
+    resource_tracker.ensure_running()  # the ranks share this process's, as with a spawned server
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # (not in the stubs)
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # every client holds the write end: the server ends when they all have
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _serve_forks(listener.fileno(), alive_r)  # never returns
+        os.close(alive_r)
+    # what ForkServer.ensure_running records of the server it spawns (attributes that the stubs do not declare)
+    vars(server).update(_forkserver_address=address, _forkserver_alive_fd=alive_w, _forkserver_pid=pid)
+    return True
+
+
+def _serve_forks(listener: int, alive_r: int) -> None:
+    """The fork server, in the child: only its two descriptors and the standard streams kept, the signal handlers
+    an interpreter starts with (its forks restore these), and out by ``os._exit`` whatever happens."""
+    try:
+        low = 3
+        for kept in sorted((listener, alive_r)):
+            os.closerange(low, kept)
+            low = kept + 1
+        os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        forkserver.main(listener, alive_r, [])
+    finally:
+        os._exit(0)
