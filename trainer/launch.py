@@ -1,15 +1,15 @@
 """Start one node's training ranks, as ``torchrun --standalone`` does, with torch's elastic agent in this process.
 
-torchrun starts each rank as a new interpreter, which imports torch and the trainer again: about 2.5 s of CPU a
-rank before its first step, paid on every launch and every resume. Here the ranks are forked from a fork server
+torchrun starts each rank as a new interpreter, which imports torch and the trainer again: about 2.5 s of CPU a rank
+before its first step, paid on every launch and every resume. Here the ranks are forked from a fork server
 (``multiprocessing``'s forkserver protocol): one import a launch however many ranks it starts. The fork server is
-forked from this process as the launch starts, with torch and the trainer imported here once and before any
-thread of the agent's runs (its rendezvous and store threads come later), so a rank inherits no lock held by
-another thread; nothing here touches CUDA, so a rank can use it. Spawning the server instead, as
-``multiprocessing`` does, paid a new interpreter's import of torch and the trainer again (about 5 s of CPU a
-launch); where this process already runs a second thread or has used CUDA, or on a Python whose forkserver
-internals differ, the server is spawned that way. Each rank runs in a session of its own, as torchrun's do: Ctrl-C or SIGTERM reaches
-the agent, which stops the ranks with that signal, and ``kill -9`` of the agent alone leaves them running.
+forked from this process as the launch starts, with torch and the trainer imported here once and before any thread
+of the agent's runs (its rendezvous and store threads come later), so a rank inherits no lock held by another
+thread; nothing here touches CUDA, so a rank can use it. Spawning the server instead, as ``multiprocessing`` does,
+paid a new interpreter's import of torch and the trainer again (about 5 s of CPU a launch); where this process
+already runs a second thread or has used CUDA, or on a Python whose forkserver internals differ, the server is
+spawned that way. Each rank runs in a session of its own, as torchrun's do: Ctrl-C or SIGTERM reaches the agent,
+which stops the ranks with that signal, and ``kill -9`` of the agent alone leaves them running.
 """
 
 from __future__ import annotations
