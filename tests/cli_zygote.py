@@ -9,7 +9,9 @@ The child is a real process: its own pid, file descriptors and exit status, kill
 The zygote's environment is fixed when it starts (``/proc/PID/environ`` of a child is the zygote's, and the
 interpreter reads ``PYTHON*``, ``TZ`` and the locale as it starts), so a command whose environment differs from
 it, or that a test runs while another is in flight, runs from a new interpreter instead
-(``Zygote.run`` returns None). Starting cold is tested where it matters: ``test_boundaries`` (what ``--help``
+(``Zygote.run`` returns None). Where the next command's environment differs the same way, the environment has
+moved for good (libraries set variables as they run: torch's inductor its cache folder, transformers its CUDA
+check, Streamlit matplotlib's backend), and a new zygote is started in it. Starting cold is tested where it matters: ``test_boundaries`` (what ``--help``
 imports), the README's commands and the demo.
 """
 
@@ -53,16 +55,21 @@ class Zygote:
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
         self._environ: dict[str, str] = {}
+        self._moved_to: dict[str, str] | None = None  # the environment of the last command that ran cold
         self._busy = threading.Lock()
 
     def run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess | None:
         """``bedside ARGV`` in a child of the zygote, as ``subprocess.run(..., capture_output=True, text=True,
         timeout=timeout)`` would return it; None when it must run from a new interpreter instead."""
-        if _without(os.environ, PER_TEST) != _without(self._environ, PER_TEST) and self._process is not None:
-            return None
         if not self._busy.acquire(blocking=False):
             return None
         try:
+            environ = _without(os.environ, PER_TEST)
+            if environ != _without(self._environ, PER_TEST) and self._process is not None:
+                if environ != self._moved_to:  # a test's own environment, maybe: this command runs cold
+                    self._moved_to = environ
+                    return None
+                self.close()  # the environment moved for good (a library set a variable as it ran): a zygote for it
             process = self._started()
             request = {"argv": argv, "cwd": os.getcwd(), "timeout": timeout}
             process.stdin.write(json.dumps(request) + "\n")
