@@ -5,10 +5,13 @@ shows. ``st.switch_page`` changes the page on the server first; a timer that fir
 of the change asks for a panel of the old page, and Streamlit (1.67) runs it as the old page's: the browser
 clears the new page and is sent a panel for a place that no longer exists ("Bad delta path index"), a blank tab.
 
-So a click is taken in two steps, ahead of any panel of any page. The first full run after it registers no timer
-(the browser drops every timer as a full run starts) and draws a small component, whose script, once the browser
-has drawn it, asks for the next run. Every timer request the browser sent before is ahead of that one on the
-same connection and is served on the old page; the run it asks for switches, with no timer left to race it.
+So a click is taken in two steps, ahead of any panel of any page. The first full run after it draws no panel and
+starts no timer (the browser drops every timer as a full run starts), and runs to its end, so that Streamlit
+forgets every panel of the old page: a timer's request that comes after it finds none to run (a run stopped early
+would leave them, and the next request would draw a panel of the old page into the short one). It draws a small
+component whose script, once the browser has drawn it, asks for the next run. Every timer request the browser
+sent before is ahead of that one on the same connection; the run it asks for switches, with no timer left to
+race it.
 """
 
 from __future__ import annotations
