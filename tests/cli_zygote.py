@@ -11,8 +11,8 @@ interpreter reads ``PYTHON*``, ``TZ`` and the locale as it starts), so a command
 it, or that a test runs while another is in flight, runs from a new interpreter instead
 (``Zygote.run`` returns None). Where the next command's environment differs the same way, the environment has
 moved for good (libraries set variables as they run: torch's inductor its cache folder, transformers its CUDA
-check, Streamlit matplotlib's backend), and a new zygote is started in it. Starting cold is tested where it matters: ``test_boundaries`` (what ``--help``
-imports), the README's commands and the demo.
+check, Streamlit matplotlib's backend), and a new zygote is started in it. Starting cold is tested where it
+matters: ``test_boundaries`` (what ``--help`` imports), the README's commands and the demo.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import uuid
 from multiprocessing import connection, forkserver, resource_tracker, util
 
@@ -72,23 +71,22 @@ def training_rank(argv: list[str]) -> None:
     importlib.import_module(TRAINER).main(argv)
 
 
-def fork_the_fork_server() -> bool:
-    """Start ``multiprocessing``'s fork server as a fork of this process, with ``PRELOADED`` imported here first;
-    whether it was (if not, the first rank spawns one as usual)."""
+def fork_the_fork_server() -> None:
+    """Start ``multiprocessing``'s fork server as a fork of this process, with ``PRELOADED`` imported here first
+    (where it cannot be, the first rank spawns one as usual)."""
     server = forkserver._forkserver
     if (
         tuple(inspect.signature(forkserver.main).parameters) != SERVER_MAIN
         or not hasattr(server, "_forkserver_pid")
         or server._forkserver_pid is not None
-        or threading.active_count() > 1
         or not os.path.isdir("/proc/self/task")
-        or len(os.listdir("/proc/self/task")) > 1  # a thread that no Python code started (a library's pool)
+        or len(os.listdir("/proc/self/task")) > 1  # any thread, a library's pool as well as Python's
     ):
-        return False
+        return
     for name in PRELOADED:
         importlib.import_module(name)
     if sys.modules["torch"].cuda.is_initialized():  # a process that has used CUDA cannot hand it to a fork
-        return False
+        return
     resource_tracker.ensure_running()  # the ranks share this process's, as with a spawned server
     with socket.socket(socket.AF_UNIX) as listener:
         address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # (not in the stubs)
@@ -104,7 +102,6 @@ def fork_the_fork_server() -> bool:
         os.close(alive_r)
     # what ForkServer.ensure_running records of the server it spawns (attributes that the stubs do not declare)
     vars(server).update(_forkserver_address=address, _forkserver_alive_fd=alive_w, _forkserver_pid=pid)
-    return True
 
 
 def _serve_forks(listener: int, alive_r: int) -> None:
