@@ -78,6 +78,10 @@ class RollingQuantile:
         self._arrived.append(value)
         bisect.insort(self._sorted, value)
 
+    def above(self, value: float) -> int:
+        """How many of the values are greater than ``value``."""
+        return len(self._sorted) - bisect.bisect_right(self._sorted, value)
+
     def quantile(self, q: float) -> float:
         """Linear interpolation between the order statistics around ``q * (n - 1)`` (numpy's default)."""
         at = q * (len(self._sorted) - 1)

@@ -282,6 +282,7 @@ class SpikeDetector(Detector):
         if score.z < threshold:
             self.trend.admit(step, y, score)
             return None
+        self.trend.exceeded(score, threshold)
         excess = deque([y - score.predicted], maxlen=self.diverge_steps)
         self._episode = _Episode(
             timeline, step, score.line, threshold, score.tail, score.sigma, score.z, value, step, excess

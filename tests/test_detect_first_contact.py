@@ -105,6 +105,23 @@ def test_each_fault_is_found_from_step_20_after_any_initial_descent(
     assert [(o.case.name, o.delay, o.early) for o in outcomes if o.delay is None or o.delay > within or o.early] == []
 
 
+@pytest.mark.parametrize(("fault", "ratio"), [("spike", 2.0), ("plateau", 2.0)])
+def test_a_2x_fault_in_10_percent_noise_is_found_once_a_few_hundred_scores_show_a_light_tail(
+    fault: str, ratio: float
+) -> None:
+    # Under Gaussian log noise of 10%, a 2x step is 6.9 sigma. Until 800 z-scores had shaped the tail factor, the
+    # bar stood at 8 sigma whatever the scores showed. From 200 scores on, z-scores over 3 no more often than
+    # normal data's (in 99% of normal runs) let the measured factor stand. The other runs keep the early bar.
+    outcomes = [
+        fc.score(fc.Case(shape, scale, drop, "gaussian", 0.1, fault, ratio, onset, seed=onset + int(scale) + seed))
+        for shape in fc.SHAPES
+        for scale, drop, onset in ((20.0, 30.0, 400), (80.0, 300.0, 500), (200.0, 3.0, 700))
+        for seed in range(2)
+    ]
+    found = [o.case.name for o in outcomes if o.delay is not None and o.delay <= 0]
+    assert len(found) >= 20 and sum(len(o.early) for o in outcomes) <= 1, (found, [o.early for o in outcomes])
+
+
 def test_a_short_dip_sets_no_lowest_level_the_run_cannot_come_back_to() -> None:
     # The level check holds the loss to the lowest level it held: six easy batches at a fifth of the loss are
     # no level the run must stay within 4x of (the lowest median of 10 would have been, and the loss back at

@@ -18,7 +18,7 @@ from bedside.detectors import detect as library_detect
 from bedside.detectors.finding import Finding, Severity
 from bedside.detectors.spike import LossSpikeDetector
 from bedside.detectors.telemetry import TelemetryBatch
-from bedside.detectors.trend import MAX_TAIL
+from bedside.detectors.trend import EARLY_TAIL, GAUSSIAN_UPPER_Q995, MAX_TAIL, TAIL_SLACK, Line, RobustTrend, Score
 
 
 def spikes_of(found: dict[str, Finding]) -> list[tuple[int, int]]:
@@ -40,6 +40,37 @@ def test_a_spike_does_not_hide_the_next_one(kind: str, n: int) -> None:
     assert {first, first + 40} <= set(starts), spikes_of(found)
     second = starts[first + 40]
     assert second.evidence["tail_factor"] <= MAX_TAIL and second.severity == Severity.WARNING
+
+
+def scored(zs: np.ndarray) -> RobustTrend:
+    """A baseline whose tail has learned the z-scores ``zs``, each of an admitted point."""
+    trend = RobustTrend()
+    trend.on_timeline(0, 0)
+    for step, z in enumerate(zs.tolist()):
+        trend.admit(step, z, Score(Line(0.0, 0.0), 0.0, 1.0, z, 1.0))
+    return trend
+
+
+def test_300_scores_let_a_light_tail_stand_as_measured_and_keep_the_early_bar_for_a_heavy_one() -> None:
+    # Before, the factor stayed at EARLY_TAIL or above until 800 scores, whatever they showed: the bar of 8 sigma
+    # that a 2x step under 10% noise (6.9 sigma) never passes. Student-t(3) scaled to the same MAD has about
+    # 15 times as many z-scores over 3 as normal data: it keeps the early bar in all but a few runs.
+    t3_mad = 1.4826 * 0.7649  # the MAD of Student-t(3), as sigma
+    rng = np.random.default_rng(3)
+    normal = [scored(rng.standard_normal(300)).tail() for _ in range(40)]
+    heavy = [scored(rng.standard_t(3, 300) / t3_mad).tail() for _ in range(40)]
+    assert sum(t < EARLY_TAIL for t in normal) >= 36, normal
+    assert sum(t >= EARLY_TAIL for t in heavy) >= 36, heavy
+
+
+def test_a_point_over_the_bar_joins_the_tail_at_the_bar() -> None:
+    # Left out, the points over the bar thinned the tail it is set from, so heavy-tailed noise lowered its own bar;
+    # counted at their own z (50 here), one spike would lift the bar out of reach of the next.
+    trend = scored(np.random.default_rng(5).standard_normal(800))
+    before = trend.tail()
+    for _ in range(12):
+        trend.exceeded(Score(Line(0.0, 0.0), 0.0, 1.0, 50.0, before), bar=4.0)
+    assert before < trend.tail() <= (4.0 / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** trend.tail_power < MAX_TAIL
 
 
 @pytest.mark.parametrize("metric", DETECTORS)
