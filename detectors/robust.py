@@ -68,6 +68,8 @@ class RollingQuantile:
         self.size = size
         self._arrived: deque[float] = deque()
         self._sorted: list[float] = []
+        self.added = 0
+        """Values added in all (the newest is number ``added``; the last ``len(self)`` are held)."""
 
     def __len__(self) -> int:
         return len(self._arrived)
@@ -77,6 +79,7 @@ class RollingQuantile:
             del self._sorted[bisect.bisect_left(self._sorted, self._arrived.popleft())]
         self._arrived.append(value)
         bisect.insort(self._sorted, value)
+        self.added += 1
 
     def above(self, value: float) -> int:
         """How many of the values are greater than ``value``."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import special
 
 from .robust import MAD_TO_SIGMA, RollingQuantile, dense_row_median, mad_sigma, median, windows
 
@@ -47,6 +48,11 @@ is taken as measured, before ``MIN_TAIL_ZS``."""
 EXCEEDANCE_Z = 3.0
 LIGHT_TAIL_CONFIDENCE = 0.99
 """The share of normal runs whose z-scores over ``EXCEEDANCE_Z`` stay within the allowance (``light_tail``)."""
+TAIL_BAR_Z = 4.0
+"""The rate-based factor widens the bar that normal data passes beyond this many sigma to the bar that the noise,
+read as Student-t from its rate of z-scores over ``EXCEEDANCE_Z``, passes as rarely."""
+RATE_PRIOR = 1.0
+"""Exceedances at normal data's rate that the rate-based factor starts from: one count alone moves it little."""
 MAX_TAIL = 4.0
 """The tail factor's cap: a bar of at most 16 sigma at ``z_alarm`` 4, whatever the recent z-scores held."""
 MIN_FORECAST_ERRORS = 40
@@ -103,6 +109,7 @@ class RobustTrend:
         self._points: dict[int | None, deque[Point]] = {}  # None: points seen before any timeline
         self._residuals: deque[float] = deque(maxlen=memory)
         self._zs = RollingQuantile(tail_memory)
+        self._bars: deque[int] = deque()  # which of the tail's values over EXCEEDANCE_Z are bars (``exceeded``)
         self._timeline: int | None = None
         self.admitted = 0
         """Points admitted so far (``Lookahead`` checks that its points are admitted in order)."""
@@ -184,7 +191,10 @@ class RobustTrend:
             return EARLY_TAIL
         upper = self._zs.quantile(0.995)
         measured = min(max(1.0, upper / GAUSSIAN_UPPER_Q995 / TAIL_SLACK) ** self.tail_power, MAX_TAIL)
-        if n >= MIN_TAIL_ZS or (n >= LIGHT_TAIL_ZS and self._zs.above(EXCEEDANCE_Z) <= light_tail(n)):
+        over = self._admitted_over()
+        if self.tail_power:  # 0 switches the factor off, the rate's reading with it
+            measured = max(measured, rate_tail(over, n))
+        if n >= MIN_TAIL_ZS or (n >= LIGHT_TAIL_ZS and over <= light_tail(n)):
             return measured
         return max(measured, EARLY_TAIL)
 
@@ -204,6 +214,15 @@ class RobustTrend:
         thin the tail the bar is set from, and heavy-tailed noise would lower its own bar step by step."""
         if score.ready:
             self._zs.add(min(score.z, bar))
+            if min(score.z, bar) > EXCEEDANCE_Z:
+                self._bars.append(self._zs.added)
+
+    def _admitted_over(self) -> int:
+        """The tail's admitted z-scores over ``EXCEEDANCE_Z``: the bars that episodes passed do not count, so a spike
+        cannot raise the next one's bar by its count either."""
+        while self._bars and self._bars[0] <= self._zs.added - len(self._zs):
+            self._bars.popleft()
+        return self._zs.above(EXCEEDANCE_Z) - len(self._bars)
 
     def restart(self) -> None:
         """Forget the current timeline's points (after a level shift that did not recover)."""
@@ -283,6 +302,30 @@ def light_tail(n: int) -> int:
         term *= rate / k
         held += term
     return k
+
+
+def _student_family() -> tuple[np.ndarray, np.ndarray]:
+    """Student-t noise of 2 to 1,000 degrees of freedom, its MAD taken as sigma: the log of its rate of z-scores over
+    ``EXCEEDANCE_Z`` (rising), and the factor by which its bar (passed as rarely as normal data passes
+    ``TAIL_BAR_Z``) is wider than normal data's."""
+    dof = np.geomspace(1000.0, 2.0, 64)
+    scale = MAD_TO_SIGMA * special.stdtrit(dof, 0.75)
+    rate = special.stdtr(dof, -EXCEEDANCE_Z * scale)
+    bar = special.stdtrit(dof, special.ndtr(TAIL_BAR_Z)) / scale / TAIL_BAR_Z
+    return np.log(rate), bar
+
+
+_LOG_RATES, _BARS = _student_family()
+_NORMAL_RATE = 0.5 * math.erfc(EXCEEDANCE_Z / math.sqrt(2))
+
+
+def rate_tail(over: int, n: int) -> float:
+    """The tail factor that ``over`` of ``n`` z-scores over ``EXCEEDANCE_Z`` call for: the Student-t noise with that
+    rate (shrunk toward normal data's by ``RATE_PRIOR`` counts) needs a bar this many times ``TAIL_BAR_Z`` to pass
+    it as rarely as normal data passes ``TAIL_BAR_Z``. At most ``MAX_TAIL``. A stabler reading of a heavy tail than
+    the q99.5 of a few thousand z-scores, which a handful of them decide."""
+    rate = (over + RATE_PRIOR) / (n + RATE_PRIOR / _NORMAL_RATE)
+    return min(max(1.0, float(np.interp(math.log(rate), _LOG_RATES, _BARS))), MAX_TAIL)
 
 
 def _window_medians(values: np.ndarray, width: int, first: int, count: int) -> np.ndarray:
