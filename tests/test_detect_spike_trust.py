@@ -16,6 +16,7 @@ from test_detect_spike import DETECTORS, clean_run, detect
 
 from bedside.detectors import detect as library_detect
 from bedside.detectors.finding import Finding, Severity
+from bedside.detectors.robust import MAD_TO_SIGMA
 from bedside.detectors.spike import LossSpikeDetector
 from bedside.detectors.telemetry import TelemetryBatch
 from bedside.detectors.trend import EARLY_TAIL, GAUSSIAN_UPPER_Q995, MAX_TAIL, TAIL_SLACK, Line, RobustTrend, Score
@@ -42,6 +43,10 @@ def test_a_spike_does_not_hide_the_next_one(kind: str, n: int) -> None:
     assert second.evidence["tail_factor"] <= MAX_TAIL and second.severity == Severity.WARNING
 
 
+T3_SIGMA = MAD_TO_SIGMA * 0.7649
+"""Student-t(3)'s MAD as sigma: its draws over this are z-scores as the trend reads them."""
+
+
 def scored(zs: np.ndarray) -> RobustTrend:
     """A baseline whose tail has learned the z-scores ``zs``, each of an admitted point."""
     trend = RobustTrend()
@@ -55,10 +60,9 @@ def test_300_scores_let_a_light_tail_stand_as_measured_and_keep_the_early_bar_fo
     # Before, the factor stayed at EARLY_TAIL or above until 800 scores, whatever they showed: the bar of 8 sigma
     # that a 2x step under 10% noise (6.9 sigma) never passes. Student-t(3) scaled to the same MAD has about
     # 15 times as many z-scores over 3 as normal data: it keeps the early bar in all but a few runs.
-    t3_mad = 1.4826 * 0.7649  # the MAD of Student-t(3), as sigma
     rng = np.random.default_rng(3)
     normal = [scored(rng.standard_normal(300)).tail() for _ in range(40)]
-    heavy = [scored(rng.standard_t(3, 300) / t3_mad).tail() for _ in range(40)]
+    heavy = [scored(rng.standard_t(3, 300) / T3_SIGMA).tail() for _ in range(40)]
     assert sum(t < EARLY_TAIL for t in normal) >= 36, normal
     assert sum(t >= EARLY_TAIL for t in heavy) >= 36, heavy
 
@@ -67,9 +71,8 @@ def test_the_rate_of_z_scores_over_3_reads_a_heavy_tail_that_the_q99_5_misses() 
     # The q99.5 of 2,000 z-scores is decided by their ten largest: by it alone, these 40 Student-t(3) runs read
     # factors from 2.2 to the cap, 8 of them under 3.3. Their rate of z-scores over 3 (about 2%, 15 times normal
     # data's) calls for 3.3 or more in every run, and normal data's for little over 1.
-    t3_mad = 1.4826 * 0.7649
     rng = np.random.default_rng(11)
-    heavy = [scored(rng.standard_t(3, 2_000) / t3_mad).tail() for _ in range(40)]
+    heavy = [scored(rng.standard_t(3, 2_000) / T3_SIGMA).tail() for _ in range(40)]
     normal = [scored(rng.standard_normal(2_000)).tail() for _ in range(20)]
     assert min(heavy) >= 3.3 and max(normal) <= 1.5, (sorted(heavy), normal)
 
